@@ -1,0 +1,213 @@
+"""Kernels: one small pure function per leaf spec, computing its mask.
+
+Each kernel takes importance ``scores``, an optional boolean ``default_mask``
+(already checked) and an optional generator, and returns a new ``torch.bool``
+mask of the scores' shape. With a default mask, the spec acts on the part of
+the tensor that is still unpruned, exactly as torch's ``PruningContainer``
+does: unpruned entries for unstructured specs, channels not entirely pruned
+for structured ones, everything for :class:`CustomFromMask`. A float amount
+is a fraction of that part; nothing pruned earlier is ever revived.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ._select import Count, is_concrete, lowest, resolve_count, spread
+from ._specs import (
+    CustomFromMask,
+    Identity,
+    L1Unstructured,
+    LnStructured,
+    RandomStructured,
+    RandomUnstructured,
+    Spec,
+)
+from ._validate import validate_dim_range, validate_structured
+
+Tensor = torch.Tensor
+Mask = Tensor | None
+
+
+def _available(eligible: Mask, total: int, concrete: bool) -> Count:
+    """How many units are still unpruned: a Python int wherever it can be."""
+    if eligible is None:
+        return total
+    n = eligible.sum()
+    return int(n) if concrete else n
+
+
+def _rand(
+    n: int,
+    generator: torch.Generator | None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str = "cpu",
+) -> Tensor:
+    """``n`` uniform draws, as torch's pruning methods draw them."""
+    return torch.rand(n, generator=generator, dtype=dtype, device=device)
+
+
+# --- unstructured -----------------------------------------------------------
+
+
+def _unstructured(
+    keys_of: Callable[[Tensor, Mask, bool], Tensor],
+    amount: float | int,
+    scores: Tensor,
+    default_mask: Mask,
+) -> Tensor:
+    """Prune the ``amount`` lowest keys among the unpruned entries."""
+    eligible = None if default_mask is None else default_mask.reshape(-1)
+    concrete = is_concrete(scores) and (eligible is None or is_concrete(eligible))
+    k = resolve_count(amount, _available(eligible, scores.numel(), concrete))
+    if isinstance(k, int) and k == 0:  # torch draws nothing then either
+        return keep_all(scores, default_mask)
+    keys = keys_of(scores, eligible, concrete)
+    pruned = lowest(keys, k, eligible)
+    kept = ~pruned if eligible is None else eligible & ~pruned
+    return kept.reshape(scores.shape)
+
+
+def _l1_unstructured(
+    spec: L1Unstructured, scores: Tensor, default_mask: Mask, generator: torch.Generator | None
+) -> Tensor:
+    return _unstructured(lambda s, e, c: s.abs().reshape(-1), spec.amount, scores, default_mask)
+
+
+def _random_unstructured(
+    spec: RandomUnstructured,
+    scores: Tensor,
+    default_mask: Mask,
+    generator: torch.Generator | None,
+) -> Tensor:
+    def keys(s: Tensor, eligible: Mask, concrete: bool) -> Tensor:
+        # torch draws one number per *unpruned* entry and prunes the largest.
+        if concrete and eligible is not None:  # eager: draw as torch does
+            drawn = _rand(int(eligible.sum()), generator, s.dtype, s.device)
+            return -spread(drawn, eligible, 0.0)
+        return -_rand(s.numel(), generator, s.dtype, s.device)
+
+    return _unstructured(keys, spec.amount, scores, default_mask)
+
+
+# --- structured -------------------------------------------------------------
+
+
+def _channels(scores: Tensor, dim: int) -> tuple[int, list[int]]:
+    validate_structured(scores)
+    validate_dim_range(scores, dim)
+    d = dim % scores.dim()
+    return d, [i for i in range(scores.dim()) if i != d]
+
+
+def _structured(
+    keys_of: Callable[[Tensor, int, list[int], Mask, bool], Tensor],
+    amount: float | int,
+    dim: int,
+    scores: Tensor,
+    default_mask: Mask,
+) -> Tensor:
+    """Prune the ``amount`` lowest-key channels among those not all pruned."""
+    d, others = _channels(scores, dim)
+    n_channels = scores.shape[d]
+    eligible = None
+    if default_mask is not None:
+        eligible = default_mask.movedim(d, 0).reshape(n_channels, -1).any(dim=1)
+    concrete = is_concrete(scores) and (eligible is None or is_concrete(eligible))
+    k = resolve_count(amount, _available(eligible, n_channels, concrete))
+    if isinstance(k, int) and k == 0:  # torch draws nothing then either
+        return keep_all(scores, default_mask)
+    keys = keys_of(scores, d, others, eligible, concrete)
+    kept = ~lowest(keys, k, eligible)
+    shape = [1] * scores.dim()
+    shape[d] = n_channels
+    kept = kept.reshape(shape)
+    if default_mask is None:
+        return kept.expand(scores.shape).contiguous()
+    return kept & default_mask
+
+
+def _ln_structured(
+    spec: LnStructured, scores: Tensor, default_mask: Mask, generator: torch.Generator | None
+) -> Tensor:
+    def keys(s: Tensor, d: int, others: list[int], eligible: Mask, concrete: bool) -> Tensor:
+        if spec.n == "nuc" and s.dim() != 3 or spec.n == "fro" and s.dim() > 3:
+            need = "exactly 3 dims" if spec.n == "nuc" else "at most 3 dims"
+            raise ValueError(
+                f"n={spec.n!r} needs scores with {need} (a matrix norm over the dims "
+                f"other than dim), got shape {tuple(s.shape)}; use a number such as n=2"
+            )
+        norm: Tensor = torch.norm(s, p=spec.n, dim=others)
+        return norm
+
+    return _structured(keys, spec.amount, spec.dim, scores, default_mask)
+
+
+def _random_structured(
+    spec: RandomStructured,
+    scores: Tensor,
+    default_mask: Mask,
+    generator: torch.Generator | None,
+) -> Tensor:
+    def keys(s: Tensor, d: int, others: list[int], eligible: Mask, concrete: bool) -> Tensor:
+        # torch draws one default-dtype CPU number per remaining channel and
+        # prunes the smallest.
+        device = generator.device if generator is not None else "cpu"
+        if concrete and eligible is not None:
+            drawn = _rand(int(eligible.sum()), generator, device=device)
+            return spread(drawn, eligible.to(drawn.device), 0.0).to(s.device)
+        return _rand(s.shape[d], generator, device=device).to(s.device)
+
+    return _structured(keys, spec.amount, spec.dim, scores, default_mask)
+
+
+# --- whole-tensor specs -----------------------------------------------------
+
+
+def keep_all(scores: Tensor, default_mask: Mask) -> Tensor:
+    if default_mask is None:
+        return torch.ones(scores.shape, dtype=torch.bool, device=scores.device)
+    return default_mask.clone(memory_format=torch.contiguous_format)
+
+
+def _identity(
+    spec: Identity, scores: Tensor, default_mask: Mask, generator: torch.Generator | None
+) -> Tensor:
+    return keep_all(scores, default_mask)
+
+
+def _custom_from_mask(
+    spec: CustomFromMask, scores: Tensor, default_mask: Mask, generator: torch.Generator | None
+) -> Tensor:
+    if spec.mask.shape != scores.shape:
+        raise ValueError(
+            f"CustomFromMask: the spec's mask has shape {tuple(spec.mask.shape)} but the "
+            f"scores have shape {tuple(scores.shape)}; they must be equal"
+        )
+    mask = spec.mask.to(scores.device)
+    return mask.clone() if default_mask is None else mask & default_mask
+
+
+def leaf_mask(
+    spec: Spec, scores: Tensor, default_mask: Mask, generator: torch.Generator | None
+) -> Tensor:
+    """Dispatch a leaf (non-chain) spec to its kernel."""
+    match spec:
+        case Identity():
+            return _identity(spec, scores, default_mask, generator)
+        case RandomUnstructured():
+            return _random_unstructured(spec, scores, default_mask, generator)
+        case L1Unstructured():
+            return _l1_unstructured(spec, scores, default_mask, generator)
+        case RandomStructured():
+            return _random_structured(spec, scores, default_mask, generator)
+        case LnStructured():
+            return _ln_structured(spec, scores, default_mask, generator)
+        case CustomFromMask():
+            return _custom_from_mask(spec, scores, default_mask, generator)
+    raise TypeError(
+        f"spec must be a funcprune spec (Identity, RandomUnstructured, L1Unstructured, "
+        f"RandomStructured, LnStructured, CustomFromMask or Chain), got {spec!r}"
+    )

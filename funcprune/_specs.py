@@ -1,0 +1,310 @@
+"""Pruning specs: immutable descriptions of WHAT to prune and how much.
+
+A spec holds hyper-parameters only and validates them when it is built;
+nothing mutates it (make variants with :func:`dataclasses.replace`). The
+masks themselves are computed by :func:`funcprune.compute_mask`.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import numbers
+from dataclasses import dataclass, field
+from typing import final
+
+import torch
+
+from ._types import Amount, NormOrder, PruningType
+from ._validate import validate_amount_init
+
+__all__ = [
+    "Spec",
+    "Identity",
+    "RandomUnstructured",
+    "L1Unstructured",
+    "RandomStructured",
+    "LnStructured",
+    "CustomFromMask",
+    "Chain",
+    "chain",
+]
+
+
+class Spec(abc.ABC):
+    """Abstract base of every pruning spec."""
+
+    __slots__ = ()
+
+    @property
+    @abc.abstractmethod
+    def pruning_type(self) -> PruningType:
+        """The part of a tensor this spec acts on when folded on a mask.
+
+        ``"unstructured"``: the entries still unpruned; ``"structured"``: the
+        channels along ``dim`` not entirely pruned; ``"global"``: everything.
+        """
+
+
+def _check_dim(dim: object) -> None:
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+        raise TypeError(f"dim must be an int, got {dim!r} of type {type(dim).__name__}")
+
+
+def _check_norm_order(n: object) -> None:
+    if isinstance(n, str):
+        if n not in ("fro", "nuc"):
+            raise ValueError(
+                f"n={n!r} is not a norm order: expected a number, inf, -inf, "
+                "'fro' or 'nuc' (see torch.norm's p)"
+            )
+        return
+    if isinstance(n, bool) or not isinstance(n, numbers.Real):
+        raise TypeError(
+            f"n must be a number, inf, -inf, 'fro' or 'nuc' (see torch.norm's p), "
+            f"got {n!r} of type {type(n).__name__}"
+        )
+    if math.isnan(float(n)):
+        raise ValueError("n=nan is not a norm order: expected a number, inf, -inf, 'fro' or 'nuc'")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Identity(Spec):
+    """Prunes nothing: the mask is the default mask (all ones without one).
+
+    >>> Identity().pruning_type
+    'unstructured'
+    """
+
+    @property
+    def pruning_type(self) -> PruningType:
+        return "unstructured"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RandomUnstructured(Spec):
+    """Prunes ``amount`` of the unpruned entries, chosen at random.
+
+    Args:
+        amount: an ``int`` count, or a ``float`` fraction in [0, 1] of the
+            entries still unpruned.
+
+    Raises:
+        TypeError: if ``amount`` is not a real number.
+        ValueError: if ``amount`` is a negative int or a float outside [0, 1].
+
+    >>> RandomUnstructured(0.3)
+    RandomUnstructured(amount=0.3)
+    """
+
+    amount: Amount
+
+    def __post_init__(self) -> None:
+        validate_amount_init(self.amount)
+
+    @property
+    def pruning_type(self) -> PruningType:
+        return "unstructured"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class L1Unstructured(Spec):
+    """Prunes the ``amount`` unpruned entries of smallest absolute score.
+
+    Args:
+        amount: an ``int`` count, or a ``float`` fraction in [0, 1] of the
+            entries still unpruned.
+
+    Raises:
+        TypeError: if ``amount`` is not a real number.
+        ValueError: if ``amount`` is a negative int or a float outside [0, 1].
+
+    >>> L1Unstructured(amount=2).amount
+    2
+    """
+
+    amount: Amount
+
+    def __post_init__(self) -> None:
+        validate_amount_init(self.amount)
+
+    @property
+    def pruning_type(self) -> PruningType:
+        return "unstructured"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RandomStructured(Spec):
+    """Prunes ``amount`` of the remaining channels along ``dim`` at random.
+
+    Args:
+        amount: an ``int`` count, or a ``float`` fraction in [0, 1] of the
+            channels not yet entirely pruned.
+        dim: the dimension whose slices are the channels (default ``-1``).
+
+    Raises:
+        TypeError: if ``amount`` is not a real number or ``dim`` not an int.
+        ValueError: if ``amount`` is a negative int or a float outside [0, 1].
+
+    >>> RandomStructured(0.5, dim=0).pruning_type
+    'structured'
+    """
+
+    amount: Amount
+    dim: int = -1
+
+    def __post_init__(self) -> None:
+        validate_amount_init(self.amount)
+        _check_dim(self.dim)
+
+    @property
+    def pruning_type(self) -> PruningType:
+        return "structured"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class LnStructured(Spec):
+    """Prunes the ``amount`` remaining channels of smallest L``n`` norm.
+
+    Args:
+        amount: an ``int`` count, or a ``float`` fraction in [0, 1] of the
+            channels not yet entirely pruned.
+        n: the norm order, as ``p`` of :func:`torch.norm`: a number,
+            ``inf``, ``-inf``, ``'fro'`` or ``'nuc'``.
+        dim: the dimension whose slices are the channels (default ``-1``).
+
+    Raises:
+        TypeError: if ``amount`` or ``n`` is not a number (``n`` may also be
+            ``'fro'``/``'nuc'``), or ``dim`` is not an int.
+        ValueError: if ``amount`` is out of range or ``n`` is not a norm order.
+
+    >>> LnStructured(0.5, n=2, dim=0)
+    LnStructured(amount=0.5, n=2, dim=0)
+    """
+
+    amount: Amount
+    n: NormOrder
+    dim: int = -1
+
+    def __post_init__(self) -> None:
+        validate_amount_init(self.amount)
+        _check_norm_order(self.n)
+        _check_dim(self.dim)
+
+    @property
+    def pruning_type(self) -> PruningType:
+        return "structured"
+
+
+@final
+@dataclass(frozen=True, slots=True, eq=False)
+class CustomFromMask(Spec):
+    """Prunes the entries where a given mask is 0 (on top of earlier masks).
+
+    The mask is checked and stored as a private ``torch.bool`` copy, so later
+    changes to the tensor passed in do not affect the spec. Specs holding a
+    tensor compare by identity.
+
+    Args:
+        mask: a tensor of 0/1 (or ``False``/``True``) values with the shape
+            of the tensors it will prune.
+
+    Raises:
+        TypeError: if ``mask`` is not a tensor.
+        ValueError: if ``mask`` holds values other than 0 and 1.
+
+    >>> CustomFromMask(torch.tensor([0, 1, 1])).mask
+    tensor([False,  True,  True])
+    """
+
+    mask: torch.Tensor = field(repr=False)
+
+    def __post_init__(self) -> None:
+        mask = self.mask
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(
+                f"mask must be a torch.Tensor of 0/1 values, got {type(mask).__name__}"
+            )
+        if mask.dtype != torch.bool:
+            binary = (mask == 0) | (mask == 1)
+            if not bool(binary.all()):
+                bad = mask[~binary].flatten()[:5].tolist()
+                raise ValueError(
+                    f"mask must hold only 0 and 1, got other values such as {bad}; "
+                    "convert it with `mask != 0` if nonzero means kept"
+                )
+        object.__setattr__(self, "mask", mask.detach().to(torch.bool, copy=True))
+
+    def __repr__(self) -> str:
+        return f"CustomFromMask(mask=<{tuple(self.mask.shape)} bool>)"
+
+    @property
+    def pruning_type(self) -> PruningType:
+        return "global"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Chain(Spec):
+    """Several specs applied one after another, each on what is still unpruned.
+
+    Build one with :func:`chain`, which checks and flattens its arguments.
+    Step ``i > 0`` scores the tensor as pruned by the steps before it (scores
+    times the current mask), exactly as repeated ``torch.nn.utils.prune``
+    calls on one module do.
+    """
+
+    specs: tuple[Spec, ...]
+
+    def __post_init__(self) -> None:
+        for i, spec in enumerate(self.specs):
+            if not isinstance(spec, Spec) or isinstance(spec, Chain):
+                raise TypeError(
+                    f"Chain.specs[{i}] must be a non-chain funcprune spec, got {spec!r}; "
+                    "build chains with funcprune.chain(...), which flattens them"
+                )
+
+    @property
+    def pruning_type(self) -> PruningType:
+        """The steps' common type; ``"global"`` when they differ.
+
+        An empty chain prunes nothing and is ``"unstructured"`` like
+        :class:`Identity`.
+        """
+        kinds = {spec.pruning_type for spec in self.specs}
+        if not kinds:
+            return "unstructured"
+        if len(kinds) == 1:
+            return kinds.pop()
+        return "global"
+
+
+def chain(*specs: Spec) -> Chain:
+    """Compose specs into one :class:`Chain`; chains inside are flattened.
+
+    Composition is closed: the result is a spec, and
+    ``chain(chain(a, b), c) == chain(a, chain(b, c)) == chain(a, b, c)``.
+
+    Raises:
+        TypeError: if an argument is not a funcprune spec.
+
+    >>> chain(L1Unstructured(0.5), chain(Identity(), RandomUnstructured(2)))
+    Chain(specs=(L1Unstructured(amount=0.5), Identity(), RandomUnstructured(amount=2)))
+    """
+    flat: list[Spec] = []
+    for i, spec in enumerate(specs):
+        if isinstance(spec, Chain):
+            flat.extend(spec.specs)
+        elif isinstance(spec, Spec):
+            flat.append(spec)
+        else:
+            raise TypeError(
+                f"chain: argument {i} must be a funcprune spec, got {spec!r} "
+                f"of type {type(spec).__name__}"
+            )
+    return Chain(tuple(flat))

@@ -1,0 +1,86 @@
+"""Validation helpers with torch.nn.utils.prune's rules, messages and types.
+
+The compat layer re-exports these under torch's underscore names, so their
+behaviour (including the exception types and message texts) follows
+``torch.nn.utils.prune`` exactly; funcprune's own checks add to them.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from ._types import Amount
+
+
+def validate_amount_init(amount: object) -> None:
+    """Check an ``amount`` before any tensor is known (torch's rules).
+
+    Args:
+        amount: an ``int`` (a count, at least 0) or a ``float`` in [0, 1]
+            (a fraction).
+
+    Raises:
+        TypeError: if ``amount`` is not a real number.
+        ValueError: if it is a negative integer or a float outside [0, 1].
+    """
+    if not isinstance(amount, numbers.Real):
+        raise TypeError(f"Invalid type for amount: {amount}. Must be int or float.")
+    if (isinstance(amount, numbers.Integral) and amount < 0) or (
+        not isinstance(amount, numbers.Integral)
+        and (float(amount) > 1.0 or float(amount) < 0.0)
+    ):
+        raise ValueError(
+            f"amount={amount} should either be a float in the range [0, 1] "
+            "or a non-negative integer"
+        )
+
+
+def count_to_prune(amount: Amount, size: int) -> int:
+    """Turn ``amount`` into a count of units out of ``size`` (torch's rule).
+
+    An integer is the count itself; a float is a fraction of ``size`` rounded
+    with Python's :func:`round` (half to even).
+
+    >>> count_to_prune(0.5, 5), count_to_prune(0.3, 10), count_to_prune(3, 10)
+    (2, 3, 3)
+    """
+    if isinstance(amount, numbers.Integral):
+        return int(amount)
+    return round(amount * size)
+
+
+def validate_count(amount: object, size: int) -> None:
+    """Refuse an integer amount larger than the ``size`` units available."""
+    if isinstance(amount, numbers.Integral) and int(amount) > size:
+        raise ValueError(
+            f"amount={amount} should be smaller than the number of parameters "
+            f"to prune={size}"
+        )
+
+
+def validate_structured(t: torch.Tensor) -> None:
+    """Refuse structured pruning of a tensor with fewer than 2 dims."""
+    shape = t.shape
+    if len(shape) <= 1:
+        raise ValueError(
+            "Structured pruning can only be applied to multidimensional tensors. "
+            f"Found tensor of shape {shape} with {len(shape)} dims"
+        )
+
+
+def validate_dim(t: torch.Tensor, dim: int) -> None:
+    """Refuse a ``dim`` at or past ``t.dim()`` (torch's rule: IndexError)."""
+    if dim >= t.dim():
+        raise IndexError(f"Invalid index {dim} for tensor of size {t.shape}")
+
+
+def validate_dim_range(t: torch.Tensor, dim: int) -> None:
+    """Refuse any ``dim`` that does not index ``t``, negative ones included."""
+    validate_dim(t, dim)
+    if dim < -t.dim():
+        raise IndexError(
+            f"dim={dim} is out of range for a tensor of shape {tuple(t.shape)}: "
+            f"expected -{t.dim()} <= dim < {t.dim()}"
+        )
