@@ -1,0 +1,105 @@
+"""Bad input to compute_mask and prune: torch's exception types, clear messages."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.utils.prune as tprune
+
+import funcprune as fp
+
+
+def test_more_units_than_available_is_a_value_error_like_torch() -> None:
+    t = torch.randn(2, 3)
+    with pytest.raises(ValueError) as theirs:
+        tprune.L1Unstructured(7).compute_mask(t, torch.ones_like(t))
+    with pytest.raises(ValueError) as ours:
+        fp.compute_mask(fp.L1Unstructured(7), t)
+    assert str(ours.value) == str(theirs.value)
+    assert "amount=7" in str(ours.value) and "=6" in str(ours.value)
+
+
+def test_more_units_than_left_unpruned_is_a_value_error() -> None:
+    default = torch.tensor([True, False, False, True])
+    with pytest.raises(ValueError, match=r"amount=3 should be smaller than the number of parameters to prune=2"):
+        fp.compute_mask(fp.RandomUnstructured(3), torch.randn(4), default)
+
+
+def test_more_channels_than_left_is_a_value_error() -> None:
+    default = torch.ones(4, 3, dtype=torch.bool)
+    default[1:] = False
+    with pytest.raises(ValueError, match=r"amount=2 .*=1"):
+        fp.compute_mask(fp.LnStructured(2, n=2, dim=0), torch.randn(4, 3), default)
+
+
+@pytest.mark.parametrize("dim", [2, 5, -3])
+@pytest.mark.parametrize("spec_of", [lambda d: fp.LnStructured(1, 2, d), lambda d: fp.RandomStructured(1, d)])
+def test_dim_out_of_range_is_an_index_error(dim: int, spec_of: object) -> None:
+    with pytest.raises(IndexError, match=re.escape(str(dim))):
+        fp.compute_mask(spec_of(dim), torch.randn(3, 4))  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("spec", [fp.LnStructured(1, 2), fp.RandomStructured(1)])
+def test_structured_needs_two_dims(spec: fp.Spec) -> None:
+    with pytest.raises(ValueError, match=r"Structured pruning can only be applied to multidimensional tensors.*1 dims"):
+        fp.compute_mask(spec, torch.randn(5))
+
+
+def test_default_mask_shape_mismatch() -> None:
+    with pytest.raises(ValueError, match=r"compute_mask: default_mask has shape \(3,\) but the scores have shape \(2, 3\)"):
+        fp.compute_mask(fp.L1Unstructured(1), torch.randn(2, 3), torch.ones(3, dtype=torch.bool))
+
+
+def test_importance_scores_shape_mismatch() -> None:
+    with pytest.raises(ValueError, match=r"prune: importance_scores has shape \(6,\) but t has shape \(2, 3\)"):
+        fp.prune(fp.L1Unstructured(1), torch.randn(2, 3), importance_scores=torch.randn(6))
+
+
+def test_custom_mask_shape_mismatch() -> None:
+    spec = fp.CustomFromMask(torch.ones(2, 2))
+    with pytest.raises(ValueError, match=r"mask has shape \(2, 2\) but the scores have shape \(4,\)"):
+        fp.compute_mask(spec, torch.randn(4))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.int8])
+def test_non_floating_scores_are_a_type_error(dtype: torch.dtype) -> None:
+    with pytest.raises(TypeError, match=rf"compute_mask: scores must be a floating-point tensor, got dtype {dtype}"):
+        fp.compute_mask(fp.L1Unstructured(1), torch.zeros(3, dtype=dtype))
+    with pytest.raises(TypeError, match=r"prune: importance_scores must be a floating-point tensor"):
+        fp.prune(fp.L1Unstructured(1), torch.zeros(3), importance_scores=torch.zeros(3, dtype=dtype))
+
+
+def test_non_tensors_are_a_type_error() -> None:
+    with pytest.raises(TypeError, match=r"compute_mask: scores must be a torch.Tensor, got list"):
+        fp.compute_mask(fp.L1Unstructured(1), [1.0, 2.0])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"compute_mask: default_mask must be a torch.Tensor"):
+        fp.compute_mask(fp.L1Unstructured(1), torch.randn(2), [True, False])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"compute_mask: spec must be a funcprune spec, got 'l1'"):
+        fp.compute_mask("l1", torch.randn(2))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"prune: spec must be a funcprune spec"):
+        fp.prune(tprune.L1Unstructured(1), torch.randn(2))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("n", "shape"), [("nuc", (4, 3)), ("nuc", (4, 3, 2, 2)), ("fro", (4, 3, 2, 2))])
+def test_matrix_norms_need_matching_dims(n: str, shape: tuple[int, ...]) -> None:
+    with pytest.raises(ValueError, match=rf"n='{n}' needs scores with .* dims"):
+        fp.compute_mask(fp.LnStructured(1, n=n, dim=0), torch.randn(shape))
+
+
+def test_inputs_are_never_modified_on_error() -> None:
+    t = torch.randn(2, 3)
+    default = torch.ones(2, 3)
+    before = (t.clone(), default.clone())
+    with pytest.raises(ValueError):
+        fp.compute_mask(fp.L1Unstructured(7), t, default)
+    assert torch.equal(t, before[0]) and torch.equal(default, before[1])
+
+
+def test_numeric_default_masks_count_nonzero_as_kept() -> None:
+    t = torch.tensor([3.0, 1.0, 2.0, 4.0])
+    float_mask = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    got = fp.compute_mask(fp.L1Unstructured(1), t, float_mask)
+    assert got.tolist() == [True, False, False, True]
+    assert float_mask.dtype == torch.float32
