@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from ._select import Count, is_concrete, lowest, resolve_count, spread
+from ._select import FAST_MIN_KEYS, Count, is_concrete, lowest, lowest_fast, resolve_count, spread
 from ._specs import (
     CustomFromMask,
     Identity,
@@ -49,6 +49,19 @@ def _rand(
     return torch.rand(n, generator=generator, dtype=dtype, device=device)
 
 
+def _kept(keys: Tensor, k: Count, eligible: Mask) -> Tensor:
+    """Flags of the eligible keys that survive pruning the ``k`` lowest.
+
+    Takes the selection path when eager and large, the sort path otherwise
+    (the two agree exactly).
+    """
+    if isinstance(k, int) and keys.numel() >= FAST_MIN_KEYS and is_concrete(keys):
+        kept = lowest_fast(keys, k, eligible, complement=True)
+    else:
+        kept = ~lowest(keys, k, eligible)
+    return kept if eligible is None else kept.logical_and_(eligible)
+
+
 # --- unstructured -----------------------------------------------------------
 
 
@@ -65,9 +78,7 @@ def _unstructured(
     if isinstance(k, int) and k == 0:  # torch draws nothing then either
         return keep_all(scores, default_mask)
     keys = keys_of(scores, eligible, concrete)
-    pruned = lowest(keys, k, eligible)
-    kept = ~pruned if eligible is None else eligible & ~pruned
-    return kept.reshape(scores.shape)
+    return _kept(keys, k, eligible).reshape(scores.shape)
 
 
 def _l1_unstructured(
@@ -120,7 +131,7 @@ def _structured(
     if isinstance(k, int) and k == 0:  # torch draws nothing then either
         return keep_all(scores, default_mask)
     keys = keys_of(scores, d, others, eligible, concrete)
-    kept = ~lowest(keys, k, eligible)
+    kept = _kept(keys, k, eligible)
     shape = [1] * scores.dim()
     shape[d] = n_channels
     kept = kept.reshape(shape)

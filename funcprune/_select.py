@@ -79,3 +79,71 @@ def spread(values: torch.Tensor, eligible: torch.Tensor | None, fill: float) -> 
         return values
     out = torch.full(eligible.shape, fill, dtype=values.dtype, device=values.device)
     return out.masked_scatter(eligible.to(values.device), values)
+
+
+# --- the fast eager path --------------------------------------------------------
+
+#: Below this many keys the sort-based :func:`lowest` is as fast; above it the
+#: eager kernels use :func:`lowest_fast`.
+FAST_MIN_KEYS = 1 << 16
+_SAMPLE = 1 << 17
+
+
+def lowest_fast(
+    keys: torch.Tensor, k: int, eligible: torch.Tensor | None = None, *, complement: bool = False
+) -> torch.Tensor:
+    """The flags of :func:`lowest` for concrete inputs, without a full sort.
+
+    Finds the k-th lowest eligible key by selection: a strided sample brackets
+    it, two comparison passes count what lies below the bracket and collect
+    the few keys inside it, and :func:`torch.kthvalue` finishes on those.
+    Ties at the threshold go to the lower indices first and NaN ranks last,
+    so the flags equal :func:`lowest`'s exactly (the tests check it); where
+    the threshold is not a finite number (the pick reaches NaN, infinite or
+    ineligible keys) it defers to :func:`lowest`. Reads values: eager only.
+    With ``complement=True`` it returns the flags of the keys *not* picked
+    (negated in place, without another tensor).
+    """
+    if k <= 0:
+        none = torch.zeros_like(keys, dtype=torch.bool)
+        return ~none if complement else none
+    if eligible is not None:
+        keys = torch.where(eligible, keys, torch.inf)
+    lo, hi = _bracket(keys, k)
+    under_lo = keys < lo
+    below = int(torch.count_nonzero(under_lo))  # NaN is neither below nor inside
+    inside = (keys <= hi).logical_and_(under_lo.logical_not_())
+    candidates = keys[inside]
+    if not below < k <= below + candidates.numel():  # the sample misled us
+        inside = keys < lo if below >= k else keys >= lo
+        below = 0 if below >= k else below
+        candidates = keys[inside]
+        if not below < k <= below + candidates.numel():
+            picked = lowest(keys, k, eligible)
+            return ~picked if complement else picked
+    v = torch.kthvalue(candidates, k - below).values
+    if not bool(torch.isfinite(v)):
+        picked = lowest(keys, k, eligible)
+        return ~picked if complement else picked
+    need = k - below - int(torch.count_nonzero(candidates < v))
+    ties = candidates == v
+    if need == int(torch.count_nonzero(ties)):
+        picked = keys <= v
+        return picked.logical_not_() if complement else picked  # NaN: never picked
+    tie_index = inside.nonzero().squeeze(1)[ties][:need]
+    picked = (keys < v).index_fill_(0, tie_index, True)
+    return picked.logical_not_() if complement else picked
+
+
+def _bracket(keys: torch.Tensor, k: int) -> tuple[float, float]:
+    """Bounds likely to hold the k-th lowest key, from a strided sample."""
+    n = keys.numel()
+    sample = torch.sort(keys[:: max(1, n // _SAMPLE)]).values
+    m = sample.numel()
+    q = k / n
+    margin = 4.0 * (m * q * (1.0 - q)) ** 0.5 + 8.0
+    r_lo = int(q * m - margin)
+    r_hi = int(q * m + margin) + 1
+    lo = float(sample[r_lo - 1]) if r_lo >= 1 else -torch.inf
+    hi = float(sample[r_hi - 1]) if r_hi <= m else torch.inf
+    return lo, hi

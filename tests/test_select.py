@@ -1,0 +1,98 @@
+"""The fast eager selection path gives exactly the masks of the sort path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.func import vmap
+
+import funcprune as fp
+from funcprune import _kernels, _select
+from funcprune._select import lowest, lowest_fast
+
+
+@st.composite
+def keys_and_k(draw: st.DrawFn) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+    n = draw(st.integers(1, 4000))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    kind = draw(st.sampled_from(["normal", "ties", "sorted", "periodic", "specials"]))
+    if kind == "normal":
+        keys = torch.randn(n, generator=g)
+    elif kind == "ties":
+        keys = torch.randint(0, draw(st.integers(1, 6)), (n,), generator=g).float()
+    elif kind == "sorted":  # a strided sample of sorted data brackets badly
+        keys = torch.sort(torch.randn(n, generator=g)).values.flip(0) if draw(st.booleans()) else torch.arange(n).float()
+    elif kind == "periodic":
+        keys = (torch.arange(n) % draw(st.integers(1, 300))).float()
+    else:
+        keys = torch.randn(n, generator=g)
+        specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0])
+        where = torch.rand(n, generator=g) < 0.2
+        keys[where] = specials[torch.randint(0, 5, (int(where.sum()),), generator=g)]
+    eligible = torch.rand(n, generator=g) < draw(st.floats(0.0, 1.0)) if draw(st.booleans()) else None
+    available = n if eligible is None else int(eligible.sum())
+    return keys, draw(st.integers(0, available)), eligible
+
+
+@pytest.mark.parametrize("sample", [16, 1 << 17])
+@given(case=keys_and_k())
+def test_lowest_fast_equals_lowest(case: tuple[torch.Tensor, int, torch.Tensor | None], sample: int) -> None:
+    keys, k, eligible = case
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_select, "_SAMPLE", sample)
+        picked = lowest_fast(keys, k, eligible)
+        kept = lowest_fast(keys, k, eligible, complement=True)
+    expected = lowest(keys, k, eligible)
+    assert torch.equal(picked, expected)
+    assert torch.equal(kept, ~expected)
+
+
+SPECS = [
+    fp.L1Unstructured(0.3),
+    fp.L1Unstructured(0.9),
+    fp.L1Unstructured(17),
+    fp.RandomUnstructured(0.5),
+    fp.LnStructured(0.5, n=1, dim=0),
+]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=repr)
+@pytest.mark.parametrize("ties", [False, True])
+def test_eager_fast_path_equals_the_transform_path(spec: fp.Spec, ties: bool) -> None:
+    """A tensor above the fast-path size: eager (selection) vs vmap (sort)."""
+    g = torch.Generator().manual_seed(11)
+    shape = (300, 256)
+    assert shape[0] * shape[1] >= _select.FAST_MIN_KEYS
+    scores = torch.randint(-3, 4, shape, generator=g).float() if ties else torch.randn(shape, generator=g)
+    default = torch.rand(shape, generator=g) < 0.8
+    for d in (None, default):
+        torch.manual_seed(3)
+        eager = fp.compute_mask(spec, scores, d)
+        torch.manual_seed(3)
+        if d is None:
+            batched = vmap(lambda s: fp.compute_mask(spec, s), randomness="same")(scores[None])
+        else:
+            batched = vmap(lambda s, m: fp.compute_mask(spec, s, m), randomness="same")(scores[None], d[None])
+        if isinstance(spec, fp.RandomUnstructured) and d is not None:
+            # eager draws only for the unpruned entries, as torch does; under
+            # vmap it draws for all: the same count, other entries
+            assert int(eager.sum()) == int(batched[0].sum())
+        else:
+            assert torch.equal(eager, batched[0])
+
+
+def test_the_kernels_take_the_fast_path_when_large(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    original = _kernels.lowest_fast
+
+    def spy(keys: torch.Tensor, k: int, eligible: torch.Tensor | None = None, *, complement: bool = False) -> torch.Tensor:
+        calls.append(keys.numel())
+        return original(keys, k, eligible, complement=complement)
+
+    monkeypatch.setattr(_kernels, "lowest_fast", spy)
+    fp.compute_mask(fp.L1Unstructured(0.5), torch.randn(10))
+    assert calls == []
+    fp.compute_mask(fp.L1Unstructured(0.5), torch.randn(_select.FAST_MIN_KEYS))
+    assert calls == [_select.FAST_MIN_KEYS]
