@@ -85,7 +85,7 @@ def test_eager_fast_path_equals_the_transform_path(spec: fp.Spec, ties: bool) ->
 
 def test_the_kernels_take_the_fast_path_when_large(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    original = _kernels.lowest_fast
+    original = _select.lowest_fast
 
     def spy(keys: torch.Tensor, k: int, eligible: torch.Tensor | None = None, *, complement: bool = False) -> torch.Tensor:
         calls.append(keys.numel())
