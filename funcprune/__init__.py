@@ -6,8 +6,23 @@ repeated ``torch.nn.utils.prune`` calls compose. ``funcprune.compat`` is a
 drop-in replacement for ``torch.nn.utils.prune``.
 """
 
+from ._apply import apply_masks as apply_masks
+from ._apply import apply_masks_ as apply_masks_
+from ._apply import functional_call_masked as functional_call_masked
+from ._apply import mask_gradients as mask_gradients
+from ._apply import mask_gradients_ as mask_gradients_
 from ._fold import compute_mask as compute_mask
 from ._fold import prune as prune
+from ._global import GlobalPlan as GlobalPlan
+from ._global import global_unstructured as global_unstructured
+from ._names import UnknownNameError as UnknownNameError
+from ._plan import AbstractPlan as AbstractPlan
+from ._plan import ComposedPlan as ComposedPlan
+from ._plan import Plan as Plan
+from ._plan import compose as compose
+from ._report import SparsityReport as SparsityReport
+from ._report import SparsityRow as SparsityRow
+from ._report import sparsity_report as sparsity_report
 from ._specs import Chain as Chain
 from ._specs import CustomFromMask as CustomFromMask
 from ._specs import Identity as Identity
@@ -27,21 +42,36 @@ from ._types import Scores as Scores
 __version__ = "0.1.0"
 
 __all__ = [
+    "AbstractPlan",
     "Amount",
     "Chain",
+    "ComposedPlan",
     "CustomFromMask",
+    "GlobalPlan",
     "Identity",
     "L1Unstructured",
     "LnStructured",
     "Masks",
     "NormOrder",
     "Params",
+    "Plan",
     "PruningType",
     "RandomStructured",
     "RandomUnstructured",
     "Scores",
+    "SparsityReport",
+    "SparsityRow",
     "Spec",
+    "UnknownNameError",
+    "apply_masks",
+    "apply_masks_",
     "chain",
+    "compose",
     "compute_mask",
+    "functional_call_masked",
+    "global_unstructured",
+    "mask_gradients",
+    "mask_gradients_",
     "prune",
+    "sparsity_report",
 ]

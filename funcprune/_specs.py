@@ -255,8 +255,12 @@ class Chain(Spec):
 
     Build one with :func:`chain`, which checks and flattens its arguments.
     Step ``i > 0`` scores the tensor as pruned by the steps before it (scores
-    times the current mask), exactly as repeated ``torch.nn.utils.prune``
-    calls on one module do.
+    times the current mask). With the parameter itself as the scores, this is
+    exactly what repeated ``torch.nn.utils.prune`` calls on one module do,
+    since each call scores the currently pruned tensor; a torch call given
+    ``importance_scores`` would score them unmasked instead (a
+    :class:`funcprune.Plan` rule with a list of specs and explicit scores
+    does that).
     """
 
     specs: tuple[Spec, ...]

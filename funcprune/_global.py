@@ -1,0 +1,133 @@
+"""Global groups: one unstructured spec over several tensors jointly.
+
+The functional :func:`torch.nn.utils.prune.global_unstructured`: the scores of
+the selected tensors are flattened into one vector, as torch's
+``parameters_to_vector`` does, their earlier masks likewise; the spec is folded
+on that vector in one :func:`~funcprune.compute_mask` call and the mask is
+split back per tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, final
+
+import torch
+
+from ._names import match_names
+from ._plan import AbstractPlan, as_spec, mask_for, scores_for, spec_repr
+from ._specs import Spec
+from ._types import Params, Scores
+
+Tensor = torch.Tensor
+
+__all__ = ["GlobalPlan", "global_unstructured"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class GlobalPlan(AbstractPlan):
+    """One unstructured spec applied to several tensors jointly.
+
+    Build it with :func:`global_unstructured`, which checks its arguments.
+    The scores of the selected tensors are flattened into one vector (in
+    listed order, each pattern's matches in parameter order, duplicates
+    dropped), their earlier masks likewise; the spec is folded on that vector
+    once and the mask is split back per tensor, as
+    :func:`torch.nn.utils.prune.global_unstructured` does.
+    """
+
+    _FN: ClassVar[str] = "global_unstructured"
+    names: tuple[str, ...]
+    spec: Spec
+
+    def __post_init__(self) -> None:
+        if isinstance(self.names, list):
+            object.__setattr__(self, "names", tuple(self.names))
+        if not self.names or not all(isinstance(n, str) and n for n in self.names):
+            raise TypeError(
+                f"global_unstructured: names must be a non-empty list of parameter names or "
+                f"patterns, got {self.names!r}"
+            )
+        if not isinstance(self.spec, Spec):
+            raise TypeError(
+                f"global_unstructured: spec must be a funcprune spec, got {self.spec!r}"
+            )
+        if self.spec.pruning_type != "unstructured":
+            raise TypeError(
+                'Only "unstructured" PRUNING_TYPE supported for the `pruning_method`. '
+                f"Found method {self.spec!r} of type {self.spec.pruning_type}"
+            )
+
+    def __repr__(self) -> str:
+        return f"global_unstructured({list(self.names)!r}, {spec_repr(self.spec)})"
+
+    def _fold(
+        self,
+        params: Params,
+        masks: dict[str, Tensor],
+        scores: Scores,
+        generator: torch.Generator | None,
+    ) -> dict[str, Tensor]:
+        names = tuple(params)
+        found = (n for pattern in self.names for n in match_names(self._FN, "name", pattern, names))
+        selected = tuple(dict.fromkeys(found))  # listed order, each name once
+        flat_scores = torch.cat(
+            [scores_for(params[n], masks.get(n), scores.get(n)).reshape(-1) for n in selected]
+        )
+        flat_default = None
+        if any(n in masks for n in selected):
+            flat_default = torch.cat(
+                [
+                    masks.get(n, torch.ones_like(params[n], dtype=torch.bool)).reshape(-1)
+                    for n in selected
+                ]
+            )
+        what = "[" + ", ".join(map(repr, selected)) + "] jointly"
+        flat = mask_for(self._FN, what, self.spec, flat_scores, flat_default, generator)
+        pieces = torch.split(flat, [params[n].numel() for n in selected])
+        out = dict(masks)
+        for n, piece in zip(selected, pieces, strict=True):
+            out[n] = piece.reshape(params[n].shape)
+        return out
+
+
+def global_unstructured(names: Sequence[str], spec: Spec | Sequence[Spec]) -> GlobalPlan:
+    """A plan that prunes the listed tensors jointly with one unstructured spec.
+
+    The functional :func:`torch.nn.utils.prune.global_unstructured`: with
+    ``L1Unstructured(0.2)`` the 20% smallest entries of all listed tensors
+    together are pruned, so each tensor ends up with its own sparsity.
+    Earlier masks are respected (a float amount is a fraction of what is
+    still unpruned overall) and importance scores are taken from the plan
+    call's ``scores``.
+
+    Args:
+        names: parameter names or glob patterns (see :class:`Plan`).
+        spec: an unstructured spec (or a list of them, a chain), such as
+            ``L1Unstructured`` or ``RandomUnstructured``.
+
+    Raises:
+        TypeError: if ``spec``'s ``pruning_type`` is not ``"unstructured"``
+            (as torch refuses it), or ``names`` is not a non-empty list of
+            strings.
+
+    >>> import torch, funcprune as fp
+    >>> plan = fp.global_unstructured(["a", "b"], fp.L1Unstructured(0.5))
+    >>> plan({"a": torch.tensor([1.0, 6.0]), "b": torch.tensor([3.0, 0.5, 4.0, 5.0])})
+    {'a': tensor([False,  True]), 'b': tensor([False, False,  True,  True])}
+    >>> fp.global_unstructured(["a"], fp.LnStructured(0.5, n=2))
+    Traceback (most recent call last):
+    ...
+    TypeError: Only "unstructured" PRUNING_TYPE supported for the `pruning_method`.
+    Found method LnStructured(amount=0.5, n=2, dim=-1) of type structured
+    """
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise TypeError(
+            f"global_unstructured: names must be a list of parameter names or patterns, "
+            f"got {names!r}; wrap a single name in a list"
+        )
+    if isinstance(spec, Sequence):
+        spec = as_spec("global_unstructured", spec)
+    return GlobalPlan(tuple(names), spec)

@@ -1,0 +1,155 @@
+"""Names and name-keyed dicts: pattern matching and the checks every layer shares.
+
+Parameters, masks and scores travel as dicts keyed like ``named_parameters()``.
+This module resolves names and glob patterns against such a dict, refuses
+unknown names with close suggestions (:mod:`difflib`), and checks that masks
+and scores fit their parameter (shape, device, dtype) before any work starts.
+Checks that read tensor values run in eager mode only, never under a
+``torch.func`` transform or ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from ._select import is_concrete
+from ._types import Params
+
+Tensor = torch.Tensor
+
+__all__ = [
+    "UnknownNameError",
+    "match_names",
+    "check_params",
+    "check_masks",
+    "check_scores",
+    "as_bool_mask",
+]
+
+
+class UnknownNameError(KeyError, ValueError):
+    """A rule, mask or score names no parameter (a ``KeyError`` and a ``ValueError``)."""
+
+    __module__ = "funcprune"
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def unknown_name(fn: str, problem: str, name: str, known: Sequence[str]) -> UnknownNameError:
+    """An :class:`UnknownNameError` suggesting the names closest to ``name``."""
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
+    if close:
+        quoted = [repr(c) for c in close]
+        hint = "did you mean " + (", ".join(quoted[:-1]) + " or " if len(quoted) > 1 else "")
+        hint += quoted[-1] + "?"
+    else:
+        shown = ", ".join(map(repr, list(known)[:8])) + (", ..." if len(known) > 8 else "")
+        hint = f"the parameters are {shown}" if known else "there are no parameters"
+    return UnknownNameError(f"{fn}: {problem}; {hint}")
+
+
+def check_params(fn: str, params: object) -> None:
+    """Refuse anything but a mapping of names to tensors."""
+    if isinstance(params, torch.nn.Module):
+        raise TypeError(
+            f"{fn}: params must be a mapping of names to tensors, got a module; "
+            "pass dict(module.named_parameters())"
+        )
+    if not isinstance(params, Mapping):
+        raise TypeError(
+            f"{fn}: params must be a mapping of names to tensors, got {type(params).__name__}"
+        )
+    for name, value in params.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{fn}: params[{name!r}] must be a tensor, got {type(value).__name__}")
+
+
+def _check_fits(fn: str, what: str, name: str, value: object, params: Params) -> Tensor:
+    if name not in params:
+        raise unknown_name(fn, f"{what} {name!r} is not a parameter name", name, tuple(params))
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{fn}: the {what} {name!r} must be a tensor, got {type(value).__name__}")
+    param = params[name]
+    if value.shape != param.shape:
+        raise ValueError(
+            f"{fn}: the {what} {name!r} has shape {tuple(value.shape)} but the parameter has "
+            f"shape {tuple(param.shape)}; they must be equal"
+        )
+    if value.device != param.device:
+        raise ValueError(
+            f"{fn}: the {what} {name!r} is on {value.device} but the parameter is on "
+            f"{param.device}; move it with .to({str(param.device)!r})"
+        )
+    return value
+
+
+def as_bool_mask(fn: str, name: str, mask: object, params: Params) -> Tensor:
+    """Check that ``mask`` fits ``params[name]``; return it as ``torch.bool``.
+
+    A numeric mask (torch's float 0/1 buffers) is converted with ``mask != 0``
+    after checking, in eager mode only, that it holds only 0 and 1.
+    """
+    mask = _check_fits(fn, "mask for", name, mask, params)
+    if mask.dtype == torch.bool:
+        return mask
+    if is_concrete(mask):
+        binary = (mask == 0) | (mask == 1)
+        if not bool(binary.all()):
+            bad = mask[~binary].flatten()[:3].tolist()
+            raise ValueError(
+                f"{fn}: the mask for {name!r} must hold only 0 and 1 (or be torch.bool), "
+                f"got values such as {bad}; convert it with `mask != 0` if nonzero means kept"
+            )
+    return mask != 0
+
+
+def check_masks(fn: str, params: Params, masks: object) -> dict[str, Tensor]:
+    """Every mask checked against its parameter and made ``torch.bool``."""
+    if masks is None:
+        return {}
+    if not isinstance(masks, Mapping):
+        raise TypeError(
+            f"{fn}: masks must be a mapping of names to masks, got {type(masks).__name__}"
+        )
+    return {name: as_bool_mask(fn, name, m, params) for name, m in masks.items()}
+
+
+def check_scores(fn: str, params: Params, scores: object) -> dict[str, Tensor]:
+    """Every score tensor checked against its parameter's shape and device."""
+    if scores is None:
+        return {}
+    if not isinstance(scores, Mapping):
+        raise TypeError(
+            f"{fn}: scores must be a mapping of names to tensors, got {type(scores).__name__}"
+        )
+    return {name: _check_fits(fn, "scores for", name, s, params) for name, s in scores.items()}
+
+
+def match_names(fn: str, kind: str, pattern: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The names that ``pattern`` selects, in the order of ``names``.
+
+    A pattern is matched with :func:`fnmatch.fnmatchcase` (``*`` crosses
+    dots); a name without ``*``, ``?`` or ``[`` must be one of ``names``.
+
+    Raises:
+        UnknownNameError: if nothing matches; ``kind`` ("rule", "name")
+            says what the pattern was in the message.
+    """
+    if not any(c in pattern for c in "*?["):
+        found: tuple[str, ...] = (pattern,) if pattern in names else ()
+    else:
+        found = tuple(n for n in names if fnmatch.fnmatchcase(n, pattern))
+    if not found:
+        raise unknown_name(fn, f"{kind} {pattern!r} matches no parameter", pattern, names)
+    return found
+
+
+# Name resolution is pure Python over strings (fnmatch uses re, which dynamo
+# cannot trace): torch.compile runs it once and keeps the result, guarded by
+# the dict keys. The marker returns the function itself, typed as written.
+torch.compiler.assume_constant_result(match_names)  # type: ignore[no-untyped-call]

@@ -1,0 +1,324 @@
+"""Plans: which spec prunes which parameter, as one pure function.
+
+A plan maps parameter names (or glob patterns over dotted names) to specs.
+Calling it on a dict of parameters, keyed like ``named_parameters()``,
+returns a new dict of ``torch.bool`` masks. Earlier masks passed in are
+folded on (iterative pruning), exactly as a repeated ``torch.nn.utils.prune``
+call on the same module folds a new method on its ``<name>_mask`` buffer.
+
+Three kinds of plan exist, and they compose: :class:`Plan` (per-parameter
+rules), :class:`~funcprune.GlobalPlan` (one unstructured spec over several
+tensors jointly, built by :func:`~funcprune.global_unstructured`, in
+``_global.py``) and :class:`ComposedPlan` (plans applied in order, built by
+:func:`compose`).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, final
+
+import torch
+
+from ._fold import compute_mask
+from ._names import check_masks, check_params, check_scores, match_names
+from ._specs import Chain, Identity, Spec, chain
+from ._types import Masks, Params, Scores
+
+Tensor = torch.Tensor
+#: What a :class:`Plan` rule maps to: a spec, or a list of specs (a chain).
+RuleValue = Spec | Sequence[Spec]
+
+__all__ = ["AbstractPlan", "Plan", "ComposedPlan", "compose"]
+
+
+def scores_for(param: Tensor, mask: Tensor | None, given: Tensor | None) -> Tensor:
+    """The ``given`` scores, else the parameter as it currently is.
+
+    That is ``param * mask`` (torch multiplies; it does not use ``where``),
+    which is how torch scores a tensor it prunes again.
+    """
+    if given is not None:
+        return given
+    param = param.detach()
+    return param if mask is None else param * mask.to(param.dtype)
+
+
+def mask_for(
+    fn: str,
+    what: str,
+    spec: Spec,
+    scores: Tensor,
+    default_mask: Tensor | None,
+    generator: torch.Generator | None,
+) -> Tensor:
+    """``compute_mask``, with errors that name the parameter(s) pruned."""
+    try:
+        return compute_mask(spec, scores, default_mask, generator=generator)
+    except (TypeError, ValueError, IndexError) as e:
+        if type(e) not in (TypeError, ValueError, IndexError):
+            raise
+        raise type(e)(f"{fn}: cannot prune {what} with {spec!r}: {e}") from e
+
+
+class AbstractPlan(abc.ABC):
+    """Base of every plan: a pure function from parameters to masks.
+
+    Its subclasses are :class:`Plan`, :class:`GlobalPlan` and
+    :class:`ComposedPlan`; all are called the same way.
+    """
+
+    __slots__ = ()
+    #: The name that starts this plan's error messages.
+    _FN: ClassVar[str]
+
+    def __call__(
+        self,
+        params: Params,
+        masks: Mapping[str, Tensor] | None = None,
+        scores: Scores | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Masks:
+        """Compute the masks this plan gives for ``params``.
+
+        Args:
+            params: tensors keyed like ``named_parameters()`` (for instance
+                ``dict(model.named_parameters())`` or the first dict of
+                :func:`torch.func.stack_module_state`, under ``vmap``).
+            masks: earlier masks by name. The plan acts on top of them and
+                never revives what they pruned; names the plan does not cover
+                keep them. ``bool`` masks are used as they are; numeric masks
+                (torch's float 0/1 buffers) are converted with ``mask != 0``
+                after checking that they hold only 0 and 1.
+            scores: importance scores by name, of each parameter's shape. A
+                parameter without one is scored as it currently is: ``param *
+                mask`` with its earlier mask, as torch scores a pruned tensor.
+            generator: a :class:`torch.Generator` for random specs; by
+                default they draw from torch's global RNG as torch does.
+
+        Returns:
+            A new dict of ``torch.bool`` masks (``True`` = kept) in the order
+            of ``params``: one per name the plan covers or ``masks`` holds.
+
+        Raises:
+            UnknownNameError: (a ``KeyError`` and ``ValueError``) if a rule,
+                a mask or a score names no parameter; close names are listed.
+            TypeError: if an argument is not a mapping of tensors, or a spec
+                cannot prune a parameter's dtype.
+            ValueError: if a mask or scores do not fit their parameter's
+                shape or device, a numeric mask holds values other than 0 and
+                1, or an amount does not fit a parameter.
+            IndexError: if a structured spec's ``dim`` does not index a
+                parameter.
+        """
+        fn = self._FN
+        check_params(fn, params)
+        current = check_masks(fn, params, masks)
+        by_name = check_scores(fn, params, scores)
+        out = self._fold(params, current, by_name, generator)
+        return {name: out[name] for name in params if name in out}
+
+    @abc.abstractmethod
+    def _fold(
+        self,
+        params: Params,
+        masks: dict[str, Tensor],
+        scores: Scores,
+        generator: torch.Generator | None,
+    ) -> dict[str, Tensor]:
+        """Return new checked masks: ``masks`` with this plan folded on."""
+
+
+def as_spec(pattern: str, value: object) -> Spec:
+    if isinstance(value, Spec):
+        return value
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        for i, step in enumerate(value):
+            if not isinstance(step, Spec):
+                raise TypeError(
+                    f"Plan: rule {pattern!r}: item {i} of the list must be a funcprune spec, "
+                    f"got {step!r} of type {type(step).__name__}"
+                )
+        return chain(*value)
+    raise TypeError(
+        f"Plan: rule {pattern!r} must map to a funcprune spec or a list of specs, "
+        f"got {value!r} of type {type(value).__name__}"
+    )
+
+
+def spec_repr(spec: Spec) -> str:
+    """A rule's value as written: a chain reads as the list of its steps."""
+    if isinstance(spec, Chain):
+        return "[" + ", ".join(map(repr, spec.specs)) + "]"
+    return repr(spec)
+
+
+@final
+class Plan(AbstractPlan, Mapping[str, Spec]):
+    """Per-parameter rules: exact names or glob patterns mapped to specs.
+
+    Patterns are matched against the dotted names with
+    :func:`fnmatch.fnmatchcase` (``*`` matches any characters, dots
+    included); a name without ``*``, ``?`` or ``[`` must match exactly. A
+    rule's value is one spec, or a list of specs applied in turn (a
+    :class:`~funcprune.Chain`), each step like a separate torch call: scored
+    as the tensor currently is, or by the call's ``scores`` as given (the
+    way torch uses ``importance_scores``).
+
+    Rules apply in insertion order, each on top of the masks left by the
+    rules before it. A parameter matched by several rules is therefore
+    pruned by each in turn (the rules chain), so
+    ``Plan({a: s, b: t})`` equals ``compose(Plan({a: s}), Plan({b: t}))``.
+    A plan is an immutable mapping from its patterns to their specs (a list
+    reads back as a ``Chain``); its repr reads like the rules.
+
+    Args:
+        rules: a mapping from names or patterns to a spec or list of specs.
+
+    Raises:
+        TypeError: if ``rules`` is not a mapping, a key not a non-empty
+            string, or a value not a spec or a list of specs.
+
+    >>> import torch, funcprune as fp
+    >>> plan = fp.Plan({"fc*.weight": fp.L1Unstructured(0.5), "fc2.bias": [fp.L1Unstructured(1)]})
+    >>> plan
+    Plan({'fc*.weight': L1Unstructured(amount=0.5), 'fc2.bias': [L1Unstructured(amount=1)]})
+    >>> params = {"fc1.weight": torch.tensor([[0.1, -2.0], [3.0, 0.2]]),
+    ...           "fc2.bias": torch.tensor([1.0, -0.5, 2.0])}
+    >>> plan(params)
+    {'fc1.weight': tensor([[False,  True],
+            [ True, False]]), 'fc2.bias': tensor([ True, False,  True])}
+    """
+
+    __slots__ = ("_rules",)
+    _FN = "Plan"
+    _rules: tuple[tuple[str, Spec], ...]
+
+    def __init__(self, rules: Mapping[str, RuleValue]) -> None:
+        if not isinstance(rules, Mapping):
+            is_list = isinstance(rules, (list, tuple))
+            hint = "; to apply plans in order use funcprune.compose(*plans)" if is_list else ""
+            raise TypeError(
+                f"Plan: rules must be a mapping of names or patterns to specs, "
+                f"got {type(rules).__name__}{hint}"
+            )
+        checked: list[tuple[str, Spec]] = []
+        for pattern, value in rules.items():
+            if not isinstance(pattern, str) or not pattern:
+                raise TypeError(f"Plan: rule keys must be non-empty strings, got {pattern!r}")
+            checked.append((pattern, as_spec(pattern, value)))
+        object.__setattr__(self, "_rules", tuple(checked))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Plan is immutable; build a new one instead of setting {name!r}")
+
+    def __getitem__(self, pattern: str) -> Spec:
+        for key, spec in self._rules:
+            if key == pattern:
+                return spec
+        raise KeyError(pattern)
+
+    def __iter__(self) -> Iterator[str]:
+        return (key for key, _ in self._rules)
+
+    def __len__(self) -> int:
+        return len(self._rules)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Plan):
+            return self._rules == other._rules  # order matters
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._rules)
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{key!r}: {spec_repr(spec)}" for key, spec in self._rules)
+        return f"Plan({{{body}}})"
+
+    def _fold(
+        self,
+        params: Params,
+        masks: dict[str, Tensor],
+        scores: Scores,
+        generator: torch.Generator | None,
+    ) -> dict[str, Tensor]:
+        names = tuple(params)
+        matched = [(spec, match_names(self._FN, "rule", key, names)) for key, spec in self._rules]
+        out = dict(masks)
+        for spec, selected in matched:
+            # A chain's steps run one by one, each scored like a new torch call:
+            # as the tensor currently is, or by the given scores as they are.
+            steps = (spec.specs or (Identity(),)) if isinstance(spec, Chain) else (spec,)
+            for name in selected:
+                for step in steps:
+                    earlier = out.get(name)
+                    s = scores_for(params[name], earlier, scores.get(name))
+                    out[name] = mask_for(self._FN, repr(name), step, s, earlier, generator)
+        return out
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ComposedPlan(AbstractPlan):
+    """Plans applied in order, each on the masks the plans before it left.
+
+    Build it with :func:`compose`, which checks and flattens its arguments.
+    """
+
+    _FN: ClassVar[str] = "compose"
+    plans: tuple[AbstractPlan, ...]
+
+    def __post_init__(self) -> None:
+        for i, plan in enumerate(self.plans):
+            if not isinstance(plan, AbstractPlan) or isinstance(plan, ComposedPlan):
+                raise TypeError(
+                    f"ComposedPlan.plans[{i}] must be a non-composed plan, got {plan!r}; "
+                    "build compositions with funcprune.compose(...), which flattens them"
+                )
+
+    def __repr__(self) -> str:
+        return "compose(" + ", ".join(map(repr, self.plans)) + ")"
+
+    def _fold(
+        self,
+        params: Params,
+        masks: dict[str, Tensor],
+        scores: Scores,
+        generator: torch.Generator | None,
+    ) -> dict[str, Tensor]:
+        for plan in self.plans:
+            masks = plan._fold(params, masks, scores, generator)
+        return masks
+
+
+def compose(*plans: AbstractPlan) -> ComposedPlan:
+    """Compose plans: each acts on top of the masks the ones before it left.
+
+    Composition is closed and flat: ``compose(compose(a, b), c)`` equals
+    ``compose(a, b, c)``, and calling it equals calling ``a``, then ``b`` on
+    ``a``'s masks, then ``c`` on those (with the same ``scores``).
+
+    Raises:
+        TypeError: if an argument is not a plan.
+
+    >>> import funcprune as fp
+    >>> fp.compose(fp.Plan({"conv*.weight": fp.L1Unstructured(0.2)}),
+    ...            fp.global_unstructured(["conv*.weight", "fc*.weight"], fp.L1Unstructured(0.2)))
+    compose(Plan({'conv*.weight': L1Unstructured(amount=0.2)}),
+            global_unstructured(['conv*.weight', 'fc*.weight'], L1Unstructured(amount=0.2)))
+    """
+    flat: list[AbstractPlan] = []
+    for i, plan in enumerate(plans):
+        if isinstance(plan, ComposedPlan):
+            flat.extend(plan.plans)
+        elif isinstance(plan, AbstractPlan):
+            flat.append(plan)
+        else:
+            raise TypeError(
+                f"compose: argument {i} must be a plan (Plan, global_unstructured(...) or "
+                f"compose(...)), got {plan!r} of type {type(plan).__name__}"
+            )
+    return ComposedPlan(tuple(flat))

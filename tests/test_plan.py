@@ -1,0 +1,568 @@
+"""Plans: rules, patterns, global groups, composition, parity with torch, transforms."""
+
+from __future__ import annotations
+
+import copy
+
+import hypothesis.strategies as st
+import pytest
+import torch
+import torch.nn.utils.prune as tprune
+from hypothesis import given, settings
+from torch import nn
+
+import funcprune as fp
+from funcprune._demo import LeNet
+
+WEIGHTS = ["conv1.weight", "conv2.weight", "fc1.weight", "fc2.weight", "fc3.weight"]
+PLAN_NAMES = [
+    "AbstractPlan", "Plan", "GlobalPlan", "ComposedPlan", "compose", "global_unstructured",
+    "UnknownNameError", "apply_masks", "apply_masks_", "functional_call_masked",
+    "mask_gradients", "mask_gradients_", "sparsity_report", "SparsityReport", "SparsityRow",
+]  # fmt: skip
+
+
+def lenet(seed: int = 0) -> LeNet:
+    torch.manual_seed(seed)
+    return LeNet()
+
+
+def params_of(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in module.named_parameters()}
+
+
+def torch_masks(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The ``<name>_mask`` buffers torch left, keyed ``<name>``, as bool."""
+    return {n[: -len("_mask")]: b.bool() for n, b in module.named_buffers() if n.endswith("_mask")}
+
+
+def same_masks(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> bool:
+    return ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def targets(module: nn.Module, names: list[str]) -> list[tuple[nn.Module, str]]:
+    return [(module.get_submodule(n.rsplit(".", 1)[0]), n.rsplit(".", 1)[1]) for n in names]
+
+
+# --- the public surface ------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", PLAN_NAMES)
+def test_plan_layer_names_are_exported_and_documented(name: str) -> None:
+    assert name in fp.__all__
+    assert (getattr(fp, name).__doc__ or "").strip()
+
+
+# --- parity with torch's module-level pruning: the tutorial's steps ----------
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tutorial_conv1_steps_match_torch(seed: int) -> None:
+    model = lenet(seed)
+    reference = copy.deepcopy(model)
+    params = params_of(model)
+    torch.manual_seed(seed + 10)
+    masks = fp.Plan(
+        {"conv1.weight": fp.RandomUnstructured(0.3), "conv1.bias": fp.L1Unstructured(3)}
+    )(params)
+    masks = fp.Plan({"conv1.weight": fp.LnStructured(0.5, n=2, dim=0)})(params, masks)
+    torch.manual_seed(seed + 10)
+    tprune.random_unstructured(reference.conv1, name="weight", amount=0.3)
+    tprune.l1_unstructured(reference.conv1, name="bias", amount=3)
+    tprune.ln_structured(reference.conv1, name="weight", amount=0.5, n=2, dim=0)
+    assert same_masks(masks, torch_masks(reference))
+    assert masks["conv1.weight"].dtype == torch.bool
+    assert int(masks["conv1.weight"].flatten(1).any(1).sum()) == 3
+
+
+def test_per_layer_amounts_match_torch() -> None:
+    model = lenet(3)
+    reference = copy.deepcopy(model)
+    masks = fp.Plan({"conv*.weight": fp.L1Unstructured(0.2), "fc*.weight": fp.L1Unstructured(0.4)})(
+        params_of(model)
+    )
+    for module in reference.modules():
+        if isinstance(module, nn.Conv2d):
+            tprune.l1_unstructured(module, name="weight", amount=0.2)
+        elif isinstance(module, nn.Linear):
+            tprune.l1_unstructured(module, name="weight", amount=0.4)
+    assert list(masks) == WEIGHTS
+    assert same_masks(masks, torch_masks(reference))
+
+
+def test_global_rounds_match_torch_global_unstructured() -> None:
+    model = lenet(4)
+    reference = copy.deepcopy(model)
+    params = params_of(model)
+    first = fp.global_unstructured(["conv*.weight", "fc*.weight"], fp.L1Unstructured(0.2))(params)
+    tprune.global_unstructured(targets(reference, WEIGHTS), tprune.L1Unstructured, amount=0.2)
+    assert same_masks(first, torch_masks(reference))
+    # a second global round on top of the existing masks, then a random one
+    second = fp.global_unstructured(WEIGHTS, fp.L1Unstructured(0.3))(params, first)
+    tprune.global_unstructured(targets(reference, WEIGHTS), tprune.L1Unstructured, amount=0.3)
+    assert same_masks(second, torch_masks(reference))
+    torch.manual_seed(7)
+    third = fp.global_unstructured(WEIGHTS, fp.RandomUnstructured(1000))(params, second)
+    torch.manual_seed(7)
+    tprune.global_unstructured(targets(reference, WEIGHTS), tprune.RandomUnstructured, amount=1000)
+    assert same_masks(third, torch_masks(reference))
+
+
+def test_global_with_importance_scores_matches_torch() -> None:
+    model = lenet(5)
+    reference = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(0)
+    scores = {n: torch.rand(p.shape, generator=g) for n, p in model.named_parameters()}
+    names = ["conv2.weight", "fc1.weight", "fc2.bias"]
+    plan = fp.global_unstructured(names, fp.L1Unstructured(0.25))
+    ours = plan(params_of(model), scores=scores)
+    by_target = {
+        (m, a): scores[n] for n, (m, a) in zip(names, targets(reference, names), strict=True)
+    }
+    tprune.global_unstructured(
+        targets(reference, names), tprune.L1Unstructured, by_target, amount=0.25
+    )
+    assert same_masks(ours, torch_masks(reference))
+    assert not same_masks(ours, plan(params_of(model)))  # the scores were used
+
+
+def test_global_on_top_of_per_layer_and_a_later_per_layer_round_match_torch() -> None:
+    model = lenet(6)
+    reference = copy.deepcopy(model)
+    plan = fp.compose(
+        fp.Plan({"conv*.weight": fp.L1Unstructured(0.2), "fc*.weight": fp.L1Unstructured(0.4)}),
+        fp.global_unstructured(["*.weight"], fp.L1Unstructured(0.5)),
+        fp.Plan({"fc1.weight": fp.LnStructured(0.25, n=1, dim=0)}),
+    )
+    ours = plan(params_of(model))
+    for name in WEIGHTS:
+        module = reference.get_submodule(name.split(".")[0])
+        tprune.l1_unstructured(module, name="weight", amount=0.2 if "conv" in name else 0.4)
+    tprune.global_unstructured(targets(reference, WEIGHTS), tprune.L1Unstructured, amount=0.5)
+    tprune.ln_structured(reference.fc1, name="weight", amount=0.25, n=1, dim=0)
+    assert same_masks(ours, torch_masks(reference))
+
+
+def test_custom_every_other_entry_like_the_tutorials_foobar() -> None:
+    every_other = torch.ones(10, dtype=torch.bool)
+    every_other[::2] = False
+    masks = fp.Plan({"fc3.bias": fp.CustomFromMask(every_other)})(params_of(lenet()))
+    assert masks["fc3.bias"].tolist() == [False, True] * 5
+
+
+# Channel 0 has the largest L1 norm as given (3.05 > 3.02) but the smallest
+# once its entry 0.05, the smallest of all, is pruned (3.0 < 3.02).
+NEAR_TIE = torch.tensor([[1.0, 1.0, 1.0, 0.05], [1.0, 1.0, 0.96, 0.06], [5.0, 5.0, 5.0, 5.0]])
+
+
+def test_default_scores_are_the_currently_pruned_tensor_like_torch() -> None:
+    module = nn.Linear(4, 3, bias=False)
+    with torch.no_grad():
+        module.weight.copy_(NEAR_TIE)
+    params = params_of(module)
+    masks = fp.Plan({"weight": fp.L1Unstructured(1)})(params)
+    masks = fp.Plan({"weight": fp.LnStructured(1, n=1, dim=0)})(params, masks)
+    tprune.l1_unstructured(module, "weight", amount=1)
+    tprune.ln_structured(module, "weight", amount=1, n=1, dim=0)
+    assert same_masks(masks, torch_masks(module))
+    assert masks["weight"].any(1).tolist() == [False, True, True]
+
+
+def test_explicit_scores_are_used_as_given_like_torch() -> None:
+    module = nn.Linear(4, 3, bias=False)
+    params = params_of(module)
+    scores = {"weight": NEAR_TIE}
+    masks = fp.Plan({"weight": fp.L1Unstructured(1)})(params, scores=scores)
+    masks = fp.Plan({"weight": fp.LnStructured(1, n=1, dim=0)})(params, masks, scores)
+    tprune.l1_unstructured(module, "weight", amount=1, importance_scores=NEAR_TIE)
+    tprune.ln_structured(module, "weight", amount=1, n=1, dim=0, importance_scores=NEAR_TIE)
+    assert same_masks(masks, torch_masks(module))
+    assert masks["weight"].any(1).tolist() == [True, False, True]
+    steps = [fp.L1Unstructured(1), fp.LnStructured(1, n=1, dim=0)]
+    assert same_masks(fp.Plan({"weight": steps})(params, scores=scores), masks)  # a list too
+
+
+# --- rules, patterns and composition -------------------------------------------
+
+
+def test_patterns_match_dotted_names() -> None:
+    net = nn.ModuleDict(
+        {
+            "layer1": nn.ModuleDict({"conv1": nn.Conv2d(1, 2, 1), "conv2": nn.Conv2d(2, 2, 1)}),
+            "layer2": nn.ModuleDict({"conv1": nn.Conv2d(2, 2, 1), "bn1": nn.BatchNorm2d(2)}),
+            "fc": nn.Linear(2, 2),
+        }
+    )
+    params = params_of(net)
+    masks = fp.Plan({"layer*.conv*.weight": fp.Identity(), "fc.bias": fp.Identity()})(params)
+    assert list(masks) == [
+        "layer1.conv1.weight",
+        "layer1.conv2.weight",
+        "layer2.conv1.weight",
+        "fc.bias",
+    ]
+    assert list(fp.Plan({"layer?.*1.weight": fp.Identity()})(params)) == [
+        "layer1.conv1.weight", "layer2.conv1.weight", "layer2.bn1.weight"
+    ]  # fmt: skip
+    assert list(fp.Plan({"layer[2].*.bias": fp.Identity()})(params)) == [
+        "layer2.conv1.bias",
+        "layer2.bn1.bias",
+    ]
+
+
+def test_a_name_without_glob_characters_matches_exactly() -> None:
+    params = {
+        "fc1.weight": torch.ones(2),
+        "fc1.weight2": torch.ones(2),
+        "xfc1.weight": torch.ones(2),
+    }
+    assert list(fp.Plan({"fc1.weight": fp.Identity()})(params)) == ["fc1.weight"]
+    with pytest.raises(fp.UnknownNameError):
+        fp.Plan({"fc1": fp.Identity()})(params)
+
+
+def test_a_list_is_a_chain() -> None:
+    w = torch.randn(6, 5, generator=torch.Generator().manual_seed(0))
+    steps = [fp.L1Unstructured(0.3), fp.LnStructured(2, n=2, dim=0)]
+    plan = fp.Plan({"w": steps})
+    assert plan["w"] == fp.chain(*steps)
+    assert torch.equal(plan({"w": w})["w"], fp.compute_mask(fp.chain(*steps), w))
+    assert bool(fp.Plan({"w": []})({"w": w})["w"].all())  # an empty chain prunes nothing
+
+
+def test_rules_matching_one_name_chain_in_insertion_order() -> None:
+    w = torch.randn(6, 5, generator=torch.Generator().manual_seed(1))
+    a, b = fp.L1Unstructured(0.5), fp.LnStructured(1, n=1, dim=1)
+    both = fp.Plan({"*": a, "w": b})({"w": w})["w"]
+    assert torch.equal(both, fp.compute_mask(fp.chain(a, b), w))
+    assert torch.equal(both, fp.compose(fp.Plan({"*": a}), fp.Plan({"w": b}))({"w": w})["w"])
+    assert not torch.equal(both, fp.Plan({"w": b, "*": a})({"w": w})["w"])  # order matters
+
+
+def test_rules_apply_in_insertion_order_so_random_draws_follow_it() -> None:
+    params = {"a": torch.randn(20), "b": torch.randn(20)}
+    spec = fp.RandomUnstructured(0.5)
+    torch.manual_seed(0)
+    both = fp.Plan({"b": spec, "a": spec})(params)
+    torch.manual_seed(0)
+    b_first = fp.Plan({"b": spec})(params)["b"], fp.Plan({"a": spec})(params)["a"]
+    assert list(both) == ["a", "b"]  # keys follow params
+    assert torch.equal(both["b"], b_first[0]) and torch.equal(both["a"], b_first[1])
+    assert not torch.equal(both["a"], both["b"])
+
+
+def test_uncovered_names_keep_their_earlier_masks_and_order_follows_params() -> None:
+    params = {"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([3.0, 1.0]), "c": torch.ones(1)}
+    earlier = {"b": torch.tensor([1.0, 0.0]), "a": torch.tensor([True, True])}
+    masks = fp.Plan({"a": fp.L1Unstructured(1)})(params, earlier)
+    assert list(masks) == ["a", "b"]
+    assert masks["a"].tolist() == [False, True]
+    assert masks["b"].dtype == torch.bool and masks["b"].tolist() == [True, False]
+    assert earlier["b"].dtype == torch.float32  # inputs untouched
+
+
+def test_a_float_amount_is_a_fraction_of_what_is_left() -> None:
+    params = {"w": torch.arange(1.0, 11.0)}
+    earlier = {"w": torch.tensor([True] * 6 + [False] * 4)}
+    masks = fp.Plan({"w": fp.L1Unstructured(0.5)})(params, earlier)
+    assert masks["w"].tolist() == [False] * 3 + [True] * 3 + [False] * 4
+
+
+def test_plan_is_an_immutable_mapping_with_a_readable_repr() -> None:
+    plan = fp.Plan(
+        {
+            "conv1.weight": fp.L1Unstructured(0.3),
+            "fc*.weight": [fp.Identity(), fp.L1Unstructured(2)],
+        }
+    )
+    assert list(plan) == ["conv1.weight", "fc*.weight"] and len(plan) == 2
+    assert plan["conv1.weight"] == fp.L1Unstructured(0.3)
+    assert repr(plan) == (
+        "Plan({'conv1.weight': L1Unstructured(amount=0.3), "
+        "'fc*.weight': [Identity(), L1Unstructured(amount=2)]})"
+    )
+    assert eval(repr(plan), vars(fp)) == plan
+    assert hash(plan) == hash(fp.Plan(dict(plan)))
+    assert plan != fp.Plan({"fc*.weight": plan["fc*.weight"], "conv1.weight": plan["conv1.weight"]})
+    with pytest.raises(AttributeError):
+        plan._rules = ()
+    with pytest.raises(TypeError):
+        plan["x"] = fp.Identity()  # type: ignore[index]
+
+
+def test_composition_is_flat_and_reads_like_code() -> None:
+    a = fp.Plan({"conv*.weight": fp.L1Unstructured(0.2)})
+    b = fp.global_unstructured(["conv*.weight", "fc*.weight"], fp.L1Unstructured(0.2))
+    assert fp.compose(fp.compose(a, b), a) == fp.compose(a, b, a)
+    assert repr(fp.compose(a, b)) == (
+        "compose(Plan({'conv*.weight': L1Unstructured(amount=0.2)}), "
+        "global_unstructured(['conv*.weight', 'fc*.weight'], L1Unstructured(amount=0.2)))"
+    )
+    params = params_of(lenet())
+    assert same_masks(fp.compose(a, b)(params), b(params, a(params)))
+
+
+def test_generator_makes_random_plans_reproducible() -> None:
+    params = params_of(lenet())
+    plan = fp.compose(
+        fp.Plan(
+            {
+                "fc1.weight": fp.RandomUnstructured(0.5),
+                "conv2.weight": fp.RandomStructured(0.5, dim=0),
+            }
+        ),
+        fp.global_unstructured(WEIGHTS, fp.RandomUnstructured(0.5)),
+    )
+    one = plan(params, generator=torch.Generator().manual_seed(3))
+    two = plan(params, generator=torch.Generator().manual_seed(3))
+    three = plan(params, generator=torch.Generator().manual_seed(4))
+    assert same_masks(one, two) and not same_masks(one, three)
+
+
+# --- global groups ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec", [fp.LnStructured(0.2, n=1), fp.RandomStructured(0.2), fp.CustomFromMask(torch.ones(3))]
+)
+def test_global_refuses_a_non_unstructured_spec_like_torch(spec: fp.Spec) -> None:
+    with pytest.raises(TypeError, match='Only "unstructured" PRUNING_TYPE'):
+        fp.global_unstructured(["w"], spec)
+    with pytest.raises(TypeError, match='Only "unstructured" PRUNING_TYPE'):
+        fp.global_unstructured(["w"], fp.chain(fp.L1Unstructured(1), spec))
+
+
+def test_global_accepts_a_chain_of_unstructured_specs() -> None:
+    params = {"a": torch.tensor([1.0, 5.0, 3.0]), "b": torch.tensor([4.0, 2.0, 6.0])}
+    masks = fp.global_unstructured(["a", "b"], [fp.L1Unstructured(1), fp.L1Unstructured(2)])(params)
+    assert masks["a"].tolist() == [False, True, False] and masks["b"].tolist() == [
+        True,
+        False,
+        True,
+    ]
+
+
+def test_global_lists_names_in_order_once() -> None:
+    params = {"x": torch.tensor([3.0]), "y": torch.tensor([1.0]), "z": torch.tensor([2.0])}
+    plan = fp.global_unstructured(["z", "*"], fp.L1Unstructured(2))
+    assert plan.names == ("z", "*")
+    assert {n: m.item() for n, m in plan(params).items()} == {"x": True, "y": False, "z": False}
+
+
+@given(
+    sizes=st.lists(st.integers(1, 12), min_size=1, max_size=4),
+    seed=st.integers(0, 2**16),
+    amount=st.one_of(st.integers(0, 48), st.floats(0.0, 1.0)),
+)
+def test_global_prunes_exactly_the_amount_and_never_revives(
+    sizes: list[int], seed: int, amount: float
+) -> None:
+    g = torch.Generator().manual_seed(seed)
+    params = {f"p{i}": torch.randn(n, generator=g) for i, n in enumerate(sizes)}
+    earlier = {n: torch.rand(p.shape, generator=g) > 0.3 for n, p in params.items()}
+    left = sum(int(m.sum()) for m in earlier.values())
+    expected = amount if isinstance(amount, int) else round(amount * left)
+    plan = fp.global_unstructured(list(params), fp.L1Unstructured(amount))
+    if isinstance(amount, int) and amount > left:
+        with pytest.raises(ValueError, match="global_unstructured: cannot prune"):
+            plan(params, earlier)
+        return
+    masks = plan(params, earlier)
+    assert left - sum(int(m.sum()) for m in masks.values()) == expected
+    assert all(not bool((masks[n] & ~earlier[n]).any()) for n in params)
+
+
+SPECS = st.sampled_from(
+    [fp.L1Unstructured(0.4), fp.RandomUnstructured(2), fp.LnStructured(0.5, n=2, dim=0),
+     fp.RandomStructured(1, dim=1), fp.chain(fp.L1Unstructured(1), fp.LnStructured(1, n=1, dim=1))]
+)  # fmt: skip
+
+
+@given(spec=SPECS, seed=st.integers(0, 2**16), rows=st.integers(2, 5), cols=st.integers(2, 5))
+def test_a_plan_never_revives_an_earlier_pruned_entry(
+    spec: fp.Spec, seed: int, rows: int, cols: int
+) -> None:
+    g = torch.Generator().manual_seed(seed)
+    params = {"w": torch.randn(rows, cols, generator=g), "v": torch.randn(rows, cols, generator=g)}
+    earlier = {"w": torch.rand(rows, cols, generator=g) > 0.2}
+    masks = fp.Plan({"*": spec})(params, earlier, generator=g)
+    assert not bool((masks["w"] & ~earlier["w"]).any())
+    assert masks.keys() == {"w", "v"}
+
+
+# --- errors --------------------------------------------------------------------
+
+
+def test_unknown_names_and_empty_patterns_name_it_and_suggest() -> None:
+    params = params_of(lenet())
+    with pytest.raises(
+        fp.UnknownNameError, match=r"rule 'conv1\.wieght' .*did you mean 'conv1\.weight'"
+    ):
+        fp.Plan({"conv1.wieght": fp.Identity()})(params)
+    with pytest.raises(KeyError, match=r"'fc\*\.wieght' matches no parameter.*'fc1\.weight'"):
+        fp.Plan({"fc*.wieght": fp.Identity()})(params)
+    with pytest.raises(
+        ValueError, match="global_unstructured: name 'conv3.weight' matches no parameter"
+    ):
+        fp.global_unstructured(["conv1.weight", "conv3.weight"], fp.L1Unstructured(1))(params)
+    with pytest.raises(fp.UnknownNameError, match="mask for 'fc4.weight' is not a parameter name"):
+        fp.Plan({})(params, {"fc4.weight": torch.ones(1)})
+    with pytest.raises(fp.UnknownNameError, match="scores for 'conv1.weigh' is not a parameter"):
+        fp.Plan({})(params, scores={"conv1.weigh": torch.ones(1)})
+
+
+def test_masks_and_scores_that_do_not_fit_their_parameter_are_refused() -> None:
+    params = {"fc.weight": torch.randn(3, 4)}
+    plan = fp.Plan({"fc.weight": fp.L1Unstructured(1)})
+    with pytest.raises(ValueError, match=r"mask for 'fc.weight' has shape \(4, 3\).*\(3, 4\)"):
+        plan(params, {"fc.weight": torch.ones(4, 3, dtype=torch.bool)})
+    with pytest.raises(ValueError, match="mask for 'fc.weight' is on meta"):
+        plan(params, {"fc.weight": torch.ones(3, 4, dtype=torch.bool, device="meta")})
+    with pytest.raises(ValueError, match="scores for 'fc.weight' has shape"):
+        plan(params, scores={"fc.weight": torch.ones(12)})
+    with pytest.raises(ValueError, match=r"mask for 'fc.weight' must hold only 0 and 1.*\[0.5, "):
+        plan(params, {"fc.weight": torch.full((3, 4), 0.5)})
+
+
+def test_float_earlier_masks_are_converted() -> None:
+    params = {"w": torch.tensor([1.0, 2.0, 3.0])}
+    masks = fp.Plan({"w": fp.L1Unstructured(1)})(params, {"w": torch.tensor([0.0, 1.0, 1.0])})
+    assert masks["w"].tolist() == [False, False, True]
+
+
+def test_bad_arguments_are_refused_with_a_message() -> None:
+    with pytest.raises(TypeError, match="funcprune.compose"):
+        fp.Plan([fp.Plan({})])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="rule 'w' must map to a funcprune spec"):
+        fp.Plan({"w": 0.3})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="item 1 of the list"):
+        fp.Plan({"w": [fp.Identity(), "L1"]})  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="non-empty strings"):
+        fp.Plan({"": fp.Identity()})
+    with pytest.raises(TypeError, match=r"dict\(module.named_parameters\(\)\)"):
+        fp.Plan({})(nn.Linear(2, 2))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="wrap a single name in a list"):
+        fp.global_unstructured("fc1.weight", fp.L1Unstructured(1))
+    with pytest.raises(TypeError, match="non-empty list"):
+        fp.global_unstructured([], fp.L1Unstructured(1))
+    with pytest.raises(TypeError, match="compose: argument 1 must be a plan"):
+        fp.compose(fp.Plan({}), fp.L1Unstructured(1))  # type: ignore[arg-type]
+
+
+def test_spec_errors_name_the_parameter() -> None:
+    params = {"fc.bias": torch.randn(3), "fc.weight": torch.randn(3, 2)}
+    with pytest.raises(
+        ValueError, match=r"Plan: cannot prune 'fc.bias' with L1Unstructured\(amount=4\)"
+    ):
+        fp.Plan({"fc.bias": fp.L1Unstructured(4)})(params)
+    with pytest.raises(ValueError, match="cannot prune 'fc.bias'.*multidimensional"):
+        fp.Plan({"fc.bias": fp.LnStructured(1, n=2)})(params)
+    with pytest.raises(IndexError, match="cannot prune 'fc.weight'"):
+        fp.Plan({"fc.weight": fp.LnStructured(1, n=2, dim=2)})(params)
+    with pytest.raises(TypeError, match="cannot prune 'i'.*floating-point"):
+        fp.Plan({"i": fp.L1Unstructured(1)})({"i": torch.arange(3)})
+
+
+# --- transforms ------------------------------------------------------------------
+
+
+def stacked(n: int = 4) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    models = [nn.Sequential(nn.Conv2d(1, 3, 3), nn.Flatten(), nn.Linear(12, 4)) for _ in range(n)]
+    params, _ = torch.func.stack_module_state(models)
+    return {k: v.detach() for k, v in params.items()}
+
+
+def model(params: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
+    return {name: p[i] for name, p in params.items()}
+
+
+def test_vmap_over_stacked_models_equals_a_loop_in_two_rounds() -> None:
+    params = stacked()
+    first = fp.Plan(
+        {"0.weight": fp.LnStructured(1, n=2, dim=0), "2.weight": fp.L1Unstructured(0.5)}
+    )
+    second = fp.compose(
+        fp.global_unstructured(["*.weight"], fp.L1Unstructured(0.3)),
+        fp.Plan({"2.weight": fp.LnStructured(0.5, n=1, dim=1)}),
+    )
+    masks = torch.func.vmap(lambda p: first(p))(params)
+    again = torch.func.vmap(lambda p, m: second(p, m))(params, masks)  # per-model earlier masks
+    for i in range(4):
+        loop = first(model(params, i))
+        assert same_masks(model(masks, i), loop)
+        assert same_masks(model(again, i), second(model(params, i), loop))
+    assert not torch.equal(again["2.weight"][0], again["2.weight"][1])
+
+
+def test_vmap_random_plans_follow_the_randomness_flag() -> None:
+    params = stacked()
+    plan = fp.compose(
+        fp.Plan({"2.weight": fp.RandomUnstructured(0.5)}),
+        fp.global_unstructured(["*"], fp.RandomUnstructured(5)),
+    )
+    different = torch.func.vmap(lambda p: plan(p), randomness="different")(params)
+    same = torch.func.vmap(lambda p: plan(p), randomness="same")(params)
+    total = sum(p[0].numel() for p in params.values())
+    for masks in (different, same):
+        kept = torch.stack([m.flatten(1).sum(1) for m in masks.values()]).sum(0)
+        assert kept.tolist() == [total - 24 - 5] * 4
+    assert not torch.equal(different["2.weight"][0], different["2.weight"][1])
+    assert all(torch.equal(m[0], m[i]) for m in same.values() for i in range(4))
+
+
+def test_a_deterministic_plan_compiles_with_fullgraph() -> None:
+    params = model(stacked(1), 0)
+    plan = fp.compose(
+        fp.Plan({"0.weight": fp.LnStructured(1, n=2, dim=0)}),
+        fp.global_unstructured(["*.weight"], fp.L1Unstructured(0.3)),
+    )
+    earlier = {"2.weight": torch.rand(4, 12, generator=torch.Generator().manual_seed(0)) > 0.5}
+    compiled = torch.compile(lambda p, m: plan(p, m), fullgraph=True, backend="aot_eager")
+    assert same_masks(compiled(params, earlier), plan(params, earlier))
+
+
+def test_a_plan_runs_inside_grad_and_pruned_entries_get_zero_gradient() -> None:
+    net = nn.Linear(6, 4)
+    params = params_of(net)
+    earlier = {"bias": torch.tensor([1.0, 0.0, 1.0, 1.0])}  # torch-style float mask
+    plan = fp.compose(
+        fp.Plan({"weight": fp.L1Unstructured(0.5)}),
+        fp.global_unstructured(["*"], fp.L1Unstructured(3)),
+    )
+
+    def loss(p: dict[str, torch.Tensor]) -> torch.Tensor:
+        out: torch.Tensor = fp.functional_call_masked(net, p, plan(p, earlier), torch.ones(2, 6))
+        return out.sum()
+
+    grads = torch.func.grad(loss)(params)
+    masks = plan(params, earlier)
+    assert int((~masks["weight"]).sum()) + int((~masks["bias"]).sum()) == 12 + 1 + 3
+    for name, mask in masks.items():
+        assert bool((grads[name][~mask] == 0).all()) and bool((grads[name][mask] != 0).all())
+
+
+DETERMINISTIC = st.sampled_from(
+    [fp.L1Unstructured(0.4), fp.L1Unstructured(3), fp.LnStructured(0.5, n=2, dim=0),
+     fp.LnStructured(1, n=1, dim=-1),
+     fp.chain(fp.L1Unstructured(2), fp.LnStructured(0.5, n=2, dim=1))]
+)  # fmt: skip
+
+
+@settings(max_examples=15)
+@given(spec=DETERMINISTIC, seed=st.integers(0, 2**16), batch=st.integers(1, 3))
+def test_vmap_equals_a_loop_with_batched_earlier_masks(
+    spec: fp.Spec, seed: int, batch: int
+) -> None:
+    g = torch.Generator().manual_seed(seed)
+    params = {
+        "w": torch.randn(batch, 4, 5, generator=g),
+        "v": torch.randn(batch, 3, 4, generator=g),
+    }
+    earlier = {"w": torch.rand(batch, 4, 5, generator=g) > 0.2}
+    plan = fp.compose(
+        fp.Plan({"*": spec}), fp.global_unstructured(["v", "w"], fp.L1Unstructured(0.3))
+    )
+    batched = torch.func.vmap(lambda p, m: plan(p, m))(params, earlier)
+    for i in range(batch):
+        assert same_masks(model(batched, i), plan(model(params, i), model(earlier, i)))

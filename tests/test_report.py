@@ -1,0 +1,105 @@
+"""Sparsity reports of mask dicts and of hook-mode modules."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+
+import pytest
+import torch
+import torch.nn.utils.prune as tprune
+from torch import nn
+
+import funcprune as fp
+from funcprune._demo import LeNet
+
+WEIGHTS = ["conv1.weight", "conv2.weight", "fc1.weight", "fc2.weight", "fc3.weight"]
+
+
+def lenet(seed: int = 0) -> LeNet:
+    torch.manual_seed(seed)
+    return LeNet()
+
+
+def params_of(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in module.named_parameters()}
+
+
+def test_counts_fractions_and_global_fraction() -> None:
+    masks = {
+        "a": torch.tensor([[True, False], [False, False]]),
+        "b": torch.tensor([1.0, 0.0, 1.0, 1.0]),
+    }
+    report = fp.sparsity_report(masks)
+    assert [(r.name, r.shape, r.pruned, r.numel) for r in report.rows] == [
+        ("a", (2, 2), 3, 4),
+        ("b", (4,), 1, 4),
+    ]
+    assert report.fractions == {"a": 0.75, "b": 0.25}
+    assert (report.pruned, report.numel, report.fraction) == (4, 8, 0.5)
+    assert report["a"].fraction == 0.75
+    with pytest.raises(fp.UnknownNameError, match="no row named 'c'"):
+        report["c"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.rows = ()  # type: ignore[misc]
+
+
+def test_the_table_is_aligned_and_shows_the_tutorials_figures() -> None:
+    model = lenet(0)
+    masks = fp.global_unstructured(["conv*.weight", "fc*.weight"], fp.L1Unstructured(0.2))(
+        params_of(model)
+    )
+    text = str(fp.sparsity_report(masks))
+    lines = text.splitlines()
+    assert lines[0].split() == ["tensor", "shape", "pruned", "total", "sparsity"]
+    assert [line.split()[0] for line in lines[1:]] == [*WEIGHTS, "global"]
+    assert len({len(line) for line in lines}) == 1  # right-aligned numbers end in one column
+    assert lines[-1].endswith("20.00%")
+    conv1 = masks["conv1.weight"]
+    expected = f"{100 * float((~conv1).sum()) / conv1.numel():.2f}%"  # the tutorial's formula
+    assert lines[1].split()[1:] == ["6x1x3x3", str(int((~conv1).sum())), "54", expected]
+    assert all(re.fullmatch(r"\d+\.\d\d%", line.split()[-1]) for line in lines[1:])
+
+
+def test_a_hook_mode_module_reports_like_its_mask_dict() -> None:
+    model = lenet(1)
+    params = params_of(model)
+    masks = fp.compose(
+        fp.Plan({"conv1.bias": fp.L1Unstructured(3)}),
+        fp.global_unstructured(WEIGHTS, fp.L1Unstructured(0.2)),
+    )(params)
+    reference = copy.deepcopy(model)
+    tprune.l1_unstructured(reference.conv1, "bias", amount=3)
+    tprune.global_unstructured([(getattr(reference, n.split(".")[0]), "weight") for n in WEIGHTS],
+                               tprune.L1Unstructured, amount=0.2)  # fmt: skip
+    from_module = fp.sparsity_report(reference)
+    from_masks = fp.sparsity_report(masks)
+    assert sorted(from_module.rows, key=str) == sorted(from_masks.rows, key=str)
+    assert from_module.fraction == from_masks.fraction
+    for name in WEIGHTS:  # the tutorial's "weight == 0" agrees with the buffers
+        weight = getattr(reference.get_submodule(name.split(".")[0]), "weight")
+        assert from_module[name].pruned == int((weight == 0).sum())
+
+
+def test_params_add_unmasked_rows_in_parameter_order() -> None:
+    params = {"w": torch.ones(2, 3), "b": torch.ones(2), "v": torch.ones(4)}
+    report = fp.sparsity_report({"v": torch.tensor([False, True, True, True])}, params=params)
+    assert [(r.name, r.pruned) for r in report.rows] == [("w", 0), ("b", 0), ("v", 1)]
+    assert report.fraction == 1 / 12
+    with pytest.raises(ValueError, match=r"mask for 'v' has shape \(3,\)"):
+        fp.sparsity_report({"v": torch.ones(3)}, params=params)
+    with pytest.raises(fp.UnknownNameError, match="did you mean 'v'"):
+        fp.sparsity_report({"vv": torch.ones(4)}, params=params)
+
+
+def test_empty_reports_and_bad_sources() -> None:
+    assert fp.sparsity_report({}).fraction == 0.0
+    assert fp.sparsity_report(nn.Linear(2, 2)).rows == ()
+    assert str(fp.sparsity_report({})).splitlines()[-1].split() == ["global", "0", "0", "0.00%"]
+    with pytest.raises(TypeError, match="a dict of masks or a module"):
+        fp.sparsity_report([torch.ones(1)])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="params= goes with a mask dict"):
+        fp.sparsity_report(nn.Linear(2, 2), params={})
+    with pytest.raises(TypeError, match="mask for 'w' must be a tensor"):
+        fp.sparsity_report({"w": [True]})  # type: ignore[dict-item]
