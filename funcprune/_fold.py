@@ -103,7 +103,7 @@ def compute_mask(
         raise TypeError(f"compute_mask: spec must be a funcprune spec, got {spec!r}")
     scores = _check_scores("compute_mask", "scores", scores)
     mask = None if default_mask is None else _check_mask("compute_mask", default_mask, scores.shape)
-    return _fold(spec, scores, mask, generator)
+    return _fold(spec, scores.detach(), mask, generator)
 
 
 def prune(
@@ -144,4 +144,4 @@ def prune(
     if not isinstance(spec, Spec):
         raise TypeError(f"prune: spec must be a funcprune spec, got {spec!r}")
     mask = None if default_mask is None else _check_mask("prune", default_mask, t.shape)
-    return t * _fold(spec, scores, mask, generator).to(t.dtype)
+    return t * _fold(spec, scores.detach(), mask, generator).to(t.dtype)

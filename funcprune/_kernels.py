@@ -125,7 +125,7 @@ def _structured(
     n_channels = scores.shape[d]
     eligible = None
     if default_mask is not None:
-        eligible = default_mask.movedim(d, 0).reshape(n_channels, -1).any(dim=1)
+        eligible = default_mask.movedim(d, 0).flatten(1).any(dim=1)
     concrete = is_concrete(scores) and (eligible is None or is_concrete(eligible))
     k = resolve_count(amount, _available(eligible, n_channels, concrete))
     if isinstance(k, int) and k == 0:  # torch draws nothing then either

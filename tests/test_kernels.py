@@ -212,3 +212,24 @@ def test_structured_prunes_exactly_the_channel_count_and_never_revives(
     keep = (~removed).reshape([-1 if i == d else 1 for i in range(scores.dim())])
     expected = keep.expand(scores.shape) if default is None else default & keep
     assert torch.equal(mask, expected)
+
+
+@pytest.mark.parametrize(("shape", "dim"), [((0, 3), 0), ((3, 0), 1), ((3, 0), 0)])
+@pytest.mark.parametrize("make", [lambda d: fp.LnStructured(0.5, n=2, dim=d), lambda d: fp.RandomStructured(0.5, dim=d)])
+def test_empty_tensors_like_torch(shape: tuple[int, ...], dim: int, make: object) -> None:
+    spec: fp.Spec = make(dim)  # type: ignore[operator]
+    scores = torch.empty(shape)
+    for default in (None, torch.ones(shape, dtype=torch.bool)):
+        got = fp.compute_mask(spec, scores, default)
+        expected = torch_mask(spec, scores, default)
+        assert got.shape == scores.shape and torch.equal(got, expected.bool())
+
+
+def test_scores_that_require_grad_give_a_plain_mask() -> None:
+    """Large enough for the fast path; the mask carries no autograd history."""
+    w = torch.randn(512, 256, requires_grad=True)
+    mask = fp.compute_mask(fp.L1Unstructured(0.5), w)
+    assert not mask.requires_grad and int((~mask).sum()) == w.numel() // 2
+    pruned = fp.prune(fp.L1Unstructured(0.5), w)
+    (g,) = torch.autograd.grad(pruned.sum(), w)
+    assert torch.equal(g, mask.float())

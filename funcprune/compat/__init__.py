@@ -1,0 +1,65 @@
+"""Drop-in replacement for ``torch.nn.utils.prune``, built on funcprune's kernels.
+
+Switch one import::
+
+    import funcprune.compat as prune   # instead of: import torch.nn.utils.prune as prune
+
+Every public name of ``torch.nn.utils.prune`` (and its underscore helpers)
+is here with the same signature, behaviour, masks (random methods draw the
+same numbers) and exceptions. The fixes: ``copy.deepcopy`` of a pruned module
+works, re-pruning keeps the hook's place among the forward pre-hooks, a
+failing call leaves the module as it was, and :func:`is_pruned` /
+:func:`remove` also recognise modules pruned by torch. The bridge
+(:func:`install_masks_`, :func:`masks_from_module`, :func:`unprune_`)
+converts between hook mode and funcprune's mask dicts.
+"""
+
+from ._base import BasePruningMethod as BasePruningMethod
+from ._base import PruningContainer as PruningContainer
+from ._bridge import install_masks_ as install_masks_
+from ._bridge import masks_from_module as masks_from_module
+from ._bridge import unprune_ as unprune_
+from ._functions import custom_from_mask as custom_from_mask
+from ._functions import global_unstructured as global_unstructured
+from ._functions import identity as identity
+from ._functions import is_pruned as is_pruned
+from ._functions import l1_unstructured as l1_unstructured
+from ._functions import ln_structured as ln_structured
+from ._functions import random_structured as random_structured
+from ._functions import random_unstructured as random_unstructured
+from ._functions import remove as remove
+from ._methods import CustomFromMask as CustomFromMask
+from ._methods import Identity as Identity
+from ._methods import L1Unstructured as L1Unstructured
+from ._methods import LnStructured as LnStructured
+from ._methods import RandomStructured as RandomStructured
+from ._methods import RandomUnstructured as RandomUnstructured
+from ._validation import _compute_norm as _compute_norm
+from ._validation import _compute_nparams_toprune as _compute_nparams_toprune
+from ._validation import _validate_pruning_amount as _validate_pruning_amount
+from ._validation import _validate_pruning_amount_init as _validate_pruning_amount_init
+from ._validation import _validate_pruning_dim as _validate_pruning_dim
+from ._validation import _validate_structured_pruning as _validate_structured_pruning
+
+__all__ = [
+    "BasePruningMethod",
+    "CustomFromMask",
+    "Identity",
+    "L1Unstructured",
+    "LnStructured",
+    "PruningContainer",
+    "RandomStructured",
+    "RandomUnstructured",
+    "custom_from_mask",
+    "global_unstructured",
+    "identity",
+    "install_masks_",
+    "is_pruned",
+    "l1_unstructured",
+    "ln_structured",
+    "masks_from_module",
+    "random_structured",
+    "random_unstructured",
+    "remove",
+    "unprune_",
+]

@@ -1,0 +1,401 @@
+"""``BasePruningMethod`` and ``PruningContainer``: hooks and reparametrization.
+
+Same contract as ``torch.nn.utils.prune``: pruning ``name`` moves the
+parameter to ``name + "_orig"`` (the very same :class:`~torch.nn.Parameter`),
+registers the mask as the buffer ``name + "_mask"``, and installs the method
+object itself as a forward pre-hook that recomputes the plain attribute
+``name = mask * orig`` before each forward. Pruning the same tensor again
+turns the hook into a :class:`PruningContainer` holding the history.
+
+Differences from torch, all fixes:
+
+* a failing :meth:`BasePruningMethod.apply` leaves the module exactly as it
+  was (torch drops the existing hook when, say, the new amount is invalid);
+* re-pruning puts the container at the old hook's place among the module's
+  forward pre-hooks (torch moves it to the end);
+* ``copy.deepcopy`` of a pruned module works (see :mod:`._state`).
+
+Both classes subclass torch's namesakes, so ``torch.nn.utils.prune``'s own
+``is_pruned``, ``remove`` and ``isinstance`` checks accept funcprune's hooks,
+and funcprune's accept torch's.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Iterator
+from typing import Any, ClassVar, overload
+
+import torch
+import torch.nn.utils.prune as torch_prune
+from torch import nn
+
+from .._fold import compute_mask as fold_mask
+from .._specs import Spec
+from ._state import Snapshot, TorchBase, TorchContainer, pruning_hooks, set_pruned
+
+__all__ = ["BasePruningMethod", "PruningContainer"]
+
+Tensor = torch.Tensor
+
+
+class BasePruningMethod(torch_prune.BasePruningMethod):
+    """Abstract base class of pruning methods (a subclass of torch's).
+
+    Subclasses set ``PRUNING_TYPE`` (``"unstructured"``, ``"structured"`` or
+    ``"global"``) and implement :meth:`compute_mask`; the rest (the hook, the
+    reparametrization, iterative pruning, removal) is provided here, exactly
+    as in ``torch.nn.utils.prune``.
+
+    Examples:
+        The tutorial's method, unchanged:
+
+        >>> import torch
+        >>> import funcprune.compat as prune
+        >>> class FooBarPruningMethod(prune.BasePruningMethod):
+        ...     PRUNING_TYPE = "unstructured"
+        ...     def compute_mask(self, t, default_mask):
+        ...         mask = default_mask.clone()
+        ...         mask.view(-1)[::2] = 0
+        ...         return mask
+        >>> fc = torch.nn.Linear(3, 4)
+        >>> _ = FooBarPruningMethod.apply(fc, "bias")
+        >>> fc.bias_mask
+        tensor([0., 1., 0., 1.])
+    """
+
+    __module__ = "funcprune.compat"  # its public home: stable pickles and reprs
+
+    _tensor_name: str
+    PRUNING_TYPE: str
+
+    def __call__(self, module: nn.Module, inputs: Any) -> None:
+        """The forward pre-hook: store ``mask * orig`` as ``module.<name>``."""
+        set_pruned(module, self, self.apply_mask(module))
+
+    @abstractmethod
+    def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
+        """Compute the mask of ``t`` on top of ``default_mask``.
+
+        Args:
+            t: the importance scores of the parameter to prune.
+            default_mask: the mask of earlier pruning (ones at first), of
+                ``t``'s shape; the new mask must respect it.
+
+        Returns:
+            The new mask, of ``t``'s shape.
+        """
+
+    def apply_mask(self, module: nn.Module) -> Tensor:
+        """Return ``module.<name>_mask * module.<name>_orig`` (the pruned tensor).
+
+        Raises:
+            AssertionError: if the method has no tensor name (never applied).
+        """
+        if self._tensor_name is None:
+            raise AssertionError(f"Module {module} has to be pruned")
+        mask = getattr(module, self._tensor_name + "_mask")
+        orig = getattr(module, self._tensor_name + "_orig")
+        pruned: Tensor = mask.to(dtype=orig.dtype) * orig
+        return pruned
+
+    @classmethod
+    def apply(
+        cls,
+        module: nn.Module,
+        name: str,
+        *args: Any,
+        importance_scores: Tensor | None = None,
+        **kwargs: Any,
+    ) -> TorchBase:
+        """Prune ``module.<name>`` with ``cls(*args, **kwargs)`` and hook it.
+
+        The first pruning of ``name`` reparametrizes it (``name_orig``,
+        ``name_mask``, a forward pre-hook); a later one folds the new method
+        on top, in a :class:`PruningContainer` kept at the hook's place.
+
+        Args:
+            module: the module holding the tensor.
+            name: the parameter's name in ``module``.
+            args: positional arguments of ``cls``.
+            importance_scores: scores of the parameter's shape used instead of
+                the parameter (the currently pruned tensor when re-pruning).
+            kwargs: keyword arguments of ``cls``.
+
+        Returns:
+            The hook: the new method, or the container holding the history.
+
+        Raises:
+            AssertionError: if ``importance_scores`` has another shape, or the
+                module already has several pruning hooks for ``name``.
+            AttributeError: if ``module`` has nothing called ``name``.
+
+        Whatever fails, the module is left exactly as it was.
+        """
+        found = pruning_hooks(module, name)
+        if len(found) > 1:
+            raise AssertionError(
+                f"Avoid adding multiple pruning hooks to the "
+                f"same tensor {name} of module {module}. Use a PruningContainer."
+            )
+        method = cls(*args, **kwargs)
+        method._tensor_name = name
+        snapshot = Snapshot(module, [name])
+        try:
+            return _apply(module, name, method, found[0] if found else None, importance_scores)
+        except BaseException:
+            snapshot.restore()
+            raise
+
+    def prune(
+        self,
+        t: Tensor,
+        default_mask: Tensor | None = None,
+        importance_scores: Tensor | None = None,
+    ) -> Tensor:
+        """Return ``t`` pruned: ``t * compute_mask(scores, default_mask)``.
+
+        Args:
+            t: the tensor to prune.
+            default_mask: an earlier mask (ones by default).
+            importance_scores: scores of ``t``'s shape (``t`` by default).
+
+        Raises:
+            AssertionError: if ``importance_scores`` has another shape than ``t``.
+        """
+        if importance_scores is not None:
+            if importance_scores.shape != t.shape:
+                raise AssertionError(
+                    f"importance_scores should have the same shape as tensor t, "
+                    f"got {importance_scores.shape} vs {t.shape}"
+                )
+        else:
+            importance_scores = t
+        default_mask = default_mask if default_mask is not None else torch.ones_like(t)
+        return t * self.compute_mask(importance_scores, default_mask=default_mask)
+
+    def remove(self, module: nn.Module) -> None:
+        """Make the pruning permanent and drop the reparametrization.
+
+        The same :class:`~torch.nn.Parameter` that was ``name_orig`` becomes
+        ``name`` again, holding the pruned values; ``name_mask`` is removed.
+        The hook itself is removed by :func:`funcprune.compat.remove`.
+        """
+        if self._tensor_name is None:
+            raise AssertionError(
+                f"Module {module} has to be pruned before pruning can be removed"
+            )
+        weight = self.apply_mask(module)
+        if hasattr(module, self._tensor_name):
+            delattr(module, self._tensor_name)
+        orig = module._parameters[self._tensor_name + "_orig"]
+        orig.data = weight.data  # type: ignore[union-attr]  # torch fails alike on None
+        del module._parameters[self._tensor_name + "_orig"]
+        del module._buffers[self._tensor_name + "_mask"]
+        setattr(module, self._tensor_name, orig)  # RNNs refresh _flat_weights here
+
+    # --- funcprune's kernels ------------------------------------------------
+
+    #: The ``compute_mask`` that :meth:`_kernel_spec` describes; a subclass or a
+    #: mock that replaces ``compute_mask`` makes the container call it instead.
+    _kernel_compute_mask: ClassVar[object] = None
+
+    def _kernel_spec(self, t: Tensor) -> Spec | None:
+        """The funcprune spec equivalent to this method on ``t``, if any.
+
+        ``None`` (the default, e.g. for user-defined methods) makes
+        :class:`PruningContainer` use torch's slicing logic and call
+        :meth:`compute_mask`; built-in methods return a spec whenever the
+        kernels reproduce torch exactly for ``t``.
+        """
+        return None
+
+
+def _apply(
+    module: nn.Module,
+    name: str,
+    method: BasePruningMethod,
+    old: tuple[int, TorchBase] | None,
+    importance_scores: Tensor | None,
+) -> TorchBase:
+    hook: TorchBase = method
+    if old is not None:
+        if isinstance(old[1], TorchContainer):
+            old[1].add_pruning_method(method)
+            hook = old[1]
+        else:
+            container = PruningContainer(old[1])
+            container.add_pruning_method(method)
+            hook = container
+    orig = getattr(module, name)
+    if importance_scores is not None:
+        if importance_scores.shape != orig.shape:
+            raise AssertionError(
+                f"importance_scores should have the same shape as parameter "
+                f"{name} of {module}, got {importance_scores.shape} vs {orig.shape}"
+            )
+    else:
+        importance_scores = orig
+    if not isinstance(hook, TorchContainer):
+        module.register_parameter(name + "_orig", orig)
+        del module._parameters[name]
+        default_mask = torch.ones_like(orig)
+    else:
+        default_mask = (
+            getattr(module, name + "_mask").detach().clone(memory_format=torch.contiguous_format)
+        )
+    mask = hook.compute_mask(importance_scores, default_mask=default_mask)
+    module.register_buffer(name + "_mask", mask)
+    set_pruned(module, hook, hook.apply_mask(module))
+    if old is None:
+        module.register_forward_pre_hook(hook)
+    else:
+        module._forward_pre_hooks[old[0]] = hook  # the old hook's place
+    return hook
+
+
+class PruningContainer(BasePruningMethod, torch_prune.PruningContainer):
+    """The history of the methods applied to one tensor (iterative pruning).
+
+    Built from one method (taking its tensor name) or from none (then set
+    ``_tensor_name`` before adding methods). Supports ``len``, indexing and
+    iteration over the methods, oldest first. :meth:`compute_mask` applies
+    the latest method to the part of the tensor still unpruned.
+
+    Examples:
+        >>> import torch, funcprune.compat as prune
+        >>> fc = torch.nn.Linear(4, 3)
+        >>> _ = prune.l1_unstructured(fc, "weight", amount=2)
+        >>> _ = prune.ln_structured(fc, "weight", amount=1, n=2, dim=0)
+        >>> hook = next(iter(fc._forward_pre_hooks.values()))
+        >>> type(hook).__name__, len(hook), [type(m).__name__ for m in hook]
+        ('PruningContainer', 2, ['L1Unstructured', 'LnStructured'])
+    """
+
+    __module__ = "funcprune.compat"  # its public home: stable pickles and reprs
+
+    def __init__(self, *args: Any) -> None:
+        self._pruning_methods: tuple[Any, ...] = ()
+        if len(args) == 1:
+            self._tensor_name = args[0]._tensor_name
+            self.add_pruning_method(args[0])
+        else:
+            for method in args:
+                self.add_pruning_method(method)
+
+    def add_pruning_method(self, method: Any) -> None:
+        """Append ``method`` to the history.
+
+        Raises:
+            TypeError: if ``method`` is not a pruning method (nor ``None``).
+            ValueError: if it acts on another tensor than the container.
+        """
+        if not isinstance(method, TorchBase) and method is not None:
+            raise TypeError(f"{type(method)} is not a BasePruningMethod subclass")
+        elif method is not None and self._tensor_name != method._tensor_name:
+            raise ValueError(
+                "Can only add pruning methods acting on "
+                f"the parameter named '{self._tensor_name}' to PruningContainer {self}."
+                + f" Found '{method._tensor_name}'"
+            )
+        self._pruning_methods += (method,)
+
+    def __len__(self) -> int:
+        return len(self._pruning_methods)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._pruning_methods)
+
+    @overload
+    def __getitem__(self, idx: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, idx: slice) -> tuple[Any, ...]: ...
+
+    def __getitem__(self, idx: int | slice) -> Any:
+        return self._pruning_methods[idx]
+
+    def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
+        """Apply the latest method to the unpruned part of ``t``.
+
+        That part is the entries where ``default_mask`` is 1 for an
+        ``"unstructured"`` method, the channels along its ``dim`` not
+        entirely pruned for a ``"structured"`` one, and everything for a
+        ``"global"`` one; a float amount is a fraction of that part. Built-in
+        methods run funcprune's fold; other methods are called on the slice,
+        as in torch.
+
+        Returns:
+            The combined mask, in ``t``'s dtype.
+        """
+        method = self._pruning_methods[-1]
+        spec = _fold_spec(method, t, default_mask)
+        if spec is None:
+            return _combine_masks(method, t, default_mask)
+        folded = fold_mask(spec, t.detach(), default_mask)  # masks need no graph
+        new_mask = default_mask.to(dtype=t.dtype)  # torch writes into it when the dtype matches
+        new_mask.copy_(folded)
+        return new_mask
+
+
+def _uses_kernel(method: object) -> bool:
+    if not isinstance(method, BasePruningMethod) or "compute_mask" in vars(method):
+        return False
+    cls = type(method)
+    return cls._kernel_compute_mask is not None and cls.compute_mask is cls._kernel_compute_mask
+
+
+def _is_binary(mask: Tensor) -> bool:
+    return mask.dtype == torch.bool or bool(((mask == 0) | (mask == 1)).all())
+
+
+def _fold_spec(method: object, t: object, default_mask: object) -> Spec | None:
+    """The spec to fold with, where funcprune's fold gives exactly torch's mask."""
+    if not (
+        _uses_kernel(method)
+        and isinstance(t, Tensor)
+        and isinstance(default_mask, Tensor)
+        and t.is_floating_point()
+        and t.numel() > 0  # empty channels trip the kernels' fold (see the report)
+        and default_mask.shape == t.shape
+        and default_mask.device == t.device
+        and _is_binary(default_mask)
+    ):
+        return None
+    assert isinstance(method, BasePruningMethod)
+    spec = method._kernel_spec(t)
+    if spec is None or getattr(method, "PRUNING_TYPE", None) != spec.pruning_type:
+        return None
+    return spec
+
+
+def _combine_masks(method: Any, t: Tensor, mask: Tensor) -> Tensor:
+    """torch's ``PruningContainer`` slicing, for methods without a kernel."""
+    new_mask = mask.to(dtype=t.dtype)
+    slc: Any
+    if method.PRUNING_TYPE == "unstructured":
+        slc = mask == 1
+    elif method.PRUNING_TYPE == "structured":
+        if not hasattr(method, "dim"):
+            raise AttributeError(
+                "Pruning methods of PRUNING_TYPE "
+                '"structured" need to have the attribute `dim` defined.'
+            )
+        n_dims = t.dim()
+        dim = method.dim
+        if dim < 0:
+            dim = n_dims + dim
+        if dim < 0:
+            raise IndexError(f"Index is out of bounds for tensor with dimensions {n_dims}")
+        keep_channel = mask.sum(dim=[d for d in range(n_dims) if d != dim]) != 0
+        slc = [slice(None)] * n_dims
+        slc[dim] = keep_channel
+    elif method.PRUNING_TYPE == "global":
+        slc = [slice(None)] * len(t.shape)
+    else:
+        raise ValueError(f"Unrecognized PRUNING_TYPE {method.PRUNING_TYPE}")
+    if isinstance(slc, list):
+        slc = tuple(slc)
+    partial_mask = method.compute_mask(t[slc], default_mask=mask[slc])
+    new_mask[slc] = partial_mask.to(dtype=new_mask.dtype)
+    return new_mask

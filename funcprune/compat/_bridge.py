@@ -1,0 +1,256 @@
+"""The bridge between funcprune's mask dicts and modules in hook mode.
+
+A mask dict maps names of ``named_parameters()`` of the *unpruned* module
+(``"conv1.weight"``) to ``torch.bool`` masks (``True`` = kept); a missing key
+means not pruned. Three functions switch between the modes at any point:
+
+* :func:`install_masks_` puts a mask dict onto a module in hook mode, as
+  :func:`~funcprune.compat.custom_from_mask` calls would;
+* :func:`masks_from_module` reads the mask dict of any hooked module, pruned
+  by ``funcprune.compat`` or by ``torch.nn.utils.prune``;
+* :func:`unprune_` turns a hooked module back into plain parameters (the same
+  :class:`~torch.nn.Parameter` objects, with their unpruned values) and
+  returns its mask dict.
+
+``install_masks_(m, unprune_(m))`` gives the module back its masks, values
+and outputs; so does ``unprune_`` after ``install_masks_``. Unlike
+:func:`~funcprune.compat.remove`, :func:`unprune_` does not zero the pruned
+entries: the functional mode applies the masks itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from .._types import Masks
+from ._methods import CustomFromMask
+from ._state import TorchBase, pruning_hooks, snapshots
+
+__all__ = ["install_masks_", "masks_from_module", "unprune_"]
+
+Tensor = torch.Tensor
+
+
+def _hooked(module: nn.Module) -> list[tuple[str, nn.Module, str, int]]:
+    """``(key, submodule, name, hook key)`` of every pruned tensor in ``module``."""
+    found: list[tuple[str, nn.Module, str, int]] = []
+    seen: set[str] = set()
+    for prefix, submodule in module.named_modules():
+        for hook_key, hook in submodule._forward_pre_hooks.items():
+            if not isinstance(hook, TorchBase):
+                continue
+            name = hook._tensor_name
+            key = f"{prefix}.{name}" if prefix else name
+            if key in seen:
+                raise ValueError(
+                    f"{key!r} has several pruning hooks; torch.nn.utils.prune keeps one "
+                    "per tensor (a PruningContainer), so this module cannot be read"
+                )
+            seen.add(key)
+            found.append((key, submodule, name, hook_key))
+    return found
+
+
+def _bool_mask(fn: str, key: str, submodule: nn.Module, name: str) -> Tensor:
+    mask = submodule._buffers.get(name + "_mask")
+    if not isinstance(mask, Tensor):
+        raise ValueError(
+            f"{fn}: {key!r} has a pruning hook but no buffer {name + '_mask'!r}; "
+            "the module's pruning state is incomplete"
+        )
+    if mask.dtype == torch.bool:
+        return mask.detach().clone()
+    binary = (mask == 0) | (mask == 1)
+    if not bool(binary.all()):
+        bad = mask[~binary].flatten()[:5].tolist()
+        raise ValueError(
+            f"{fn}: the mask of {key!r} holds values other than 0 and 1, such as {bad}; "
+            "a torch.bool mask dict cannot represent it"
+        )
+    return mask.detach() != 0
+
+
+def masks_from_module(module: nn.Module) -> Masks:
+    """Read the mask dict of a module in hook mode.
+
+    Works on modules pruned by ``funcprune.compat`` or by
+    ``torch.nn.utils.prune``. The masks are new ``torch.bool`` tensors
+    (``True`` = kept), keyed by the plain parameter names; unpruned
+    parameters have no key. The module is not changed.
+
+    Args:
+        module: any module.
+
+    Returns:
+        ``{"conv1.weight": mask, ...}``: submodules in ``named_modules()``
+        order, the tensors of one in the order their hooks were installed.
+
+    Raises:
+        ValueError: if a mask holds values other than 0 and 1, or a hooked
+            tensor has no mask buffer.
+
+    >>> import torch, funcprune.compat as prune
+    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    >>> net[0].bias.data = torch.tensor([0.5, -2.0])
+    >>> _ = prune.l1_unstructured(net[0], "bias", amount=1)
+    >>> prune.masks_from_module(net)
+    {'0.bias': tensor([False,  True])}
+    """
+    return {
+        key: _bool_mask("masks_from_module", key, submodule, name)
+        for key, submodule, name, _ in _hooked(module)
+    }
+
+
+def _target(module: nn.Module, key: object) -> tuple[nn.Module, str, torch.Size]:
+    """The submodule and tensor name that ``key`` denotes, and its shape."""
+    if not isinstance(key, str):
+        raise TypeError(
+            f"install_masks_: masks must be keyed by parameter names (str), "
+            f"got the key {key!r} of type {type(key).__name__}"
+        )
+    prefix, _, name = key.rpartition(".")
+    try:
+        submodule = module.get_submodule(prefix) if prefix else module
+    except AttributeError:
+        submodule = None
+    param = None if submodule is None else submodule._parameters.get(name)
+    if submodule is not None and param is None and pruning_hooks(submodule, name):
+        param = submodule._parameters.get(name + "_orig")  # already pruned
+    if submodule is not None and name.endswith("_orig") and pruning_hooks(submodule, name[:-5]):
+        raise ValueError(
+            f"install_masks_: masks has the key {key!r}, the reparametrized original of "
+            f"a pruned tensor; key its mask by the plain name {key[:-5]!r} instead"
+        )
+    if submodule is None or param is None:
+        known = sorted(
+            {n for n, _ in module.named_parameters()}
+            | {f"{p}.{n}" if p else n for p, n in _plain_pruned(module)}
+        )
+        raise ValueError(
+            f"install_masks_: masks has the key {key!r}, which names no parameter of "
+            f"the module; expected names like those of named_parameters() of the "
+            f"unpruned module, e.g. {known[:6]}"
+        )
+    return submodule, name, param.shape
+
+
+def _plain_pruned(module: nn.Module) -> list[tuple[str, str]]:
+    return [(key.rpartition(".")[0], name) for key, _, name, _ in _hooked(module)]
+
+
+def install_masks_(module: nn.Module, masks: Mapping[str, Tensor]) -> nn.Module:
+    """Install a mask dict onto ``module`` in hook mode.
+
+    Each ``masks[name]`` is applied as :func:`~funcprune.compat.custom_from_mask`
+    would: the parameter becomes ``name_orig`` (same object, same values), the
+    mask a float buffer ``name_mask`` and a forward pre-hook recomputes
+    ``name``. On a tensor already pruned, the mask is combined with the
+    existing one (nothing pruned is revived). Parameters without a key are
+    left alone. All-or-nothing: on error the module is left as it was.
+
+    Args:
+        module: the module to prune in place.
+        masks: ``torch.bool`` masks keyed like ``named_parameters()`` of the
+            unpruned module (plain names such as ``"conv1.weight"``).
+
+    Returns:
+        ``module``.
+
+    Raises:
+        TypeError: if ``masks`` is not a mapping of names to ``torch.bool``
+            tensors.
+        ValueError: if a key names no parameter, or a mask's shape differs
+            from its parameter's.
+
+    >>> import torch, funcprune.compat as prune
+    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    >>> _ = prune.install_masks_(net, {"0.bias": torch.tensor([True, False])})
+    >>> net[0].bias_mask, prune.is_pruned(net)
+    (tensor([1., 0.]), True)
+    """
+    if not isinstance(masks, Mapping):
+        raise TypeError(
+            f"install_masks_: masks must be a dict of parameter names to torch.bool "
+            f"tensors, got {type(masks).__name__}"
+        )
+    targets = []
+    for key, mask in masks.items():
+        submodule, name, shape = _target(module, key)
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            got = f"dtype {mask.dtype}" if isinstance(mask, Tensor) else type(mask).__name__
+            raise TypeError(
+                f"install_masks_: masks[{key!r}] must be a torch.bool tensor, got {got}; "
+                "convert it with `mask != 0` if nonzero means kept"
+            )
+        if mask.shape != shape:
+            raise ValueError(
+                f"install_masks_: masks[{key!r}] has shape {tuple(mask.shape)} but the "
+                f"parameter has shape {tuple(shape)}; they must be equal"
+            )
+        targets.append((submodule, name, mask))
+    saved = snapshots((submodule, name) for submodule, name, _ in targets)
+    try:
+        for submodule, name, mask in targets:
+            device = getattr(submodule, name).device
+            CustomFromMask.apply(submodule, name, mask.to(device=device))
+    except BaseException:
+        for snapshot in reversed(saved):
+            snapshot.restore()
+        raise
+    return module
+
+
+def unprune_(module: nn.Module) -> Masks:
+    """Turn a hooked module back into plain parameters; return its mask dict.
+
+    Every pruned tensor (by ``funcprune.compat`` or ``torch.nn.utils.prune``)
+    gets its :class:`~torch.nn.Parameter` back under its plain name: the same
+    object as ``name_orig``, with its unpruned values; ``name_mask`` and the
+    hook go away. The masks come back as :func:`masks_from_module` reads
+    them, so ``install_masks_(module, unprune_(module))`` restores the pruned
+    state (masks, values, outputs). To bake the zeros into the values, use
+    :func:`~funcprune.compat.remove` instead.
+
+    Args:
+        module: the module to turn back, in place.
+
+    Returns:
+        The ``torch.bool`` mask dict keyed by plain parameter names.
+
+    Raises:
+        ValueError: as :func:`masks_from_module`, or if a hooked tensor has no
+            ``name_orig`` parameter. The module is then left unchanged.
+
+    >>> import torch, funcprune.compat as prune
+    >>> fc = torch.nn.Linear(3, 2)
+    >>> _ = prune.l1_unstructured(fc, "weight", amount=2)
+    >>> masks = prune.unprune_(fc)
+    >>> sorted(masks), prune.is_pruned(fc), sorted(n for n, _ in fc.named_parameters())
+    (['weight'], False, ['bias', 'weight'])
+    """
+    hooked = _hooked(module)
+    masks = {key: _bool_mask("unprune_", key, sub, name) for key, sub, name, _ in hooked}
+    for key, submodule, name, _ in hooked:
+        if not isinstance(submodule._parameters.get(name + "_orig"), nn.Parameter):
+            raise ValueError(
+                f"unprune_: {key!r} has a pruning hook but no parameter {name + '_orig'!r}; "
+                "the module's pruning state is incomplete"
+            )
+    saved = snapshots((submodule, name) for _, submodule, name, _ in hooked)
+    try:
+        for _, submodule, name, hook_key in hooked:
+            orig = submodule._parameters[name + "_orig"]
+            del submodule._forward_pre_hooks[hook_key]
+            submodule.__dict__.pop(name, None)
+            del submodule._parameters[name + "_orig"]
+            del submodule._buffers[name + "_mask"]
+            setattr(submodule, name, orig)  # RNNs refresh _flat_weights here
+    except BaseException:
+        for snapshot in reversed(saved):
+            snapshot.restore()
+        raise
+    return masks

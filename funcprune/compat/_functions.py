@@ -1,0 +1,301 @@
+"""The functional API of ``torch.nn.utils.prune``: prune, remove, inspect.
+
+Same names, signatures, behaviour and exceptions as torch's functions. Each
+pruning function reparametrizes ``module.<name>`` (``name_orig`` parameter,
+``name_mask`` buffer, forward pre-hook) and returns the module. Fixes over
+torch: a failing call leaves every module exactly as it was;
+:func:`global_unstructured` accepts any iterable (torch's silently needs a
+re-iterable one); :func:`remove` and :func:`is_pruned` also recognise
+modules pruned by ``torch.nn.utils.prune``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._types import Amount, NormOrder
+from ._base import PruningContainer
+from ._methods import (
+    CustomFromMask,
+    Identity,
+    L1Unstructured,
+    LnStructured,
+    RandomStructured,
+    RandomUnstructured,
+)
+from ._state import Snapshot, TorchBase, snapshots
+
+__all__ = [
+    "identity",
+    "random_unstructured",
+    "l1_unstructured",
+    "random_structured",
+    "ln_structured",
+    "global_unstructured",
+    "custom_from_mask",
+    "remove",
+    "is_pruned",
+]
+
+Tensor = torch.Tensor
+
+
+def identity(module: nn.Module, name: str) -> nn.Module:
+    """Reparametrize ``module.<name>`` without pruning anything (mask of ones).
+
+    Args:
+        module: the module holding the tensor.
+        name: the parameter's name in ``module``.
+
+    Returns:
+        ``module``, modified in place.
+
+    >>> import torch, funcprune.compat as prune
+    >>> prune.identity(torch.nn.Linear(2, 3), "bias").bias_mask
+    tensor([1., 1., 1.])
+    """
+    Identity.apply(module, name)
+    return module
+
+
+def random_unstructured(module: nn.Module, name: str, amount: Amount) -> nn.Module:
+    """Prune ``amount`` random (currently unpruned) entries of ``module.<name>``.
+
+    Args:
+        module: the module holding the tensor.
+        name: the parameter's name in ``module``.
+        amount: an ``int`` count or a ``float`` fraction in [0, 1].
+
+    Returns:
+        ``module``, modified in place.
+
+    >>> import torch, funcprune.compat as prune
+    >>> m = prune.random_unstructured(torch.nn.Linear(2, 3), "weight", amount=1)
+    >>> torch.sum(m.weight_mask == 0)
+    tensor(1)
+    """
+    RandomUnstructured.apply(module, name, amount)
+    return module
+
+
+def l1_unstructured(
+    module: nn.Module, name: str, amount: Amount, importance_scores: Tensor | None = None
+) -> nn.Module:
+    """Prune the ``amount`` (currently unpruned) entries of smallest magnitude.
+
+    Args:
+        module: the module holding the tensor.
+        name: the parameter's name in ``module``.
+        amount: an ``int`` count or a ``float`` fraction in [0, 1].
+        importance_scores: scores of the parameter's shape to rank entries
+            by, instead of the parameter.
+
+    Returns:
+        ``module``, modified in place.
+
+    >>> import torch, funcprune.compat as prune
+    >>> m = prune.l1_unstructured(torch.nn.Linear(2, 3), "weight", amount=0.2)
+    >>> m.state_dict().keys()
+    odict_keys(['bias', 'weight_orig', 'weight_mask'])
+    """
+    L1Unstructured.apply(module, name, amount=amount, importance_scores=importance_scores)
+    return module
+
+
+def random_structured(
+    module: nn.Module, name: str, amount: Amount, dim: int
+) -> nn.Module:
+    """Prune ``amount`` random (currently unpruned) channels along ``dim``.
+
+    Args:
+        module: the module holding the tensor.
+        name: the parameter's name in ``module``.
+        amount: an ``int`` count or a ``float`` fraction in [0, 1] of channels.
+        dim: the dimension indexing the channels.
+
+    Returns:
+        ``module``, modified in place.
+
+    >>> import torch, funcprune.compat as prune
+    >>> m = prune.random_structured(torch.nn.Linear(5, 3), "weight", amount=3, dim=1)
+    >>> int(sum(torch.sum(m.weight, dim=0) == 0))
+    3
+    """
+    RandomStructured.apply(module, name, amount, dim)
+    return module
+
+
+def ln_structured(
+    module: nn.Module,
+    name: str,
+    amount: Amount,
+    n: NormOrder,
+    dim: int,
+    importance_scores: Tensor | None = None,
+) -> nn.Module:
+    """Prune the ``amount`` (currently unpruned) channels of smallest L``n`` norm.
+
+    Args:
+        module: the module holding the tensor.
+        name: the parameter's name in ``module``.
+        amount: an ``int`` count or a ``float`` fraction in [0, 1] of channels.
+        n: the norm order, as ``p`` of :func:`torch.norm`.
+        dim: the dimension indexing the channels.
+        importance_scores: scores of the parameter's shape, instead of it.
+
+    Returns:
+        ``module``, modified in place.
+
+    >>> import torch, funcprune.compat as prune
+    >>> m = prune.ln_structured(torch.nn.Conv2d(5, 3, 2), "weight", amount=0.3, dim=1,
+    ...                         n=float("-inf"))
+    >>> int((m.weight_mask.sum(dim=(0, 2, 3)) == 0).sum())
+    2
+    """
+    LnStructured.apply(module, name, amount, n, dim, importance_scores=importance_scores)
+    return module
+
+
+def global_unstructured(
+    parameters: Iterable[tuple[nn.Module, str]],
+    pruning_method: Any,
+    importance_scores: dict[tuple[nn.Module, str], Tensor] | None = None,
+    **kwargs: Any,
+) -> None:
+    """Prune several parameters together, ranking all their entries at once.
+
+    The scores of all listed tensors (masks already present respected) are
+    flattened into one vector, ``pruning_method(**kwargs)`` is applied on its
+    unpruned part, and each parameter gets its slice as a
+    :class:`CustomFromMask` hook.
+
+    Args:
+        parameters: ``(module, name)`` pairs (any iterable, generators too).
+        pruning_method: an ``"unstructured"`` pruning method class.
+        importance_scores: a dict ``{(module, name): scores}``; missing pairs
+            use the parameter itself.
+        kwargs: the method's arguments, e.g. ``amount``.
+
+    Raises:
+        TypeError: if ``parameters`` is not iterable, ``importance_scores`` not
+            a dict, or the method's ``PRUNING_TYPE`` not ``"unstructured"``.
+
+    >>> import torch, funcprune.compat as prune
+    >>> net = torch.nn.Sequential(torch.nn.Linear(10, 4), torch.nn.Linear(4, 1))
+    >>> prune.global_unstructured([(net[0], "weight"), (net[1], "weight")],
+    ...                           pruning_method=prune.L1Unstructured, amount=10)
+    >>> print(sum(torch.nn.utils.parameters_to_vector(net.buffers()) == 0))
+    tensor(10)
+    """
+    if not isinstance(parameters, Iterable):
+        raise TypeError("global_unstructured(): parameters is not an Iterable")
+    importance_scores = importance_scores if importance_scores is not None else {}
+    if not isinstance(importance_scores, dict):
+        raise TypeError("global_unstructured(): importance_scores must be of type dict")
+    pairs = list(parameters)
+    relevant_importance_scores = torch.nn.utils.parameters_to_vector(
+        [importance_scores.get((module, name), getattr(module, name)) for module, name in pairs]
+    )
+    default_mask = torch.nn.utils.parameters_to_vector(
+        [
+            getattr(module, name + "_mask", torch.ones_like(getattr(module, name)))
+            for module, name in pairs
+        ]
+    )
+    container = PruningContainer()
+    container._tensor_name = "temp"
+    method = pruning_method(**kwargs)
+    method._tensor_name = "temp"
+    if method.PRUNING_TYPE != "unstructured":
+        raise TypeError(
+            'Only "unstructured" PRUNING_TYPE supported for '
+            f"the `pruning_method`. Found method {pruning_method} of type {method.PRUNING_TYPE}"
+        )
+    container.add_pruning_method(method)
+    final_mask = container.compute_mask(relevant_importance_scores, default_mask)
+    saved = snapshots(pairs)
+    try:
+        pointer = 0
+        for module, name in pairs:
+            param = getattr(module, name)
+            num_param = param.numel()
+            param_mask = final_mask[pointer : pointer + num_param].view_as(param)
+            custom_from_mask(module, name, mask=param_mask)
+            pointer += num_param
+    except BaseException:
+        for snapshot in reversed(saved):
+            snapshot.restore()
+        raise
+
+
+def custom_from_mask(module: nn.Module, name: str, mask: Tensor) -> nn.Module:
+    """Prune ``module.<name>`` where ``mask`` is 0 (on top of earlier pruning).
+
+    Args:
+        module: the module holding the tensor.
+        name: the parameter's name in ``module``.
+        mask: a tensor of the parameter's shape; 0 means pruned.
+
+    Returns:
+        ``module``, modified in place.
+
+    >>> import torch, funcprune.compat as prune
+    >>> prune.custom_from_mask(torch.nn.Linear(5, 3), name="bias",
+    ...                        mask=torch.tensor([0, 1, 0])).bias_mask
+    tensor([0., 1., 0.])
+    """
+    CustomFromMask.apply(module, name, mask)
+    return module
+
+
+def remove(module: nn.Module, name: str) -> nn.Module:
+    """Make the pruning of ``module.<name>`` permanent and drop its hook.
+
+    The same :class:`~torch.nn.Parameter` object becomes ``module.<name>``
+    again, holding the pruned values; ``name_orig``, ``name_mask`` and the
+    hook go away. Works on modules pruned by ``torch.nn.utils.prune`` too.
+
+    Raises:
+        ValueError: if ``module.<name>`` is not pruned.
+
+    >>> import torch, funcprune.compat as prune
+    >>> m = prune.random_unstructured(torch.nn.Linear(5, 7), name="weight", amount=0.2)
+    >>> m = prune.remove(m, name="weight")
+    >>> sorted(name for name, _ in m.named_parameters())
+    ['bias', 'weight']
+    """
+    for key, hook in module._forward_pre_hooks.items():
+        if isinstance(hook, TorchBase) and hook._tensor_name == name:
+            snapshot = Snapshot(module, [name])
+            try:
+                hook.remove(module)
+                del module._forward_pre_hooks[key]
+            except BaseException:
+                snapshot.restore()
+                raise
+            return module
+    raise ValueError(
+        f"Parameter '{name}' of module {module} has to be pruned before pruning can be removed"
+    )
+
+
+def is_pruned(module: nn.Module) -> bool:
+    """Whether ``module`` or a submodule has a pruning hook (torch's or ours).
+
+    >>> import torch, funcprune.compat as prune
+    >>> m = torch.nn.Linear(5, 7)
+    >>> prune.is_pruned(m)
+    False
+    >>> _ = prune.random_unstructured(m, name="weight", amount=0.2)
+    >>> prune.is_pruned(m)
+    True
+    """
+    for _, submodule in module.named_modules():
+        for hook in submodule._forward_pre_hooks.values():
+            if isinstance(hook, TorchBase):
+                return True
+    return False

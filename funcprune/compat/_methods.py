@@ -1,0 +1,427 @@
+"""The built-in pruning methods, computing their masks with funcprune's kernels.
+
+Each class has torch's constructor, public attributes (``amount``, ``dim``,
+``n``, ``mask``; plain, settable attributes as in torch) and ``apply``
+signature, and subclasses its ``torch.nn.utils.prune`` namesake. The funcprune
+spec is built from the attributes only when a mask is computed, so, as in
+torch, ``LnStructured(0.5, n="bad")`` constructs and fails only when used.
+
+The kernels get the scores detached (a mask needs no autograd graph).
+Called directly, ``compute_mask(t, default_mask)`` behaves as torch's: it
+picks the units to prune from all of ``t`` (a float amount is a fraction of
+``t``) with :func:`funcprune.compute_mask` and zeroes them in (a copy of)
+``default_mask``, with torch's dtypes, checks and exception types. Inside a
+:class:`~funcprune.compat.PruningContainer` the method acts on the part of
+``t`` still unpruned through funcprune's fold instead.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.nn.utils.prune as torch_prune
+from torch import nn
+
+from .. import _specs as specs
+from .._fold import compute_mask as fold_mask
+from .._types import Amount, NormOrder
+from ._base import BasePruningMethod
+from ._state import TorchBase
+from ._validation import (
+    _compute_nparams_toprune,
+    _compute_norm,
+    _validate_pruning_amount,
+    _validate_pruning_amount_init,
+    _validate_pruning_dim,
+    _validate_structured_pruning,
+)
+
+__all__ = [
+    "Identity",
+    "RandomUnstructured",
+    "L1Unstructured",
+    "RandomStructured",
+    "LnStructured",
+    "CustomFromMask",
+]
+
+Tensor = torch.Tensor
+
+
+def _zero_pruned(mask: Tensor, kept: Tensor) -> Tensor:
+    """Zero in ``mask`` (flat) the entries that ``kept`` prunes, as torch does."""
+    mask.view(-1)[(~kept).reshape(-1).nonzero().squeeze(1)] = 0
+    return mask
+
+
+def _structured_mask(t: Tensor, kept: Tensor, default_mask: Tensor) -> Tensor:
+    """torch's structured result: ones on kept channels, in ``t``'s dtype, times
+    ``default_mask``."""
+    mask = torch.zeros_like(t)
+    mask.masked_fill_(kept, 1)
+    mask *= default_mask.to(dtype=mask.dtype)
+    return mask
+
+
+def _shape_only(shape: torch.Size, device: torch.device) -> Tensor:
+    """Floating scores of ``shape`` for kernels that only read the shape."""
+    return torch.zeros((), device=device).expand(shape)
+
+
+def _structured_count(method: RandomStructured | LnStructured, t: Tensor) -> int:
+    """torch's checks and count for structured methods, in torch's order."""
+    _validate_structured_pruning(t)
+    _validate_pruning_dim(t, method.dim)
+    tensor_size = t.shape[method.dim]
+    nparams_toprune = _compute_nparams_toprune(method.amount, tensor_size)
+    _validate_pruning_amount(nparams_toprune, tensor_size)
+    return nparams_toprune
+
+
+def _structured_dim(t: Tensor, dim: object) -> int | None:
+    """``dim`` as an int indexing ``t`` (which has 2+ dims), else ``None``."""
+    try:
+        d = operator.index(dim)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return d if t.dim() >= 2 and -t.dim() <= d < t.dim() else None
+
+
+class Identity(BasePruningMethod, torch_prune.Identity):
+    """Prunes nothing: the mask is ``default_mask`` (ones at first).
+
+    >>> import torch, funcprune.compat as prune
+    >>> prune.identity(torch.nn.Linear(2, 3), "bias").bias_mask
+    tensor([1., 1., 1.])
+    """
+
+    __module__ = "funcprune.compat"  # its public home: stable pickles and reprs
+
+    PRUNING_TYPE = "unstructured"
+
+    def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
+        return default_mask
+
+    _kernel_compute_mask = compute_mask
+
+    def _kernel_spec(self, t: Tensor) -> specs.Spec | None:
+        return specs.Identity()
+
+    @classmethod
+    def apply(  # type: ignore[override]  # torch narrows it alike
+        cls, module: nn.Module, name: str
+    ) -> TorchBase:
+        """Reparametrize ``module.<name>`` with a mask of ones."""
+        return super().apply(module, name)
+
+
+class RandomUnstructured(BasePruningMethod, torch_prune.RandomUnstructured):
+    """Prunes ``amount`` (currently unpruned) entries chosen at random.
+
+    Draws from torch's global RNG exactly what torch's method draws, so the
+    same seed gives the same mask.
+
+    Args:
+        amount: an ``int`` count or a ``float`` fraction in [0, 1].
+
+    Raises:
+        TypeError: if ``amount`` is not a real number.
+        ValueError: if it is a negative int or a float outside [0, 1].
+
+    >>> import torch, funcprune.compat as prune
+    >>> _ = torch.manual_seed(0)
+    >>> m = prune.RandomUnstructured(amount=2).compute_mask(torch.rand(5), torch.ones(5))
+    >>> int((m == 0).sum())
+    2
+    """
+
+    __module__ = "funcprune.compat"  # its public home: stable pickles and reprs
+
+    PRUNING_TYPE = "unstructured"
+
+    def __init__(self, amount: Amount) -> None:
+        _validate_pruning_amount_init(amount)
+        self.amount = amount
+
+    def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
+        tensor_size = t.nelement()
+        nparams_toprune = _compute_nparams_toprune(self.amount, tensor_size)
+        _validate_pruning_amount(nparams_toprune, tensor_size)
+        mask = default_mask.clone(memory_format=torch.contiguous_format)
+        if nparams_toprune != 0:
+            if not t.is_floating_point():  # torch fails on these dtypes; fail alike
+                torch.topk(torch.rand_like(t).view(-1), k=nparams_toprune)
+            elif not t.is_contiguous():  # torch views rand_like(t) flat; fail alike
+                try:
+                    torch.empty_like(t).view(-1)
+                except RuntimeError:
+                    torch.rand_like(t)  # torch draws before it fails
+                    raise
+            spec = specs.RandomUnstructured(nparams_toprune)
+            _zero_pruned(mask, fold_mask(spec, t.detach()))
+        return mask
+
+    _kernel_compute_mask = compute_mask
+
+    def _kernel_spec(self, t: Tensor) -> specs.Spec | None:
+        return specs.RandomUnstructured(self.amount)
+
+    @classmethod
+    def apply(  # type: ignore[override]  # torch narrows it alike
+        cls, module: nn.Module, name: str, amount: Amount
+    ) -> TorchBase:
+        """Prune ``amount`` random entries of ``module.<name>``."""
+        return super().apply(module, name, amount=amount)
+
+
+class L1Unstructured(BasePruningMethod, torch_prune.L1Unstructured):
+    """Prunes the ``amount`` (currently unpruned) entries of smallest magnitude.
+
+    Args:
+        amount: an ``int`` count or a ``float`` fraction in [0, 1].
+
+    Raises:
+        TypeError: if ``amount`` is not a real number.
+        ValueError: if it is a negative int or a float outside [0, 1].
+
+    >>> import torch, funcprune.compat as prune
+    >>> prune.L1Unstructured(amount=2).compute_mask(
+    ...     torch.tensor([3.0, -1.0, 0.5, 2.0]), torch.ones(4))
+    tensor([1., 0., 0., 1.])
+    """
+
+    __module__ = "funcprune.compat"  # its public home: stable pickles and reprs
+
+    PRUNING_TYPE = "unstructured"
+
+    def __init__(self, amount: Amount) -> None:
+        _validate_pruning_amount_init(amount)
+        self.amount = amount
+
+    def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
+        tensor_size = t.nelement()
+        nparams_toprune = _compute_nparams_toprune(self.amount, tensor_size)
+        _validate_pruning_amount(nparams_toprune, tensor_size)
+        mask = default_mask.clone(memory_format=torch.contiguous_format)
+        if nparams_toprune != 0:
+            scores = t
+            if not t.is_floating_point():  # integer/complex scores: rank |t| (bool fails)
+                scores = torch.abs(t).to(torch.float64)
+            if not t.is_contiguous():  # torch views |t| flat; fail alike
+                torch.abs(t).view(-1)
+            spec = specs.L1Unstructured(nparams_toprune)
+            _zero_pruned(mask, fold_mask(spec, scores.detach()))
+        return mask
+
+    _kernel_compute_mask = compute_mask
+
+    def _kernel_spec(self, t: Tensor) -> specs.Spec | None:
+        return specs.L1Unstructured(self.amount)
+
+    @classmethod
+    def apply(  # type: ignore[override]  # torch narrows it alike
+        cls,
+        module: nn.Module,
+        name: str,
+        amount: Amount,
+        importance_scores: Tensor | None = None,
+    ) -> TorchBase:
+        """Prune the ``amount`` smallest-magnitude entries of ``module.<name>``."""
+        return super().apply(module, name, amount=amount, importance_scores=importance_scores)
+
+
+class RandomStructured(BasePruningMethod, torch_prune.RandomStructured):
+    """Prunes ``amount`` (currently unpruned) channels along ``dim`` at random.
+
+    Draws from torch's global RNG exactly what torch's method draws.
+
+    Args:
+        amount: an ``int`` count or a ``float`` fraction in [0, 1] of channels.
+        dim: the dimension indexing the channels (default ``-1``).
+
+    Raises:
+        TypeError: if ``amount`` is not a real number.
+        ValueError: if it is a negative int or a float outside [0, 1].
+
+    >>> import torch, funcprune.compat as prune
+    >>> m = prune.RandomStructured(amount=1, dim=0).compute_mask(torch.rand(3, 2), torch.ones(3, 2))
+    >>> int(m.sum())
+    4
+    """
+
+    __module__ = "funcprune.compat"  # its public home: stable pickles and reprs
+
+    PRUNING_TYPE = "structured"
+
+    def __init__(self, amount: Amount, dim: int = -1) -> None:
+        _validate_pruning_amount_init(amount)
+        self.amount = amount
+        self.dim = dim
+
+    def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
+        nparams_toprune = _structured_count(self, t)
+        if nparams_toprune == 0:
+            return default_mask
+        scores = t if t.is_floating_point() else _shape_only(t.shape, t.device)
+        spec = specs.RandomStructured(nparams_toprune, operator.index(self.dim))
+        return _structured_mask(t, fold_mask(spec, scores.detach()), default_mask)
+
+    _kernel_compute_mask = compute_mask
+
+    def _kernel_spec(self, t: Tensor) -> specs.Spec | None:
+        dim = _structured_dim(t, self.dim)
+        return None if dim is None else specs.RandomStructured(self.amount, dim)
+
+    @classmethod
+    def apply(  # type: ignore[override]  # torch narrows it alike
+        cls, module: nn.Module, name: str, amount: Amount, dim: int = -1
+    ) -> TorchBase:
+        """Prune ``amount`` random channels of ``module.<name>`` along ``dim``."""
+        return super().apply(module, name, amount=amount, dim=dim)
+
+
+class LnStructured(BasePruningMethod, torch_prune.LnStructured):
+    """Prunes the ``amount`` (currently unpruned) channels of smallest L``n`` norm.
+
+    Args:
+        amount: an ``int`` count or a ``float`` fraction in [0, 1] of channels.
+        n: the norm order, as ``p`` of :func:`torch.norm` (checked when used).
+        dim: the dimension indexing the channels (default ``-1``).
+
+    Raises:
+        TypeError: if ``amount`` is not a real number.
+        ValueError: if it is a negative int or a float outside [0, 1].
+
+    >>> import torch, funcprune.compat as prune
+    >>> prune.LnStructured(amount=1, n=1, dim=0).compute_mask(
+    ...     torch.tensor([[1.0, 1.0], [0.1, 0.2]]), torch.ones(2, 2))
+    tensor([[1., 1.],
+            [0., 0.]])
+    """
+
+    __module__ = "funcprune.compat"  # its public home: stable pickles and reprs
+
+    PRUNING_TYPE = "structured"
+
+    def __init__(self, amount: Amount, n: NormOrder, dim: int = -1) -> None:
+        _validate_pruning_amount_init(amount)
+        self.amount = amount
+        self.n = n
+        self.dim = dim
+
+    def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
+        nparams_toprune = _structured_count(self, t)
+        dim = operator.index(self.dim)
+        spec = self._spec(t, nparams_toprune, dim)
+        if spec is None:  # outside the kernel's domain: torch's norm decides (or fails)
+            norm = _compute_norm(t, self.n, self.dim)
+            if nparams_toprune == 0:
+                return default_mask
+            kept = _kept_channels(norm, nparams_toprune, t, dim)
+        elif nparams_toprune == 0:
+            return default_mask
+        else:
+            kept = fold_mask(spec, t.detach())
+        return _structured_mask(t, kept, default_mask)
+
+    _kernel_compute_mask = compute_mask
+
+    def _spec(self, t: Tensor, amount: Amount, dim: int) -> specs.Spec | None:
+        """The spec, where funcprune's norm is torch's (floats, orders it knows)."""
+        n = self.n
+        if not t.is_floating_point() or n == "nuc" and t.dim() != 3 or n == "fro" and t.dim() > 3:
+            return None
+        if t.numel() == 0:  # torch's norm may fail here even when nothing is pruned
+            return None
+        try:
+            return specs.LnStructured(amount, n, dim)
+        except (TypeError, ValueError):  # orders torch.norm takes but specs refuse
+            return None
+
+    def _kernel_spec(self, t: Tensor) -> specs.Spec | None:
+        dim = _structured_dim(t, self.dim)
+        return None if dim is None else self._spec(t, self.amount, dim)
+
+    @classmethod
+    def apply(  # type: ignore[override]  # torch narrows it alike
+        cls,
+        module: nn.Module,
+        name: str,
+        amount: Amount,
+        n: NormOrder,
+        dim: int,
+        importance_scores: Tensor | None = None,
+    ) -> TorchBase:
+        """Prune the ``amount`` channels of ``module.<name>`` of smallest norm."""
+        return super().apply(
+            module, name, amount=amount, n=n, dim=dim, importance_scores=importance_scores
+        )
+
+
+def _kept_channels(norm: Tensor, count: int, t: Tensor, dim: int) -> Tensor:
+    """Keep all but the ``count`` channels of smallest ``norm``, with the kernel."""
+    scores = norm.detach().reshape(-1, 1)  # one row per channel: its L1 norm is the norm
+    kept = fold_mask(specs.LnStructured(count, 1, 0), scores)[:, 0]
+    shape = [1] * t.dim()
+    shape[dim % t.dim()] = -1
+    return kept.reshape(shape).expand(t.shape)
+
+
+class CustomFromMask(BasePruningMethod, torch_prune.CustomFromMask):
+    """Prunes where a given ``mask`` is 0, on top of earlier masks.
+
+    Args:
+        mask: a tensor of the shape of the tensor it prunes.
+
+    >>> import torch, funcprune.compat as prune
+    >>> prune.custom_from_mask(torch.nn.Linear(5, 3), "bias", torch.tensor([0, 1, 0])).bias_mask
+    tensor([0., 1., 0.])
+    """
+
+    __module__ = "funcprune.compat"  # its public home: stable pickles and reprs
+
+    PRUNING_TYPE = "global"
+
+    def __init__(self, mask: Tensor) -> None:
+        self.mask = mask
+
+    def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
+        if default_mask.shape != self.mask.shape:
+            raise AssertionError(
+                f"default_mask shape {default_mask.shape} must match "
+                f"self.mask shape {self.mask.shape}"
+            )
+        kept = self._kept()
+        if kept is None:  # not a 0/1 mask: torch multiplies by its values
+            product: Tensor = default_mask * self.mask.to(dtype=default_mask.dtype)
+            return product
+        return default_mask * kept.to(dtype=default_mask.dtype)
+
+    _kernel_compute_mask = compute_mask
+
+    def _spec(self) -> specs.Spec | None:
+        try:
+            return specs.CustomFromMask(self.mask)
+        except (TypeError, ValueError):
+            return None
+
+    def _kept(self) -> Tensor | None:
+        spec = self._spec()
+        if spec is None:
+            return None
+        return fold_mask(spec, _shape_only(self.mask.shape, self.mask.device))
+
+    def _kernel_spec(self, t: Tensor) -> specs.Spec | None:
+        mask: Any = self.mask
+        if not isinstance(mask, Tensor) or mask.shape != t.shape or mask.device != t.device:
+            return None
+        return self._spec()
+
+    @classmethod
+    def apply(  # type: ignore[override]  # torch narrows it alike
+        cls, module: nn.Module, name: str, mask: Tensor
+    ) -> TorchBase:
+        """Prune ``module.<name>`` where ``mask`` is 0."""
+        return super().apply(module, name, mask=mask)

@@ -1,0 +1,1 @@
+"""Tests of funcprune.compat, the drop-in torch.nn.utils.prune."""
