@@ -4,7 +4,8 @@ The functional :func:`torch.nn.utils.prune.global_unstructured`: the scores of
 the selected tensors are flattened into one vector, as torch's
 ``parameters_to_vector`` does, their earlier masks likewise; the spec is folded
 on that vector in one :func:`~funcprune.compute_mask` call and the mask is
-split back per tensor.
+split back per tensor. Eager ``L1Unstructured`` groups take a fast path that
+gives the same masks without concatenating (see ``_fastselect``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import ClassVar, final
 
 import torch
 
+from ._fastselect import joint_l1_kept
 from ._names import match_names
 from ._plan import AbstractPlan, as_spec, mask_for, scores_for, spec_repr
-from ._specs import Spec
+from ._specs import L1Unstructured, Spec
 from ._types import Params, Scores
 
 Tensor = torch.Tensor
@@ -73,9 +75,12 @@ class GlobalPlan(AbstractPlan):
         names = tuple(params)
         found = (n for pattern in self.names for n in match_names(self._FN, "name", pattern, names))
         selected = tuple(dict.fromkeys(found))  # listed order, each name once
-        flat_scores = torch.cat(
-            [scores_for(params[n], masks.get(n), scores.get(n)).reshape(-1) for n in selected]
-        )
+        each = [scores_for(params[n], masks.get(n), scores.get(n)) for n in selected]
+        if type(self.spec) is L1Unstructured:  # the eager fast path: no concatenation
+            kept = joint_l1_kept(each, [masks.get(n) for n in selected], self.spec.amount)
+            if kept is not None:
+                return {**masks, **dict(zip(selected, kept, strict=True))}
+        flat_scores = torch.cat([s.reshape(-1) for s in each])
         flat_default = None
         if any(n in masks for n in selected):
             flat_default = torch.cat(

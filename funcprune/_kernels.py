@@ -15,7 +15,8 @@ from typing import Callable
 
 import torch
 
-from ._select import FAST_MIN_KEYS, Count, is_concrete, lowest, lowest_fast, resolve_count, spread
+from ._fastselect import FAST_MIN_KEYS, lowest_fast
+from ._select import Count, is_concrete, lowest, resolve_count, spread
 from ._specs import (
     CustomFromMask,
     Identity,

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from torch.func import vmap
 
 import funcprune as fp
-from funcprune import _kernels, _select
-from funcprune._select import lowest, lowest_fast
+from funcprune import _fastselect, _kernels
+from funcprune._fastselect import lowest_fast
+from funcprune._select import lowest
 
 
 @st.composite
@@ -41,7 +42,7 @@ def keys_and_k(draw: st.DrawFn) -> tuple[torch.Tensor, int, torch.Tensor | None]
 def test_lowest_fast_equals_lowest(case: tuple[torch.Tensor, int, torch.Tensor | None], sample: int) -> None:
     keys, k, eligible = case
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_select, "_SAMPLE", sample)
+        mp.setattr(_fastselect, "_SAMPLE", sample)
         picked = lowest_fast(keys, k, eligible)
         kept = lowest_fast(keys, k, eligible, complement=True)
     expected = lowest(keys, k, eligible)
@@ -64,7 +65,7 @@ def test_eager_fast_path_equals_the_transform_path(spec: fp.Spec, ties: bool) ->
     """A tensor above the fast-path size: eager (selection) vs vmap (sort)."""
     g = torch.Generator().manual_seed(11)
     shape = (300, 256)
-    assert shape[0] * shape[1] >= _select.FAST_MIN_KEYS
+    assert shape[0] * shape[1] >= _fastselect.FAST_MIN_KEYS
     scores = torch.randint(-3, 4, shape, generator=g).float() if ties else torch.randn(shape, generator=g)
     default = torch.rand(shape, generator=g) < 0.8
     for d in (None, default):
@@ -85,7 +86,7 @@ def test_eager_fast_path_equals_the_transform_path(spec: fp.Spec, ties: bool) ->
 
 def test_the_kernels_take_the_fast_path_when_large(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    original = _select.lowest_fast
+    original = _fastselect.lowest_fast
 
     def spy(keys: torch.Tensor, k: int, eligible: torch.Tensor | None = None, *, complement: bool = False) -> torch.Tensor:
         calls.append(keys.numel())
@@ -94,5 +95,73 @@ def test_the_kernels_take_the_fast_path_when_large(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(_kernels, "lowest_fast", spy)
     fp.compute_mask(fp.L1Unstructured(0.5), torch.randn(10))
     assert calls == []
-    fp.compute_mask(fp.L1Unstructured(0.5), torch.randn(_select.FAST_MIN_KEYS))
-    assert calls == [_select.FAST_MIN_KEYS]
+    fp.compute_mask(fp.L1Unstructured(0.5), torch.randn(_fastselect.FAST_MIN_KEYS))
+    assert calls == [_fastselect.FAST_MIN_KEYS]
+
+
+@st.composite
+def groups(draw: st.DrawFn) -> tuple[list[torch.Tensor], list[torch.Tensor | None], float | int]:
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    sizes = draw(st.lists(st.integers(1, 700), min_size=1, max_size=5))
+    ties = draw(st.booleans())
+    scores = [
+        torch.randint(-3, 4, (n,), generator=g).float() if ties else torch.randn(n, generator=g)
+        for n in sizes
+    ]
+    if draw(st.booleans()):
+        scores[0][: max(1, sizes[0] // 4)] = float("nan")
+    defaults = [torch.rand(n, generator=g) < 0.7 if draw(st.booleans()) else None for n in sizes]
+    available = sum(n if d is None else int(d.sum()) for n, d in zip(sizes, defaults))
+    amount = draw(st.one_of(st.floats(0.0, 1.0), st.integers(0, available)))
+    return scores, defaults, amount
+
+
+@pytest.mark.parametrize("sample", [16, 1 << 17])
+@given(group=groups())
+def test_joint_l1_equals_the_concatenated_mask(
+    group: tuple[list[torch.Tensor], list[torch.Tensor | None], float | int], sample: int
+) -> None:
+    scores, defaults, amount = group
+    flat = torch.cat(scores)
+    flat_default = None
+    if any(d is not None for d in defaults):
+        flat_default = torch.cat([torch.ones_like(s, dtype=torch.bool) if d is None else d for s, d in zip(scores, defaults)])
+    expected = torch.split(fp.compute_mask(fp.L1Unstructured(amount), flat, flat_default), [s.numel() for s in scores])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_fastselect, "FAST_MIN_KEYS", 1)
+        mp.setattr(_fastselect, "_SAMPLE", sample)
+        got = _fastselect.joint_l1_kept(scores, defaults, amount)
+    if got is None:  # only where this path must step aside
+        assert amount == 0 or not bool(torch.isfinite(flat.abs()).all()) or sample == 16
+        return
+    assert [m.shape for m in got] == [s.shape for s in scores]
+    for g_, e in zip(got, expected):
+        assert torch.equal(g_, e)
+
+
+def test_global_fast_path_equals_torch_on_a_large_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model above the fast-path size (float64: no ties), two global rounds."""
+    import torch.nn.utils.prune as tprune
+    from torch import nn
+
+    calls: list[int] = []
+    original = _fastselect.joint_l1_kept
+
+    def spy(*args: object) -> list[torch.Tensor] | None:
+        result = original(*args)  # type: ignore[arg-type]
+        calls.append(result is not None)
+        return result
+
+    monkeypatch.setattr(fp._global, "joint_l1_kept", spy)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(300, 200), nn.ReLU(), nn.Linear(200, 150)).double()
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    plan = fp.global_unstructured(["*.weight"], fp.L1Unstructured(0.4))
+    masks = plan(params)
+    masks = plan(params, masks)
+    pairs = [(model[0], "weight"), (model[2], "weight")]
+    tprune.global_unstructured(pairs, tprune.L1Unstructured, amount=0.4)
+    tprune.global_unstructured(pairs, tprune.L1Unstructured, amount=0.4)
+    assert calls == [True, True]
+    for name, (module, _) in zip(["0.weight", "2.weight"], pairs):
+        assert torch.equal(masks[name], getattr(module, "weight_mask").bool())
