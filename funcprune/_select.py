@@ -57,7 +57,20 @@ def lowest(keys: torch.Tensor, k: Count, eligible: torch.Tensor | None = None) -
     so it is picked last. Among equal keys the lower index is picked first,
     so exactly ``k`` entries are flagged whatever the ties (``k`` is capped
     at the number of eligible entries).
+
+    A Python ``int`` count over all entries takes a threshold path (one
+    :func:`torch.kthvalue`, linear time); otherwise the keys are sorted.
+    Both give the same flags and both work under transforms.
     """
+    if eligible is None and isinstance(k, int):
+        return _lowest_by_threshold(keys, k)
+    return lowest_by_sort(keys, k, eligible)
+
+
+def lowest_by_sort(
+    keys: torch.Tensor, k: Count, eligible: torch.Tensor | None = None
+) -> torch.Tensor:
+    """:func:`lowest` by a stable sort: any count, any eligibility."""
     order = torch.sort(keys, stable=True).indices
     if eligible is None:
         ranks = torch.arange(1, keys.numel() + 1, device=keys.device)
@@ -66,6 +79,18 @@ def lowest(keys: torch.Tensor, k: Count, eligible: torch.Tensor | None = None) -
         eligible_sorted = eligible.gather(0, order)
         picked_sorted = eligible_sorted & (torch.cumsum(eligible_sorted, 0) <= k)
     return torch.zeros_like(keys, dtype=torch.bool).scatter(0, order, picked_sorted)
+
+
+def _lowest_by_threshold(keys: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`lowest` for ``0 <= k <= keys.numel()``, via the k-th lowest key."""
+    if k <= 0:
+        return torch.zeros_like(keys, dtype=torch.bool)
+    v = torch.kthvalue(keys, k).values  # NaN ranks last here too
+    nan = keys.isnan()
+    below = (keys < v) | (v.isnan() & ~nan)
+    ties = (keys == v) | (nan & v.isnan())
+    left = k - below.sum()
+    return below | (ties & (torch.cumsum(ties, 0) <= left))
 
 
 def spread(values: torch.Tensor, eligible: torch.Tensor | None, fill: float) -> torch.Tensor:

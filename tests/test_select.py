@@ -1,4 +1,4 @@
-"""The fast eager selection path gives exactly the masks of the sort path."""
+"""The selection paths (threshold, fast eager, joint) give exactly the sort path's flags."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch.func import vmap
 import funcprune as fp
 from funcprune import _fastselect, _kernels
 from funcprune._fastselect import lowest_fast
-from funcprune._select import lowest
+from funcprune._select import lowest, lowest_by_sort
 
 
 @st.composite
@@ -45,9 +45,12 @@ def test_lowest_fast_equals_lowest(case: tuple[torch.Tensor, int, torch.Tensor |
         mp.setattr(_fastselect, "_SAMPLE", sample)
         picked = lowest_fast(keys, k, eligible)
         kept = lowest_fast(keys, k, eligible, complement=True)
-    expected = lowest(keys, k, eligible)
+    expected = lowest_by_sort(keys, k, eligible)
     assert torch.equal(picked, expected)
     assert torch.equal(kept, ~expected)
+    assert torch.equal(lowest(keys, k, eligible), expected)  # the threshold path, where it applies
+    batched = vmap(lambda t: lowest(t, k))(keys[None])[0]
+    assert eligible is not None or torch.equal(batched, expected)
 
 
 SPECS = [
