@@ -119,8 +119,8 @@ def bench_global(params: dict[str, torch.Tensor], repeats: int, abs_pass: float)
         t_torch, _ = best(torch_global, repeats, fresh)
         theirs = {n: h.weight_mask for n, h in zip(names, holders)}
         target, met = ">= 10x", t_torch / t_fp >= 10
-        if amount == 0.5:
-            target, met = ">= 10x, <= 6 passes", met and t_fp / abs_pass <= 6
+        if amount == 0.5:  # judged against the abs() pass into new memory
+            target, met = ">= 10x, <= 6 passes (new memory)", met and t_fp / abs_pass <= 6
         rows.append(Row(f"a. global L1 {amount:.0%}", "torch", t_torch, t_fp, target, met, same_up_to_ties(masks, theirs, scores), passes=True))
     return rows
 

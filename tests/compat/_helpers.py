@@ -18,32 +18,12 @@ import torch.nn.utils.prune as tp
 from torch import nn
 
 import funcprune.compat as cp
+from funcprune._demo import LeNet as LeNet
 
 Tensor = torch.Tensor
 
 #: The two implementations, by a short name used in test ids.
 LIBS: dict[str, types.ModuleType] = {"torch": tp, "compat": cp}
-
-
-class LeNet(nn.Module):
-    """The tutorial's model (LeCun et al., 1998)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 6, 3)
-        self.conv2 = nn.Conv2d(6, 16, 3)
-        self.fc1 = nn.Linear(16 * 5 * 5, 120)
-        self.fc2 = nn.Linear(120, 84)
-        self.fc3 = nn.Linear(84, 10)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = F.max_pool2d(F.relu(self.conv1(x)), (2, 2))
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = x.view(-1, int(x.nelement() / x.shape[0]))
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
-        out: Tensor = self.fc3(x)
-        return out
 
 
 class Small(nn.Module):
