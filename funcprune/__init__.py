@@ -6,6 +6,13 @@ repeated ``torch.nn.utils.prune`` calls compose. ``funcprune.compat`` is a
 drop-in replacement for ``torch.nn.utils.prune``.
 """
 
+import warnings as _warnings
+
+with _warnings.catch_warnings():  # the first torch import, without NumPy installed,
+    # warns "Failed to initialize NumPy"; funcprune does not use NumPy.
+    _warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+    import torch as _torch  # noqa: F401
+
 from ._apply import apply_masks as apply_masks
 from ._apply import apply_masks_ as apply_masks_
 from ._apply import functional_call_masked as functional_call_masked
