@@ -46,6 +46,19 @@ class Spec(abc.ABC):
         """
 
 
+def _check_amount(amount: object) -> bool:
+    """torch's amount rules, plus: no ``bool``, no NaN. Returns "is a count"."""
+    if isinstance(amount, bool):
+        raise TypeError(
+            f"amount must be an int count or a float fraction, got the bool {amount!r}; "
+            "write 1 or 0 (a count) or 1.0 or 0.0 (a fraction)"
+        )
+    validate_amount_init(amount)
+    if isinstance(amount, numbers.Real) and math.isnan(float(amount)):
+        raise ValueError("amount=nan should either be a float in the range [0, 1] or a non-negative integer")
+    return isinstance(amount, numbers.Integral)
+
+
 def _check_dim(dim: object) -> None:
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
         raise TypeError(f"dim must be an int, got {dim!r} of type {type(dim).__name__}")
@@ -100,9 +113,10 @@ class RandomUnstructured(Spec):
     """
 
     amount: Amount
+    _is_count: bool = field(init=False, repr=False)  # 1 and 1.0 differ
 
     def __post_init__(self) -> None:
-        validate_amount_init(self.amount)
+        object.__setattr__(self, "_is_count", _check_amount(self.amount))
 
     @property
     def pruning_type(self) -> PruningType:
@@ -127,9 +141,10 @@ class L1Unstructured(Spec):
     """
 
     amount: Amount
+    _is_count: bool = field(init=False, repr=False)  # 1 and 1.0 differ
 
     def __post_init__(self) -> None:
-        validate_amount_init(self.amount)
+        object.__setattr__(self, "_is_count", _check_amount(self.amount))
 
     @property
     def pruning_type(self) -> PruningType:
@@ -156,9 +171,10 @@ class RandomStructured(Spec):
 
     amount: Amount
     dim: int = -1
+    _is_count: bool = field(init=False, repr=False)  # 1 and 1.0 differ
 
     def __post_init__(self) -> None:
-        validate_amount_init(self.amount)
+        object.__setattr__(self, "_is_count", _check_amount(self.amount))
         _check_dim(self.dim)
 
     @property
@@ -190,9 +206,10 @@ class LnStructured(Spec):
     amount: Amount
     n: NormOrder
     dim: int = -1
+    _is_count: bool = field(init=False, repr=False)  # 1 and 1.0 differ
 
     def __post_init__(self) -> None:
-        validate_amount_init(self.amount)
+        object.__setattr__(self, "_is_count", _check_amount(self.amount))
         _check_norm_order(self.n)
         _check_dim(self.dim)
 

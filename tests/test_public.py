@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import pytest
 
@@ -11,7 +12,15 @@ import funcprune as fp
 DESIGN_NAMES = [
     "Identity", "RandomUnstructured", "L1Unstructured", "RandomStructured",
     "LnStructured", "CustomFromMask", "Chain", "chain", "compute_mask", "prune",
+    "Plan", "global_unstructured", "apply_masks",
 ]  # fmt: skip
+DESIGN_SIGNATURES = {
+    fp.compute_mask: "(spec, scores, default_mask=None, *, generator=None)",
+    fp.prune: "(spec, t, default_mask=None, importance_scores=None, *, generator=None)",
+    fp.Plan.__call__: "(self, params, masks=None, scores=None, generator=None)",
+    fp.RandomStructured: "(amount, dim=-1)",
+    fp.LnStructured: "(amount, n, dim=-1)",
+}
 
 
 @pytest.mark.parametrize("name", fp.__all__)
@@ -28,3 +37,15 @@ def test_design_names_exist_and_are_documented(name: str) -> None:
 
 def test_all_is_sorted_and_unique() -> None:
     assert len(set(fp.__all__)) == len(fp.__all__)
+    assert fp.__all__ == sorted(fp.__all__)
+
+
+@pytest.mark.parametrize(("fn", "expected"), DESIGN_SIGNATURES.items(), ids=str)
+def test_design_signatures(fn: object, expected: str) -> None:
+    """The parameter names, order, defaults and kinds DESIGN.md promises."""
+    signature = inspect.signature(fn)  # type: ignore[arg-type]
+    plain = signature.replace(
+        parameters=[p.replace(annotation=inspect.Parameter.empty) for p in signature.parameters.values()],
+        return_annotation=inspect.Signature.empty,
+    )
+    assert str(plain) == expected

@@ -40,7 +40,7 @@ def test_amount_of_wrong_type_is_a_type_error_like_torch(make: object, amount: o
         tprune.L1Unstructured(amount)
 
 
-@pytest.mark.parametrize("amount", [0, 3, 0.0, 0.5, 1.0, Fraction(1, 4), True])
+@pytest.mark.parametrize("amount", [0, 3, 0.0, 0.5, 1.0, Fraction(1, 4)])
 def test_valid_amounts_are_accepted_like_torch(amount: float) -> None:
     tprune.L1Unstructured(amount)
     assert fp.L1Unstructured(amount).amount == amount
@@ -73,6 +73,22 @@ def test_specs_are_frozen_and_replaceable() -> None:
     assert other == fp.LnStructured(0.7, n=2, dim=0) and spec.amount == 0.5
     with pytest.raises(ValueError):
         dataclasses.replace(spec, amount=7.0)
+
+
+@pytest.mark.parametrize("make", AMOUNT_SPECS)
+def test_bool_and_nan_amounts_are_refused(make: object) -> None:
+    with pytest.raises(TypeError, match=r"amount must be an int count or a float fraction, got the bool True"):
+        make(True)  # type: ignore[operator]
+    with pytest.raises(ValueError, match=r"amount=nan"):
+        make(math.nan)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("make", AMOUNT_SPECS)
+def test_a_count_and_a_fraction_are_different_specs(make: object) -> None:
+    count, fraction = make(1), make(1.0)  # type: ignore[operator]
+    assert count != fraction and hash(count) != hash(fraction)
+    assert len({count, fraction, make(1)}) == 2  # type: ignore[operator]
+    assert fp.chain(count) != fp.chain(fraction)
 
 
 def test_equality_and_hashing() -> None:

@@ -18,6 +18,7 @@ picks the units to prune from all of ``t`` (a float amount is a fraction of
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -63,6 +64,20 @@ def _structured_mask(t: Tensor, kept: Tensor, default_mask: Tensor) -> Tensor:
     mask.masked_fill_(kept, 1)
     mask *= default_mask.to(dtype=mask.dtype)
     return mask
+
+
+def _count(value: Amount, refuses_bool: Callable[..., object] | None = None) -> Amount:
+    """An amount or count as torch treats a ``bool`` one (funcprune's specs refuse it).
+
+    torch takes ``True`` as 1 where it only does arithmetic with it (Ln
+    structured), and fails inside ``torch.topk``/``torch.kthvalue`` where it
+    passes it on as ``k``; ``refuses_bool`` is that op, called to fail alike.
+    """
+    if not isinstance(value, bool):
+        return value
+    if value and refuses_bool is not None:
+        refuses_bool(torch.zeros(1), k=value)
+    return int(value)
 
 
 def _shape_only(shape: torch.Size, device: torch.device) -> Tensor:
@@ -159,14 +174,14 @@ class RandomUnstructured(BasePruningMethod, torch_prune.RandomUnstructured):
                 except RuntimeError:
                     torch.rand_like(t)  # torch draws before it fails
                     raise
-            spec = specs.RandomUnstructured(nparams_toprune)
+            spec = specs.RandomUnstructured(_count(nparams_toprune, torch.topk))
             _zero_pruned(mask, fold_mask(spec, t.detach()))
         return mask
 
     _kernel_compute_mask = compute_mask
 
     def _kernel_spec(self, t: Tensor) -> specs.Spec | None:
-        return specs.RandomUnstructured(self.amount)
+        return specs.RandomUnstructured(_count(self.amount, torch.topk))
 
     @classmethod
     def apply(  # type: ignore[override]  # torch narrows it alike
@@ -211,14 +226,14 @@ class L1Unstructured(BasePruningMethod, torch_prune.L1Unstructured):
                 scores = torch.abs(t).to(torch.float64)
             if not t.is_contiguous():  # torch views |t| flat; fail alike
                 torch.abs(t).view(-1)
-            spec = specs.L1Unstructured(nparams_toprune)
+            spec = specs.L1Unstructured(_count(nparams_toprune, torch.topk))
             _zero_pruned(mask, fold_mask(spec, scores.detach()))
         return mask
 
     _kernel_compute_mask = compute_mask
 
     def _kernel_spec(self, t: Tensor) -> specs.Spec | None:
-        return specs.L1Unstructured(self.amount)
+        return specs.L1Unstructured(_count(self.amount, torch.topk))
 
     @classmethod
     def apply(  # type: ignore[override]  # torch narrows it alike
@@ -265,14 +280,14 @@ class RandomStructured(BasePruningMethod, torch_prune.RandomStructured):
         if nparams_toprune == 0:
             return default_mask
         scores = t if t.is_floating_point() else _shape_only(t.shape, t.device)
-        spec = specs.RandomStructured(nparams_toprune, operator.index(self.dim))
+        spec = specs.RandomStructured(_count(nparams_toprune, torch.kthvalue), operator.index(self.dim))
         return _structured_mask(t, fold_mask(spec, scores.detach()), default_mask)
 
     _kernel_compute_mask = compute_mask
 
     def _kernel_spec(self, t: Tensor) -> specs.Spec | None:
         dim = _structured_dim(t, self.dim)
-        return None if dim is None else specs.RandomStructured(self.amount, dim)
+        return None if dim is None else specs.RandomStructured(_count(self.amount, torch.kthvalue), dim)
 
     @classmethod
     def apply(  # type: ignore[override]  # torch narrows it alike
@@ -336,7 +351,7 @@ class LnStructured(BasePruningMethod, torch_prune.LnStructured):
         if t.numel() == 0:  # torch's norm may fail here even when nothing is pruned
             return None
         try:
-            return specs.LnStructured(amount, n, dim)
+            return specs.LnStructured(_count(amount), n, dim)
         except (TypeError, ValueError):  # orders torch.norm takes but specs refuse
             return None
 
@@ -363,7 +378,7 @@ class LnStructured(BasePruningMethod, torch_prune.LnStructured):
 def _kept_channels(norm: Tensor, count: int, t: Tensor, dim: int) -> Tensor:
     """Keep all but the ``count`` channels of smallest ``norm``, with the kernel."""
     scores = norm.detach().reshape(-1, 1)  # one row per channel: its L1 norm is the norm
-    kept = fold_mask(specs.LnStructured(count, 1, 0), scores)[:, 0]
+    kept = fold_mask(specs.LnStructured(_count(count), 1, 0), scores)[:, 0]
     shape = [1] * t.dim()
     shape[dim % t.dim()] = -1
     return kept.reshape(shape).expand(t.shape)

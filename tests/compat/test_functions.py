@@ -436,3 +436,29 @@ def test_large_parameters_prune_without_warnings(method: str) -> None:
     getattr(cp, method)(fc, "weight", amount=0.5)
     getattr(cp, method)(fc, "weight", amount=0.5)
     assert int((fc.weight_mask == 0).sum()) == 3 * 1024 * 1024 // 4
+
+
+BOOL_AMOUNT_CALLS = [
+    ("l1_unstructured", {}),
+    ("random_unstructured", {}),
+    ("ln_structured", {"n": 2, "dim": 0}),
+    ("random_structured", {"dim": 0}),
+]
+
+
+@pytest.mark.parametrize("amount", [True, False])
+@pytest.mark.parametrize("twice", [False, True], ids=["first", "repeated"])
+@pytest.mark.parametrize(("fn", "kwargs"), BOOL_AMOUNT_CALLS, ids=[c[0] for c in BOOL_AMOUNT_CALLS])
+def test_bool_amounts_behave_like_torch(fn: str, kwargs: dict[str, Any], twice: bool, amount: bool) -> None:
+    """torch takes True as 1 where it only counts with it (Ln), and fails in topk/kthvalue elsewhere."""
+    results = []
+    for lib in (tp, cp):
+        torch.manual_seed(0)
+        layer = nn.Linear(5, 4)
+        try:
+            for _ in range(2 if twice else 1):
+                getattr(lib, fn)(layer, "weight", amount=amount, **kwargs)
+            results.append(("ok", getattr(layer, "weight_mask").tolist()))
+        except TypeError as e:
+            results.append(("TypeError", str(e)))
+    assert results[0] == results[1]
