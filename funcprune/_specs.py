@@ -81,6 +81,21 @@ def _check_norm_order(n: object) -> None:
         raise ValueError("n=nan is not a norm order: expected a number, inf, -inf, 'fro' or 'nuc'")
 
 
+@dataclass(frozen=True, slots=True)
+class _Amounted(Spec):
+    """Abstract base of the specs that prune an ``amount``: checks it.
+
+    A count and a fraction never compare equal (``1`` prunes one unit,
+    ``1.0`` all of them), though Python says ``1 == 1.0``.
+    """
+
+    amount: Amount
+    _is_count: bool = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_is_count", _check_amount(self.amount))
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class Identity(Spec):
@@ -97,7 +112,7 @@ class Identity(Spec):
 
 @final
 @dataclass(frozen=True, slots=True)
-class RandomUnstructured(Spec):
+class RandomUnstructured(_Amounted):
     """Prunes ``amount`` of the unpruned entries, chosen at random.
 
     Args:
@@ -112,12 +127,6 @@ class RandomUnstructured(Spec):
     RandomUnstructured(amount=0.3)
     """
 
-    amount: Amount
-    _is_count: bool = field(init=False, repr=False)  # 1 and 1.0 differ
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_is_count", _check_amount(self.amount))
-
     @property
     def pruning_type(self) -> PruningType:
         return "unstructured"
@@ -125,7 +134,7 @@ class RandomUnstructured(Spec):
 
 @final
 @dataclass(frozen=True, slots=True)
-class L1Unstructured(Spec):
+class L1Unstructured(_Amounted):
     """Prunes the ``amount`` unpruned entries of smallest absolute score.
 
     Args:
@@ -140,12 +149,6 @@ class L1Unstructured(Spec):
     2
     """
 
-    amount: Amount
-    _is_count: bool = field(init=False, repr=False)  # 1 and 1.0 differ
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_is_count", _check_amount(self.amount))
-
     @property
     def pruning_type(self) -> PruningType:
         return "unstructured"
@@ -153,7 +156,7 @@ class L1Unstructured(Spec):
 
 @final
 @dataclass(frozen=True, slots=True)
-class RandomStructured(Spec):
+class RandomStructured(_Amounted):
     """Prunes ``amount`` of the remaining channels along ``dim`` at random.
 
     Args:
@@ -169,12 +172,10 @@ class RandomStructured(Spec):
     'structured'
     """
 
-    amount: Amount
     dim: int = -1
-    _is_count: bool = field(init=False, repr=False)  # 1 and 1.0 differ
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_is_count", _check_amount(self.amount))
+        _Amounted.__post_init__(self)
         _check_dim(self.dim)
 
     @property
@@ -184,7 +185,7 @@ class RandomStructured(Spec):
 
 @final
 @dataclass(frozen=True, slots=True)
-class LnStructured(Spec):
+class LnStructured(_Amounted):
     """Prunes the ``amount`` remaining channels of smallest L``n`` norm.
 
     Args:
@@ -203,13 +204,11 @@ class LnStructured(Spec):
     LnStructured(amount=0.5, n=2, dim=0)
     """
 
-    amount: Amount
     n: NormOrder
     dim: int = -1
-    _is_count: bool = field(init=False, repr=False)  # 1 and 1.0 differ
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_is_count", _check_amount(self.amount))
+        _Amounted.__post_init__(self)
         _check_norm_order(self.n)
         _check_dim(self.dim)
 
