@@ -56,6 +56,12 @@ class Holder(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(w.clone())
 
+    @property
+    def mask(self) -> torch.Tensor:
+        """The ``weight_mask`` buffer torch's pruning registered."""
+        mask: torch.Tensor = getattr(self, "weight_mask")
+        return mask
+
 
 def best(fn: Callable[[], T], repeats: int, setup: Callable[[], object] | None = None) -> tuple[float, T]:
     """Best wall time of ``repeats`` runs of ``fn`` after one untimed warm-up run.
@@ -117,7 +123,7 @@ def bench_global(params: dict[str, torch.Tensor], repeats: int, abs_pass: float)
             tprune.global_unstructured([(h, "weight") for h in holders], tprune.L1Unstructured, amount=amount)
 
         t_torch, _ = best(torch_global, repeats, fresh)
-        theirs = {n: h.weight_mask for n, h in zip(names, holders)}
+        theirs = {n: h.mask for n, h in zip(names, holders)}
         target, met = ">= 10x", t_torch / t_fp >= 10
         if amount == 0.5:  # judged against the abs() pass into new memory
             target, met = ">= 10x, <= 6 passes (new memory)", met and t_fp / abs_pass <= 6
@@ -139,7 +145,7 @@ def bench_per_layer(params: dict[str, torch.Tensor], repeats: int) -> Row:
             tprune.l1_unstructured(h, "weight", amount=0.5)
 
     t_torch, _ = best(torch_layers, repeats, fresh)
-    theirs = {n: h.weight_mask for n, h in holders.items()}
+    theirs = {n: h.mask for n, h in holders.items()}
     scores = {n: p.abs() for n, p in params.items()}
     return Row("b. per-layer L1 50%", "torch", t_torch, t_fp, ">= 3x", t_torch / t_fp >= 3, same_up_to_ties(masks, theirs, scores), passes=True)
 
@@ -159,7 +165,7 @@ def bench_ln_structured(params: dict[str, torch.Tensor], repeats: int) -> Row:
             tprune.ln_structured(h, "weight", amount=0.5, n=2, dim=0)
 
     t_torch, _ = best(torch_ln, repeats, fresh)
-    theirs = {n: h.weight_mask for n, h in holders.items()}
+    theirs = {n: h.mask for n, h in holders.items()}
     norms = {n: p.flatten(1).norm(dim=1)[:, None, None, None].expand_as(p) for n, p in convs.items()}
     return Row("c. Ln-structured 50% (convs)", "torch", t_torch, t_fp, ">= 1x", t_torch >= t_fp, same_up_to_ties(masks, theirs, norms), passes=True)
 
@@ -176,14 +182,19 @@ def bench_training_step(repeats: int) -> list[Row]:
     params = {n: p.detach().clone().requires_grad_() for n, p in model.named_parameters()}
     weights = [n for n in params if n.endswith("weight")]
     masks = fp.global_unstructured(weights, fp.L1Unstructured(0.8))(params)
+    float_masks = {n: m.to(params[n].dtype) for n, m in masks.items()}  # once, as torch stores them
 
     def dense() -> None:
         out = torch.func.functional_call(model, params, (x,))
-        nn.functional.mse_loss(out, y).backward()
+        torch.autograd.backward(nn.functional.mse_loss(out, y))
 
-    def functional() -> None:
+    def functional_bool() -> None:
         out = fp.functional_call_masked(model, params, masks, (x,))
-        nn.functional.mse_loss(out, y).backward()
+        torch.autograd.backward(nn.functional.mse_loss(out, y))
+
+    def functional_float() -> None:
+        out = fp.functional_call_masked(model, params, float_masks, (x,))
+        torch.autograd.backward(nn.functional.mse_loss(out, y))
 
     hooked = mlp()
     hooked.load_state_dict(model.state_dict())
@@ -192,22 +203,25 @@ def bench_training_step(repeats: int) -> list[Row]:
     )
 
     def hook_mode() -> None:
-        nn.functional.mse_loss(hooked(x), y).backward()
+        torch.autograd.backward(nn.functional.mse_loss(hooked(x), y))
 
     # Interleaved steps and medians: a training step is short and this
-    # machine's timings drift, so the three variants share the same moments.
-    times: dict[str, list[float]] = {"dense": [], "functional": [], "hooks": []}
+    # machine's timings drift, so the variants share the same moments.
+    steps = {"dense": dense, "bool": functional_bool, "float": functional_float, "hooks": hook_mode}
+    times: dict[str, list[float]] = {key: [] for key in steps}
     for i in range(1 + 10 * repeats):
-        for key, step in (("dense", dense), ("functional", functional), ("hooks", hook_mode)):
+        for key, step in steps.items():
             start = time.perf_counter()
             step()
             if i:
                 times[key].append(time.perf_counter() - start)
-    t_dense, t_fp, t_torch = (statistics.median(times[k]) for k in ("dense", "functional", "hooks"))
-    return [
-        Row("d. train step, 10M MLP, 80% sparse", "dense", t_dense, t_fp, f"<= 1.15x dense (is {t_fp / t_dense:.2f}x)", t_fp <= 1.15 * t_dense),
-        Row("d. train step, 10M MLP, 80% sparse", "torch hooks", t_torch, t_fp, ">= 1x", t_torch >= t_fp),
-    ]
+    t = {key: statistics.median(v) for key, v in times.items()}
+    rows = []
+    for key, label in (("bool", "bool masks"), ("float", "float masks")):
+        case = f"d. train step, 10M MLP 80% sparse, {label}"
+        rows.append(Row(case, "dense", t["dense"], t[key], f"<= 1.15x dense (is {t[key] / t['dense']:.2f}x)", t[key] <= 1.15 * t["dense"]))
+        rows.append(Row(case, "torch hooks", t["hooks"], t[key], ">= 1x", t["hooks"] >= t[key]))
+    return rows
 
 
 def bench_memory(params: dict[str, torch.Tensor]) -> Row:
@@ -215,14 +229,14 @@ def bench_memory(params: dict[str, torch.Tensor]) -> Row:
     ours = sum(m.numel() * m.element_size() for m in masks.values())
     holders = [Holder(p) for p in params.values()]
     tprune.global_unstructured([(h, "weight") for h in holders], tprune.L1Unstructured, amount=0.5)
-    theirs = sum(h.weight_mask.numel() * h.weight_mask.element_size() for h in holders)
+    theirs = sum(h.mask.numel() * h.mask.element_size() for h in holders)
     return Row("e. mask memory, ResNet-50 set", "torch", theirs / 2**20, ours / 2**20, ">= 4x less", theirs >= 4 * ours, unit="MB")
 
 
 def bench_ensemble(repeats: int) -> Row:
     torch.manual_seed(0)
     models = [nn.Sequential(nn.Linear(784, 300), nn.ReLU(), nn.Linear(300, 100), nn.ReLU(), nn.Linear(100, 10)) for _ in range(8)]
-    stacked, _ = stack_module_state(models)  # type: ignore[arg-type]
+    stacked, _ = stack_module_state(models)
     stacked = {n: p.detach() for n, p in stacked.items()}
     plan = fp.Plan({"*.weight": fp.L1Unstructured(0.5)})
     t_vmap, batched = best(lambda: vmap(plan)(stacked), repeats)
@@ -246,6 +260,14 @@ def bench_abs(params: dict[str, torch.Tensor], repeats: int) -> tuple[float, flo
     return fresh, reused
 
 
+def _megabytes(value: float) -> str:
+    return f"{value:.1f} MB"
+
+
+def _milliseconds(value: float) -> str:
+    return f"{value * 1e3:.0f} ms"
+
+
 def report(rows: list[Row], floors: tuple[float, float]) -> None:
     """Print the table (Markdown, as the README shows it)."""
     fresh, reused = floors
@@ -253,7 +275,7 @@ def report(rows: list[Row], floors: tuple[float, float]) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         unit = "MB" if row.unit == "MB" else "s"
-        fmt = (lambda v: f"{v:.1f} MB") if unit == "MB" else (lambda v: f"{v * 1e3:.0f} ms")
+        fmt = _megabytes if unit == "MB" else _milliseconds
         passes = f"{row.ours / fresh:.1f} / {row.ours / reused:.1f}" if row.passes else ""
         met = {None: "", True: "yes", False: "**no**"}[row.met]
         print(

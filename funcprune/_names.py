@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -88,35 +89,67 @@ def _check_fits(fn: str, what: str, name: str, value: object, params: Params) ->
     return value
 
 
-def as_bool_mask(fn: str, name: str, mask: object, params: Params) -> Tensor:
+def as_bool_mask(
+    fn: str, name: str, mask: object, params: Params, *, keep_dtype: bool = False
+) -> Tensor:
     """Check that ``mask`` fits ``params[name]``; return it as ``torch.bool``.
 
     A numeric mask (torch's float 0/1 buffers) is converted with ``mask != 0``
-    after checking, in eager mode only, that it holds only 0 and 1.
+    after checking, in eager mode only, that it holds only 0 and 1; with
+    ``keep_dtype`` it is returned as it is (a multiplier), so that a mask
+    already in the parameter's dtype costs no conversion.
     """
     mask = _check_fits(fn, "mask for", name, mask, params)
     if mask.dtype == torch.bool:
         return mask
-    if is_concrete(mask):
-        binary = (mask == 0) | (mask == 1)
-        if not bool(binary.all()):
-            bad = mask[~binary].flatten()[:3].tolist()
-            raise ValueError(
-                f"{fn}: the mask for {name!r} must hold only 0 and 1 (or be torch.bool), "
-                f"got values such as {bad}; convert it with `mask != 0` if nonzero means kept"
-            )
-    return mask != 0
+    _check_binary(fn, name, mask)
+    return mask if keep_dtype else mask != 0
 
 
-def check_masks(fn: str, params: Params, masks: object) -> dict[str, Tensor]:
-    """Every mask checked against its parameter and made ``torch.bool``."""
+#: Numeric masks already found to hold only 0 and 1: ``id`` -> (a weak
+#: reference, the ``Tensor._version`` checked; every in-place change bumps
+#: it). A memo of a pure check, so that a training loop passing the same
+#: float masks every step reads them once. Entries leave with their tensor.
+_BINARY: dict[int, tuple[weakref.ref[Tensor], int]] = {}
+
+
+def _check_binary(fn: str, name: str, mask: Tensor) -> None:
+    if not is_concrete(mask):
+        return
+    seen = _BINARY.get(id(mask))
+    if seen is not None and seen[0]() is mask and seen[1] == mask._version:
+        return
+    binary = (mask == 0) | (mask == 1)
+    if not bool(binary.all()):
+        bad = mask[~binary].flatten()[:3].tolist()
+        raise ValueError(
+            f"{fn}: the mask for {name!r} must hold only 0 and 1 (or be torch.bool), "
+            f"got values such as {bad}; convert it with `mask != 0` if nonzero means kept"
+        )
+    _BINARY[id(mask)] = (weakref.ref(mask, _forget(id(mask))), mask._version)
+
+
+def _forget(key: int) -> Callable[[weakref.ref[Tensor]], None]:
+    def forget(_: weakref.ref[Tensor]) -> None:
+        _BINARY.pop(key, None)
+
+    return forget
+
+
+def check_masks(
+    fn: str, params: Params, masks: object, *, keep_dtype: bool = False
+) -> dict[str, Tensor]:
+    """Every mask checked against its parameter (see :func:`as_bool_mask`)."""
     if masks is None:
         return {}
     if not isinstance(masks, Mapping):
         raise TypeError(
             f"{fn}: masks must be a mapping of names to masks, got {type(masks).__name__}"
         )
-    return {name: as_bool_mask(fn, name, m, params) for name, m in masks.items()}
+    return {
+        name: as_bool_mask(fn, name, m, params, keep_dtype=keep_dtype)
+        for name, m in masks.items()
+    }
 
 
 def check_scores(fn: str, params: Params, scores: object) -> dict[str, Tensor]:

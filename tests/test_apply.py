@@ -247,3 +247,20 @@ def test_a_masked_forward_compiles_with_fullgraph() -> None:
 
     compiled = torch.compile(forward, fullgraph=True)
     assert torch.allclose(compiled(params, masks, x), forward(params, masks, x), atol=1e-6)
+
+
+def test_float_masks_are_multipliers_checked_once_per_version() -> None:
+    """Masks in the parameter's dtype skip the conversion; their 0/1 check is memoized."""
+    params = {"w": torch.tensor([1.0, -2.0, 3.0])}
+    mask = torch.tensor([1.0, 0.0, 1.0])
+    assert fp.apply_masks(params, {"w": mask})["w"].tolist() == [1.0, -0.0, 3.0]
+    mask.data[1] = 0.5  # .data writes do not bump the version: the memo is not re-read
+    assert fp.apply_masks(params, {"w": mask})["w"].tolist() == [1.0, -1.0, 3.0]
+    mask[1] = 0.5  # an in-place change bumps the version: checked again, refused
+    with pytest.raises(ValueError, match=r"must hold only 0 and 1"):
+        fp.apply_masks(params, {"w": mask})
+    fresh = torch.tensor([1.0, 0.5, 1.0])
+    with pytest.raises(ValueError, match=r"must hold only 0 and 1"):
+        fp.apply_masks(params, {"w": fresh})
+    as_bool = fp.apply_masks(params, {"w": torch.tensor([True, False, True])})["w"]
+    assert torch.equal(as_bool, fp.apply_masks(params, {"w": torch.tensor([1.0, 0.0, 1.0])})["w"])
