@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, settings
 
 settings.register_profile(
     "funcprune",
-    max_examples=int(os.environ.get("FUNCPRUNE_EXAMPLES", "60")),
+    max_examples=int(os.environ.get("FUNCPRUNE_EXAMPLES", "300")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
     derandomize=True,

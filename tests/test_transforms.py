@@ -59,7 +59,7 @@ def test_vmap_equals_a_loop_with_different_default_masks(spec: fp.Spec, ties: bo
 @given(seed=st.integers(0, 10_000), amount=st.one_of(st.floats(0, 1), st.integers(0, 6)))
 def test_vmap_equals_a_loop_property(seed: int, amount: float | int) -> None:
     scores, masks = _batch(seed, ties=seed % 2 == 0)
-    masks[:, :, 0, 0] = True  # at least 20 entries and 5 channels along dim 0 left
+    masks[:, :, :, 0] = True  # at least 20 entries and 5 channels along dim 0 left
     for spec in (fp.L1Unstructured(amount), fp.LnStructured(min(amount, 5), n=2, dim=0)):
         batched = vmap(lambda s, m: fp.compute_mask(spec, s, m))(scores, masks)
         assert torch.equal(batched, _loop(spec, scores, masks))
