@@ -385,6 +385,7 @@ def test_a_plan_never_revives_an_earlier_pruned_entry(
     g = torch.Generator().manual_seed(seed)
     params = {"w": torch.randn(rows, cols, generator=g), "v": torch.randn(rows, cols, generator=g)}
     earlier = {"w": torch.rand(rows, cols, generator=g) > 0.2}
+    earlier["w"][0, :2] = True  # enough left for the integer amounts above
     masks = fp.Plan({"*": spec})(params, earlier, generator=g)
     assert not bool((masks["w"] & ~earlier["w"]).any())
     assert masks.keys() == {"w", "v"}
