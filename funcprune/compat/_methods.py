@@ -85,6 +85,14 @@ def _shape_only(shape: torch.Size, device: torch.device) -> Tensor:
     return torch.zeros((), device=device).expand(shape)
 
 
+def _unstructured_count(amount: Amount, t: Tensor, default_mask: Tensor) -> tuple[int, Tensor]:
+    """torch's checks and count for unstructured methods, and the mask to zero."""
+    tensor_size = t.nelement()
+    nparams_toprune = _compute_nparams_toprune(amount, tensor_size)
+    _validate_pruning_amount(nparams_toprune, tensor_size)
+    return nparams_toprune, default_mask.clone(memory_format=torch.contiguous_format)
+
+
 def _structured_count(method: RandomStructured | LnStructured, t: Tensor) -> int:
     """torch's checks and count for structured methods, in torch's order."""
     _validate_structured_pruning(t)
@@ -161,10 +169,7 @@ class RandomUnstructured(BasePruningMethod, torch_prune.RandomUnstructured):
         self.amount = amount
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
-        tensor_size = t.nelement()
-        nparams_toprune = _compute_nparams_toprune(self.amount, tensor_size)
-        _validate_pruning_amount(nparams_toprune, tensor_size)
-        mask = default_mask.clone(memory_format=torch.contiguous_format)
+        nparams_toprune, mask = _unstructured_count(self.amount, t, default_mask)
         if nparams_toprune != 0:
             if not t.is_floating_point():  # torch fails on these dtypes; fail alike
                 torch.topk(torch.rand_like(t).view(-1), k=nparams_toprune)
@@ -216,10 +221,7 @@ class L1Unstructured(BasePruningMethod, torch_prune.L1Unstructured):
         self.amount = amount
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
-        tensor_size = t.nelement()
-        nparams_toprune = _compute_nparams_toprune(self.amount, tensor_size)
-        _validate_pruning_amount(nparams_toprune, tensor_size)
-        mask = default_mask.clone(memory_format=torch.contiguous_format)
+        nparams_toprune, mask = _unstructured_count(self.amount, t, default_mask)
         if nparams_toprune != 0:
             scores = t
             if not t.is_floating_point():  # integer/complex scores: rank |t| (bool fails)
