@@ -32,12 +32,16 @@ Tensor = torch.Tensor
 Mask = Tensor | None
 
 
-def _available(eligible: Mask, total: int, concrete: bool) -> Count:
-    """How many units are still unpruned: a Python int wherever it can be."""
+def _left(scores: Tensor, eligible: Mask, total: int) -> Count:
+    """How many units are still unpruned: a Python int wherever it can be.
+
+    A tensor only where the values cannot be read (under a transform); the
+    random kernels draw per unpruned unit, as torch does, where it is an int.
+    """
     if eligible is None:
         return total
     n = eligible.sum()
-    return int(n) if concrete else n
+    return int(n) if is_concrete(scores) and is_concrete(eligible) else n
 
 
 def _rand(
@@ -67,18 +71,18 @@ def _kept(keys: Tensor, k: Count, eligible: Mask) -> Tensor:
 
 
 def _unstructured(
-    keys_of: Callable[[Tensor, Mask, bool], Tensor],
+    keys_of: Callable[[Tensor, Mask, Count], Tensor],
     amount: float | int,
     scores: Tensor,
     default_mask: Mask,
 ) -> Tensor:
     """Prune the ``amount`` lowest keys among the unpruned entries."""
     eligible = None if default_mask is None else default_mask.reshape(-1)
-    concrete = is_concrete(scores) and (eligible is None or is_concrete(eligible))
-    k = resolve_count(amount, _available(eligible, scores.numel(), concrete))
+    left = _left(scores, eligible, scores.numel())
+    k = resolve_count(amount, left)
     if isinstance(k, int) and k == 0:  # torch draws nothing then either
         return keep_all(scores, default_mask)
-    keys = keys_of(scores, eligible, concrete)
+    keys = keys_of(scores, eligible, left)
     return _kept(keys, k, eligible).reshape(scores.shape)
 
 
@@ -94,10 +98,10 @@ def _random_unstructured(
     default_mask: Mask,
     generator: torch.Generator | None,
 ) -> Tensor:
-    def keys(s: Tensor, eligible: Mask, concrete: bool) -> Tensor:
+    def keys(s: Tensor, eligible: Mask, left: Count) -> Tensor:
         # torch draws one number per *unpruned* entry and prunes the largest.
-        if concrete and eligible is not None:  # eager: draw as torch does
-            drawn = _rand(int(eligible.sum()), generator, s.dtype, s.device)
+        if eligible is not None and isinstance(left, int):  # eager: draw as torch does
+            drawn = _rand(left, generator, s.dtype, s.device)
             return -spread(drawn, eligible, 0.0)
         return -_rand(s.numel(), generator, s.dtype, s.device)
 
@@ -115,7 +119,7 @@ def _channels(scores: Tensor, dim: int) -> tuple[int, list[int]]:
 
 
 def _structured(
-    keys_of: Callable[[Tensor, int, list[int], Mask, bool], Tensor],
+    keys_of: Callable[[Tensor, int, list[int], Mask, Count], Tensor],
     amount: float | int,
     dim: int,
     scores: Tensor,
@@ -127,11 +131,11 @@ def _structured(
     eligible = None
     if default_mask is not None:
         eligible = default_mask.movedim(d, 0).flatten(1).any(dim=1)
-    concrete = is_concrete(scores) and (eligible is None or is_concrete(eligible))
-    k = resolve_count(amount, _available(eligible, n_channels, concrete))
+    left = _left(scores, eligible, n_channels)
+    k = resolve_count(amount, left)
     if isinstance(k, int) and k == 0:  # torch draws nothing then either
         return keep_all(scores, default_mask)
-    keys = keys_of(scores, d, others, eligible, concrete)
+    keys = keys_of(scores, d, others, eligible, left)
     kept = _kept(keys, k, eligible)
     shape = [1] * scores.dim()
     shape[d] = n_channels
@@ -144,7 +148,7 @@ def _structured(
 def _ln_structured(
     spec: LnStructured, scores: Tensor, default_mask: Mask, generator: torch.Generator | None
 ) -> Tensor:
-    def keys(s: Tensor, d: int, others: list[int], eligible: Mask, concrete: bool) -> Tensor:
+    def keys(s: Tensor, d: int, others: list[int], eligible: Mask, left: Count) -> Tensor:
         if spec.n == "nuc" and s.dim() != 3 or spec.n == "fro" and s.dim() > 3:
             need = "exactly 3 dims" if spec.n == "nuc" else "at most 3 dims"
             raise ValueError(
@@ -163,12 +167,12 @@ def _random_structured(
     default_mask: Mask,
     generator: torch.Generator | None,
 ) -> Tensor:
-    def keys(s: Tensor, d: int, others: list[int], eligible: Mask, concrete: bool) -> Tensor:
+    def keys(s: Tensor, d: int, others: list[int], eligible: Mask, left: Count) -> Tensor:
         # torch draws one default-dtype CPU number per remaining channel and
         # prunes the smallest.
         device = generator.device if generator is not None else "cpu"
-        if concrete and eligible is not None:
-            drawn = _rand(int(eligible.sum()), generator, device=device)
+        if eligible is not None and isinstance(left, int):  # eager: draw as torch does
+            drawn = _rand(left, generator, device=device)
             return spread(drawn, eligible.to(drawn.device), 0.0).to(s.device)
         return _rand(s.shape[d], generator, device=device).to(s.device)
 
