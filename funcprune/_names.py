@@ -19,6 +19,7 @@ import torch
 
 from ._select import is_concrete
 from ._types import Params
+from ._validate import non_binary
 
 Tensor = torch.Tensor
 
@@ -119,9 +120,8 @@ def _check_binary(fn: str, name: str, mask: Tensor) -> None:
     seen = _BINARY.get(id(mask))
     if seen is not None and seen[0]() is mask and seen[1] == mask._version:
         return
-    binary = (mask == 0) | (mask == 1)
-    if not bool(binary.all()):
-        bad = mask[~binary].flatten()[:3].tolist()
+    bad = non_binary(mask, 3)
+    if bad:
         raise ValueError(
             f"{fn}: the mask for {name!r} must hold only 0 and 1 (or be torch.bool), "
             f"got values such as {bad}; convert it with `mask != 0` if nonzero means kept"

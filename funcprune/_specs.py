@@ -16,7 +16,7 @@ from typing import final
 import torch
 
 from ._types import Amount, NormOrder, PruningType
-from ._validate import validate_amount_init
+from ._validate import non_binary, validate_amount_init
 
 __all__ = [
     "Spec",
@@ -246,14 +246,12 @@ class CustomFromMask(Spec):
             raise TypeError(
                 f"mask must be a torch.Tensor of 0/1 values, got {type(mask).__name__}"
             )
-        if mask.dtype != torch.bool:
-            binary = (mask == 0) | (mask == 1)
-            if not bool(binary.all()):
-                bad = mask[~binary].flatten()[:5].tolist()
-                raise ValueError(
-                    f"mask must hold only 0 and 1, got other values such as {bad}; "
-                    "convert it with `mask != 0` if nonzero means kept"
-                )
+        bad = non_binary(mask, 5)
+        if bad:
+            raise ValueError(
+                f"mask must hold only 0 and 1, got other values such as {bad}; "
+                "convert it with `mask != 0` if nonzero means kept"
+            )
         object.__setattr__(self, "mask", mask.detach().to(torch.bool, copy=True))
 
     def __repr__(self) -> str:

@@ -84,3 +84,17 @@ def validate_dim_range(t: torch.Tensor, dim: int) -> None:
             f"dim={dim} is out of range for a tensor of shape {tuple(t.shape)}: "
             f"expected -{t.dim()} <= dim < {t.dim()}"
         )
+
+
+def non_binary(mask: torch.Tensor, limit: int) -> list[float]:
+    """Up to ``limit`` values of ``mask`` other than 0 and 1 (none: a valid mask).
+
+    Reads values: call it in eager mode only.
+    """
+    if mask.dtype == torch.bool:
+        return []
+    binary = (mask == 0) | (mask == 1)
+    if bool(binary.all()):
+        return []
+    bad: list[float] = mask[~binary].flatten()[:limit].tolist()
+    return bad

@@ -32,6 +32,7 @@ from torch import nn
 
 from .._fold import compute_mask as fold_mask
 from .._specs import Spec
+from .._validate import non_binary
 from ._state import Snapshot, TorchBase, TorchContainer, pruning_hooks, set_pruned
 
 __all__ = ["BasePruningMethod", "PruningContainer"]
@@ -346,7 +347,7 @@ def _uses_kernel(method: object) -> bool:
 
 
 def _is_binary(mask: Tensor) -> bool:
-    return mask.dtype == torch.bool or bool(((mask == 0) | (mask == 1)).all())
+    return not non_binary(mask, 1)
 
 
 def _fold_spec(method: object, t: object, default_mask: object) -> Spec | None:

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .._types import Masks
+from .._validate import non_binary
 from ._methods import CustomFromMask
 from ._state import TorchBase, pruning_hooks, snapshots
 
@@ -63,9 +64,8 @@ def _bool_mask(fn: str, key: str, submodule: nn.Module, name: str) -> Tensor:
         )
     if mask.dtype == torch.bool:
         return mask.detach().clone()
-    binary = (mask == 0) | (mask == 1)
-    if not bool(binary.all()):
-        bad = mask[~binary].flatten()[:5].tolist()
+    bad = non_binary(mask, 5)
+    if bad:
         raise ValueError(
             f"{fn}: the mask of {key!r} holds values other than 0 and 1, such as {bad}; "
             "a torch.bool mask dict cannot represent it"
