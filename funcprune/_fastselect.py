@@ -17,6 +17,7 @@ ineligible keys) or the sample misled the bracket, the functions here return
 
 from __future__ import annotations
 
+import functools
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -145,7 +146,8 @@ def joint_l1_kept(
     if isinstance(amount, numbers.Integral) and int(amount) > available:
         return None
     k = count_to_prune(amount, available)
-    parts = [_l1_part(s, d) for s, d in zip(scores, defaults, strict=True)]
+    dtype = functools.reduce(torch.promote_types, (s.dtype for s in scores))
+    parts = [_l1_part(s, d, dtype) for s, d in zip(scores, defaults, strict=True)]
     kept = kept_by_selection(parts, k)
     if kept is None:
         return None
@@ -155,13 +157,26 @@ def joint_l1_kept(
     ]
 
 
-def _l1_part(scores: Tensor, default: Tensor | None) -> KeyPart:
+def _l1_part(scores: Tensor, default: Tensor | None, dtype: torch.dtype) -> KeyPart:
+    """The keys ``|scores|`` in the group's promoted ``dtype``.
+
+    torch ranks a global group after concatenating it, which promotes every
+    tensor to one dtype; ranking each part in its own dtype would compare,
+    say, float16 keys with a float32 threshold rounded to float16.
+    """
     flat = scores.detach().reshape(-1)
+
+    def magnitudes(t: Tensor) -> Tensor:
+        return t.abs().to(dtype)  # |x| is exact in any dtype; so is widening
+
     if default is None:
-        return KeyPart(flat.abs, lambda stride: flat[::stride].abs(), flat.numel())
+        return KeyPart(lambda: magnitudes(flat), lambda stride: magnitudes(flat[::stride]), flat.numel())
     kept = default.reshape(-1)
 
     def keys() -> Tensor:
-        return flat.abs().masked_fill_(kept.logical_not(), torch.inf)
+        return magnitudes(flat).masked_fill_(kept.logical_not(), torch.inf)
 
-    return KeyPart(keys, lambda stride: torch.where(kept[::stride], flat[::stride].abs(), torch.inf), flat.numel())
+    def sample(stride: int) -> Tensor:
+        return torch.where(kept[::stride], magnitudes(flat[::stride]), torch.inf)
+
+    return KeyPart(keys, sample, flat.numel())

@@ -103,14 +103,19 @@ def test_the_kernels_take_the_fast_path_when_large(monkeypatch: pytest.MonkeyPat
     assert calls == [_fastselect.FAST_MIN_KEYS]
 
 
+#: Mixed in one group, they are ranked in the promoted dtype, as torch.cat does.
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
 @st.composite
 def groups(draw: st.DrawFn) -> tuple[list[torch.Tensor], list[torch.Tensor | None], float | int]:
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
     sizes = draw(st.lists(st.integers(1, 700), min_size=1, max_size=5))
     ties = draw(st.booleans())
+    dtypes = draw(st.lists(st.sampled_from(DTYPES), min_size=len(sizes), max_size=len(sizes)))
     scores = [
-        torch.randint(-3, 4, (n,), generator=g).float() if ties else torch.randn(n, generator=g)
-        for n in sizes
+        (torch.randint(-3, 4, (n,), generator=g).float() if ties else torch.randn(n, generator=g)).to(dtype)
+        for n, dtype in zip(sizes, dtypes)
     ]
     if draw(st.booleans()):
         scores[0][: max(1, sizes[0] // 4)] = float("nan")
@@ -171,3 +176,34 @@ def test_global_fast_path_equals_torch_on_a_large_model(monkeypatch: pytest.Monk
     assert calls == [True, True]
     for name, (module, _) in zip(["0.weight", "2.weight"], pairs):
         assert torch.equal(masks[name], getattr(module, "weight_mask").bool())
+
+
+@pytest.mark.parametrize("size", [100, 300])  # below and above the fast-path size
+@pytest.mark.parametrize("low", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("high", [torch.float32, torch.float64])
+def test_a_mixed_dtype_global_group_prunes_torchs_count_and_mask(
+    size: int, low: torch.dtype, high: torch.dtype
+) -> None:
+    """An fp32 embedding beside a half-precision body: ranked in the promoted dtype."""
+    import torch.nn.utils.prune as tprune
+    from torch import nn
+
+    torch.manual_seed(0)
+    a, b = nn.Linear(size, size, bias=False).to(high), nn.Linear(size, size, bias=False).to(low)
+    params = {"a": a.weight.detach().clone(), "b": b.weight.detach().clone()}
+    plan = fp.global_unstructured(["a", "b"], fp.L1Unstructured(0.5))
+    masks = plan(params)
+    masks = plan(params, masks)  # a second round, on the first's masks
+    pairs = [(a, "weight"), (b, "weight")]
+    tprune.global_unstructured(pairs, tprune.L1Unstructured, amount=0.5)
+    tprune.global_unstructured(pairs, tprune.L1Unstructured, amount=0.5)
+    expected = round(0.5 * 2 * size * size) + round(0.5 * (2 * size * size - round(0.5 * 2 * size * size)))
+    assert sum(int((~m).sum()) for m in masks.values()) == expected
+    flat_scores = torch.cat([params["a"].reshape(-1), params["b"].reshape(-1)]).abs()
+    theirs: list[torch.Tensor] = [getattr(m, "weight_mask").reshape(-1) for m in (a, b)]
+    flat_torch = torch.cat(theirs).bool()
+    flat_ours = torch.cat([masks["a"].reshape(-1), masks["b"].reshape(-1)])
+    differ = flat_torch != flat_ours
+    if bool(differ.any()):  # only among scores tied at the threshold
+        tied = flat_scores[differ]
+        assert bool(tied.min() == tied.max())
