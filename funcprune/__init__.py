@@ -18,6 +18,8 @@ from ._apply import apply_masks_ as apply_masks_
 from ._apply import functional_call_masked as functional_call_masked
 from ._apply import mask_gradients as mask_gradients
 from ._apply import mask_gradients_ as mask_gradients_
+from ._apply import Multipliers as Multipliers
+from ._apply import to_multipliers as to_multipliers
 from ._fold import compute_mask as compute_mask
 from ._fold import prune as prune
 from ._global import GlobalPlan as GlobalPlan
@@ -59,6 +61,7 @@ __all__ = [
     "L1Unstructured",
     "LnStructured",
     "Masks",
+    "Multipliers",
     "NormOrder",
     "Params",
     "Plan",
@@ -81,4 +84,5 @@ __all__ = [
     "mask_gradients_",
     "prune",
     "sparsity_report",
+    "to_multipliers",
 ]

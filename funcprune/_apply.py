@@ -16,22 +16,28 @@ Keeping pruned weights at zero while training:
   adds anything else (weight decay, momentum from before pruning);
 - with a ``torch.optim`` optimizer, call :func:`mask_gradients_` after
   ``backward()`` and :func:`apply_masks_` after ``step()``.
+
+A loop that applies the same masks every step may convert them once with
+:func:`to_multipliers`: checked once, then used as they are, with no
+conversion per step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, final
 
 import torch
 from torch import nn
 
-from ._names import check_masks, check_params
+from ._names import check_masks, check_params, unknown_name
 from ._types import Params
 
 Tensor = torch.Tensor
 
 __all__ = [
+    "Multipliers",
+    "to_multipliers",
     "apply_masks",
     "apply_masks_",
     "functional_call_masked",
@@ -40,11 +46,91 @@ __all__ = [
 ]
 
 
+#: Only :func:`to_multipliers` builds :class:`Multipliers`: its values are checked.
+_CHECKED = object()
+
+
+@final
+class Multipliers(Mapping[str, Tensor]):
+    """Masks converted once into 0/1 multipliers in their parameters' dtypes.
+
+    Build it with :func:`to_multipliers`. Every function that takes masks
+    (:func:`apply_masks`, :func:`functional_call_masked`,
+    :func:`mask_gradients` and the in-place ones) uses these tensors as they
+    are: no conversion and no value check per call, which makes a masked
+    training step as cheap as torch's hook mode, at 4x the memory of
+    ``torch.bool`` masks (float32). It is an immutable mapping holding its
+    own copies, so later writes to the masks it was built from do not reach
+    it. Names and shapes are still checked on every call.
+    """
+
+    __slots__ = ("_tensors",)
+    _tensors: dict[str, Tensor]
+
+    def __init__(self, tensors: Mapping[str, Tensor], _token: object = None) -> None:
+        if _token is not _CHECKED:
+            raise TypeError(
+                "Multipliers: build it with funcprune.to_multipliers(params, masks), "
+                "which checks the masks"
+            )
+        self._tensors = dict(tensors)
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self._tensors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{n!r}: <{tuple(t.shape)} {t.dtype}>" for n, t in self._tensors.items())
+        return f"Multipliers({{{body}}})"
+
+
+def to_multipliers(params: Params, masks: Mapping[str, Tensor]) -> Multipliers:
+    """Check ``masks`` once and convert them to multipliers for a training loop.
+
+    Args:
+        params: tensors keyed like ``named_parameters()``; each multiplier
+            takes its parameter's dtype and must fit its shape and device.
+        masks: masks by name: ``torch.bool``, or numbers holding only 0
+            and 1 (checked here, once, in eager mode).
+
+    Returns:
+        A :class:`Multipliers` (an immutable mapping of new tensors) to pass
+        wherever masks go, every step, instead of ``masks``.
+
+    Raises:
+        UnknownNameError: if a mask names no parameter.
+        ValueError: if a mask does not fit its parameter or holds values
+            other than 0 and 1.
+        TypeError: if an argument is not a mapping of tensors.
+
+    >>> import torch, funcprune as fp
+    >>> params = {"w": torch.tensor([1.0, -2.0, 3.0])}
+    >>> mult = fp.to_multipliers(params, {"w": torch.tensor([True, False, True])})
+    >>> mult
+    Multipliers({'w': <(3,) torch.float32>})
+    >>> fp.apply_masks(params, mult)
+    {'w': tensor([1., -0., 3.])}
+    """
+    check_params("to_multipliers", params)
+    checked = check_masks("to_multipliers", params, masks)
+    return Multipliers(
+        {name: m.to(params[name].dtype, copy=True) for name, m in checked.items()}, _CHECKED
+    )
+
+
 def _checked(
     fn: str, params: Params, masks: Mapping[str, Tensor], strict: bool
 ) -> dict[str, Tensor]:
     check_params(fn, params)
-    checked = check_masks(fn, params, masks, keep_dtype=True)
+    if isinstance(masks, Multipliers):  # checked when built: shapes and names only
+        checked = check_masks(fn, params, masks._tensors, keep_dtype=True, values=False)
+    else:
+        checked = check_masks(fn, params, masks, keep_dtype=True)
     if strict:
         missing = [name for name in params if name not in checked]
         if missing:
@@ -63,11 +149,11 @@ def apply_masks(
     Args:
         params: tensors keyed like ``named_parameters()``.
         masks: masks by name: ``torch.bool`` (1 byte an entry; converted
-            to the parameter's dtype on each call), or 0/1 numbers as torch's
-            buffers (used as they are when in the parameter's dtype: the
-            fastest in a training loop, at 4x the memory; their values are
-            checked once per tensor version, in eager mode). A name without
-            a mask keeps its tensor unchanged (the very same object).
+            to the parameter's dtype on each call), 0/1 numbers as torch's
+            buffers (their values are checked on each call, in eager mode),
+            or :class:`Multipliers` from :func:`to_multipliers` (checked
+            once, used as they are: the fastest in a training loop). A name
+            without a mask keeps its tensor unchanged (the very same object).
         strict: if ``True``, every parameter must have a mask.
 
     Returns:
@@ -132,10 +218,30 @@ def functional_call_masked(
     ...                           torch.ones(1, 2))
     tensor([[2.]])
     """
+    _check_module_names(module, params, masks, buffers)
     masked = apply_masks(params, masks, strict=strict)
     tensors = dict(module.named_buffers()) if buffers is None else dict(buffers)
     tensors.update(masked)
     return torch.func.functional_call(module, tensors, args, kwargs)
+
+
+def _check_module_names(
+    module: nn.Module, params: Params, masks: object, buffers: object
+) -> None:
+    """Refuse names that are no tensor of ``module``: torch would ignore them."""
+    fn = "functional_call_masked"
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
+    known = [n for n, _ in module.named_parameters(remove_duplicate=False)]
+    known += [n for n, _ in module.named_buffers(remove_duplicate=False)]
+    names = set(known)
+    for what, given in (("params", params), ("masks", masks), ("buffers", buffers)):
+        if not isinstance(given, Mapping):
+            continue  # None, or refused with its own message by the checks after
+        for name in given:
+            if name not in names:
+                problem = f"{what} has the key {name!r}, which is no tensor of the module"
+                raise unknown_name(fn, problem, name, known)
 
 
 def mask_gradients(grads: Params, masks: Mapping[str, Tensor]) -> dict[str, Tensor]:

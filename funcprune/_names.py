@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -27,6 +26,7 @@ __all__ = [
     "UnknownNameError",
     "match_names",
     "check_params",
+    "check_not_hook_mode",
     "check_masks",
     "check_scores",
     "as_bool_mask",
@@ -42,8 +42,22 @@ class UnknownNameError(KeyError, ValueError):
         return str(self.args[0]) if self.args else ""
 
 
+#: How ``torch.nn.utils.prune`` renames a pruned parameter (hook mode).
+_ORIG = "_orig"
+_HOOK_MODE_HINT = (
+    "turn the module back into plain parameters and a mask dict with "
+    "funcprune.compat.unprune_(module), or read its masks with "
+    "funcprune.compat.masks_from_module(module)"
+)
+
+
 def unknown_name(fn: str, problem: str, name: str, known: Sequence[str]) -> UnknownNameError:
     """An :class:`UnknownNameError` suggesting the names closest to ``name``."""
+    if name + _ORIG in known:
+        return UnknownNameError(
+            f"{fn}: {problem}, but {name + _ORIG!r} is: the module is pruned in hook mode "
+            f"(torch.nn.utils.prune or funcprune.compat); {_HOOK_MODE_HINT}"
+        )
     close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
     if close:
         quoted = [repr(c) for c in close]
@@ -71,6 +85,20 @@ def check_params(fn: str, params: object) -> None:
             raise TypeError(f"{fn}: params[{name!r}] must be a tensor, got {type(value).__name__}")
 
 
+def check_not_hook_mode(fn: str, params: Params) -> None:
+    """Refuse the parameters of a module pruned in hook mode (``weight_orig``).
+
+    A plan over them would silently skip the rules naming ``weight``.
+    """
+    hooked = [n for n in params if n.endswith(_ORIG) and n[: -len(_ORIG)] not in params]
+    if hooked:
+        raise ValueError(
+            f"{fn}: params holds {hooked[0]!r} but no {hooked[0][: -len(_ORIG)]!r}: these are "
+            f"the parameters of a module pruned in hook mode, which funcprune's rules do not "
+            f"name; {_HOOK_MODE_HINT}, then pass dict(module.named_parameters())"
+        )
+
+
 def _check_fits(fn: str, what: str, name: str, value: object, params: Params) -> Tensor:
     if name not in params:
         raise unknown_name(fn, f"{what} {name!r} is not a parameter name", name, tuple(params))
@@ -91,34 +119,32 @@ def _check_fits(fn: str, what: str, name: str, value: object, params: Params) ->
 
 
 def as_bool_mask(
-    fn: str, name: str, mask: object, params: Params, *, keep_dtype: bool = False
+    fn: str, name: str, mask: object, params: Params, *, keep_dtype: bool = False,
+    values: bool = True,
 ) -> Tensor:
     """Check that ``mask`` fits ``params[name]``; return it as ``torch.bool``.
 
     A numeric mask (torch's float 0/1 buffers) is converted with ``mask != 0``
     after checking, in eager mode only, that it holds only 0 and 1; with
-    ``keep_dtype`` it is returned as it is (a multiplier), so that a mask
-    already in the parameter's dtype costs no conversion.
+    ``keep_dtype`` it is returned as it is (a multiplier). ``values=False``
+    skips the value check, for masks checked before (``Multipliers``).
     """
     mask = _check_fits(fn, "mask for", name, mask, params)
     if mask.dtype == torch.bool:
         return mask
-    _check_binary(fn, name, mask)
+    if values:
+        _check_binary(fn, name, mask)
     return mask if keep_dtype else mask != 0
 
 
-#: Numeric masks already found to hold only 0 and 1: ``id`` -> (a weak
-#: reference, the ``Tensor._version`` checked; every in-place change bumps
-#: it). A memo of a pure check, so that a training loop passing the same
-#: float masks every step reads them once. Entries leave with their tensor.
-_BINARY: dict[int, tuple[weakref.ref[Tensor], int]] = {}
-
-
 def _check_binary(fn: str, name: str, mask: Tensor) -> None:
+    """Refuse a numeric mask holding values other than 0 and 1 (eager only).
+
+    It reads every value on every call; a training loop that passes the same
+    float masks each step converts them once with
+    :func:`funcprune.to_multipliers` instead.
+    """
     if not is_concrete(mask):
-        return
-    seen = _BINARY.get(id(mask))
-    if seen is not None and seen[0]() is mask and seen[1] == mask._version:
         return
     bad = non_binary(mask, 3)
     if bad:
@@ -126,18 +152,10 @@ def _check_binary(fn: str, name: str, mask: Tensor) -> None:
             f"{fn}: the mask for {name!r} must hold only 0 and 1 (or be torch.bool), "
             f"got values such as {bad}; convert it with `mask != 0` if nonzero means kept"
         )
-    _BINARY[id(mask)] = (weakref.ref(mask, _forget(id(mask))), mask._version)
-
-
-def _forget(key: int) -> Callable[[weakref.ref[Tensor]], None]:
-    def forget(_: weakref.ref[Tensor]) -> None:
-        _BINARY.pop(key, None)
-
-    return forget
 
 
 def check_masks(
-    fn: str, params: Params, masks: object, *, keep_dtype: bool = False
+    fn: str, params: Params, masks: object, *, keep_dtype: bool = False, values: bool = True
 ) -> dict[str, Tensor]:
     """Every mask checked against its parameter (see :func:`as_bool_mask`)."""
     if masks is None:
@@ -147,7 +165,7 @@ def check_masks(
             f"{fn}: masks must be a mapping of names to masks, got {type(masks).__name__}"
         )
     return {
-        name: as_bool_mask(fn, name, m, params, keep_dtype=keep_dtype)
+        name: as_bool_mask(fn, name, m, params, keep_dtype=keep_dtype, values=values)
         for name, m in masks.items()
     }
 

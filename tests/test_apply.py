@@ -249,18 +249,94 @@ def test_a_masked_forward_compiles_with_fullgraph() -> None:
     assert torch.allclose(compiled(params, masks, x), forward(params, masks, x), atol=1e-6)
 
 
-def test_float_masks_are_multipliers_checked_once_per_version() -> None:
-    """Masks in the parameter's dtype skip the conversion; their 0/1 check is memoized."""
+def test_float_masks_are_checked_on_every_call_whatever_wrote_them() -> None:
+    """No memo: a write that does not bump the version (``.data``) is still caught."""
     params = {"w": torch.tensor([1.0, -2.0, 3.0])}
     mask = torch.tensor([1.0, 0.0, 1.0])
     assert fp.apply_masks(params, {"w": mask})["w"].tolist() == [1.0, -0.0, 3.0]
-    mask.data[1] = 0.5  # .data writes do not bump the version: the memo is not re-read
-    assert fp.apply_masks(params, {"w": mask})["w"].tolist() == [1.0, -1.0, 3.0]
-    mask[1] = 0.5  # an in-place change bumps the version: checked again, refused
+    mask.data[1] = 0.5
     with pytest.raises(ValueError, match=r"must hold only 0 and 1"):
         fp.apply_masks(params, {"w": mask})
-    fresh = torch.tensor([1.0, 0.5, 1.0])
-    with pytest.raises(ValueError, match=r"must hold only 0 and 1"):
-        fp.apply_masks(params, {"w": fresh})
     as_bool = fp.apply_masks(params, {"w": torch.tensor([True, False, True])})["w"]
     assert torch.equal(as_bool, fp.apply_masks(params, {"w": torch.tensor([1.0, 0.0, 1.0])})["w"])
+
+
+def test_to_multipliers_checks_once_and_holds_its_own_copies() -> None:
+    params = {"w": torch.tensor([1.0, -2.0, 3.0]), "v": torch.tensor([4.0, 5.0], dtype=torch.float64)}
+    mask = torch.tensor([1.0, 0.0, 1.0])
+    mult = fp.to_multipliers(params, {"w": mask, "v": torch.tensor([False, True])})
+    assert {n: t.dtype for n, t in mult.items()} == {"w": torch.float32, "v": torch.float64}
+    mask.data[1] = 0.5  # the caller's tensor: not the multipliers' copy
+    masked = fp.apply_masks(params, mult)
+    assert masked["w"].tolist() == [1.0, -0.0, 3.0] and masked["v"].tolist() == [0.0, 5.0]
+    assert fp.mask_gradients(params, mult)["w"].tolist() == [1.0, -0.0, 3.0]
+    with pytest.raises(ValueError, match=r"to_multipliers: the mask for 'w' must hold only 0 and 1"):
+        fp.to_multipliers(params, {"w": torch.tensor([1.0, 0.5, 1.0])})
+    with pytest.raises(TypeError, match="build it with funcprune.to_multipliers"):
+        fp.Multipliers({"w": mask})
+    with pytest.raises(fp.UnknownNameError, match="apply_masks: mask for 'w'"):
+        fp.apply_masks({"x": params["w"]}, mult)
+    with pytest.raises(ValueError, match="has shape"):
+        fp.apply_masks({"w": torch.ones(2), "v": params["v"]}, mult)
+    with pytest.raises(TypeError):
+        mult["w"] = mask  # type: ignore[index]  # an immutable mapping
+
+
+def test_to_multipliers_train_like_bool_masks() -> None:
+    model = lenet()
+    params = params_of(model)
+    masks = global20(params)
+    mult = fp.to_multipliers(params, masks)
+    x = images(4)
+    assert torch.equal(fp.functional_call_masked(model, params, mult, (x,)),
+                       fp.functional_call_masked(model, params, masks, (x,)))  # fmt: skip
+
+
+def test_float_masks_made_under_inference_mode_work_everywhere() -> None:
+    """Inference tensors have no version counter; nothing may ask for one."""
+    model = lenet()
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.inference_mode():
+        masks = {n: m.float() for n, m in global20(params).items()}
+    x = images(2)
+    expected = fp.functional_call_masked(model, params, {n: m.clone() for n, m in masks.items()}, (x,))
+    assert torch.equal(fp.functional_call_masked(model, params, masks, (x,)), expected)
+    assert set(fp.apply_masks(params, masks)) == set(params)
+    assert set(fp.mask_gradients(params, masks)) == set(params)
+    assert set(fp.Plan({"fc1.weight": fp.L1Unstructured(0.1)})(params, masks)) == set(masks)
+    mult = fp.to_multipliers(params, masks)
+    live = {n: p.clone() for n, p in params.items()}
+    fp.apply_masks_(live, masks)
+    for name, p in live.items():
+        p.grad = torch.ones_like(p)
+    fp.mask_gradients_(live, masks)
+    assert torch.equal(live["fc1.weight"], fp.apply_masks(params, mult)["fc1.weight"])
+    grad = live["fc1.weight"].grad
+    assert grad is not None and torch.equal(grad, masks["fc1.weight"])
+    with torch.inference_mode():
+        assert torch.equal(fp.functional_call_masked(model, params, masks, (x,)), expected)
+        assert torch.equal(fp.functional_call_masked(model, params, mult, (x,)), expected)
+
+
+def test_functional_call_masked_refuses_names_that_are_no_tensor_of_the_module() -> None:
+    """torch.func.functional_call ignores unknown keys: a typo would run unmasked weights."""
+    model = lenet()
+    params = params_of(model)
+    typo = {"fc1.wieght": params["fc1.weight"]}
+    mask = {"fc1.wieght": torch.zeros_like(params["fc1.weight"], dtype=torch.bool)}
+    with pytest.raises(fp.UnknownNameError, match=r"params has the key 'fc1.wieght'.*did you mean 'fc1.weight'"):
+        fp.functional_call_masked(model, typo, mask, (images(1),))
+    with pytest.raises(fp.UnknownNameError, match=r"masks has the key 'fc9.weight'"):
+        fp.functional_call_masked(model, {}, {"fc9.weight": mask["fc1.wieght"]}, (images(1),))
+    with pytest.raises(fp.UnknownNameError, match=r"buffers has the key 'running_mean'"):
+        fp.functional_call_masked(model, params, {}, (images(1),), buffers={"running_mean": torch.ones(1)})
+    with pytest.raises(TypeError, match="functional_call_masked: module must be a torch.nn.Module, got dict"):
+        fp.functional_call_masked(params, params, {}, (images(1),))  # type: ignore[arg-type]
+
+
+def test_functional_call_masked_on_a_hook_mode_module_points_to_unprune() -> None:
+    model = lenet()
+    tprune.l1_unstructured(model.fc1, "weight", amount=0.5)
+    masks = {"fc1.weight": torch.ones(120, 400, dtype=torch.bool)}
+    with pytest.raises(fp.UnknownNameError, match=r"'fc1.weight_orig' is: the module is pruned in hook mode.*unprune_"):
+        fp.functional_call_masked(model, dict(model.named_parameters()), masks, (images(1),))
