@@ -23,9 +23,10 @@ from typing import ClassVar, final
 import torch
 
 from ._fold import compute_mask
-from ._names import check_masks, check_params, check_scores, match_names
+from ._names import check_masks, check_not_hook_mode, check_params, check_scores, match_names
 from ._specs import Chain, Identity, Spec, chain
 from ._types import Masks, Params, Scores
+from ._validate import check_generator
 
 Tensor = torch.Tensor
 #: What a :class:`Plan` rule maps to: a spec, or a list of specs (a chain).
@@ -105,20 +106,28 @@ class AbstractPlan(abc.ABC):
         Raises:
             UnknownNameError: (a ``KeyError`` and ``ValueError``) if a rule,
                 a mask or a score names no parameter; close names are listed.
-            TypeError: if an argument is not a mapping of tensors, or a spec
-                cannot prune a parameter's dtype.
+            TypeError: if an argument is not a mapping of tensors, a spec
+                cannot prune a parameter's dtype, or ``generator`` is not a
+                :class:`torch.Generator`.
             ValueError: if a mask or scores do not fit their parameter's
                 shape or device, a numeric mask holds values other than 0 and
-                1, or an amount does not fit a parameter.
+                1, an amount does not fit a parameter, or ``params`` are
+                those of a module in hook mode (``weight_orig``).
             IndexError: if a structured spec's ``dim`` does not index a
                 parameter.
+
+        Every mask returned is a new tensor, the caller's masks included
+        where the plan does not touch them.
         """
         fn = self._FN
         check_params(fn, params)
+        check_not_hook_mode(fn, params)
+        check_generator(fn, generator)
         current = check_masks(fn, params, masks)
+        given = masks if isinstance(masks, Mapping) else {}
         by_name = check_scores(fn, params, scores)
         out = self._fold(params, current, by_name, generator)
-        return {name: out[name] for name in params if name in out}
+        return {name: _own(out[name], given.get(name)) for name in params if name in out}
 
     @abc.abstractmethod
     def _fold(
@@ -129,6 +138,11 @@ class AbstractPlan(abc.ABC):
         generator: torch.Generator | None,
     ) -> dict[str, Tensor]:
         """Return new checked masks: ``masks`` with this plan folded on."""
+
+
+def _own(mask: Tensor, given: object) -> Tensor:
+    """``mask``, copied if it is the caller's own tensor (untouched by the plan)."""
+    return mask.clone() if mask is given else mask
 
 
 def as_spec(pattern: str, value: object) -> Spec:
@@ -233,6 +247,10 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
 
     def __hash__(self) -> int:
         return hash(self._rules)
+
+    def __reduce__(self) -> tuple[type[Plan], tuple[dict[str, Spec]]]:
+        """Rebuild from the rules: ``copy``, ``deepcopy`` and ``pickle`` work."""
+        return (Plan, (dict(self._rules),))
 
     def __repr__(self) -> str:
         body = ", ".join(f"{key!r}: {spec_repr(spec)}" for key, spec in self._rules)

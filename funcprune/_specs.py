@@ -54,6 +54,8 @@ def _check_amount(amount: object) -> bool:
             "write 1 or 0 (a count) or 1.0 or 0.0 (a fraction)"
         )
     validate_amount_init(amount)
+    if isinstance(amount, numbers.Integral):
+        return True  # a count of any size (float() of a huge int would overflow)
     if isinstance(amount, numbers.Real) and math.isnan(float(amount)):
         raise ValueError("amount=nan should either be a float in the range [0, 1] or a non-negative integer")
     return isinstance(amount, numbers.Integral)
@@ -76,6 +78,11 @@ def _check_norm_order(n: object) -> None:
         raise TypeError(
             f"n must be a number, inf, -inf, 'fro' or 'nuc' (see torch.norm's p), "
             f"got {n!r} of type {type(n).__name__}"
+        )
+    if isinstance(n, numbers.Integral) and not -(2**63) <= int(n) < 2**63:
+        raise ValueError(
+            f"n={n} is too large for torch.norm (integers must fit in 64 bits); "
+            "use float('inf') for the largest entry's magnitude"
         )
     if math.isnan(float(n)):
         raise ValueError("n=nan is not a norm order: expected a number, inf, -inf, 'fro' or 'nuc'")
@@ -223,8 +230,9 @@ class CustomFromMask(Spec):
     """Prunes the entries where a given mask is 0 (on top of earlier masks).
 
     The mask is checked and stored as a private ``torch.bool`` copy, so later
-    changes to the tensor passed in do not affect the spec. Specs holding a
-    tensor compare by identity.
+    changes to the tensor passed in do not affect the spec. Two such specs
+    are equal when their masks are (same shape, device and values), so a
+    copied or unpickled spec equals its original.
 
     Args:
         mask: a tensor of 0/1 (or ``False``/``True``) values with the shape
@@ -256,6 +264,15 @@ class CustomFromMask(Spec):
 
     def __repr__(self) -> str:
         return f"CustomFromMask(mask=<{tuple(self.mask.shape)} bool>)"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CustomFromMask):
+            return NotImplemented
+        a, b = self.mask, other.mask
+        return a is b or (a.shape == b.shape and a.device == b.device and bool(torch.equal(a, b)))
+
+    def __hash__(self) -> int:
+        return hash((CustomFromMask, tuple(self.mask.shape)))
 
     @property
     def pruning_type(self) -> PruningType:

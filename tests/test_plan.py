@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import multiprocessing
+import pickle
+from collections.abc import Callable
 
 import hypothesis.strategies as st
 import pytest
@@ -261,6 +264,23 @@ def test_uncovered_names_keep_their_earlier_masks_and_order_follows_params() -> 
     assert earlier["b"].dtype == torch.float32  # inputs untouched
 
 
+@pytest.mark.parametrize(
+    "plan",
+    [fp.Plan({"w": fp.Identity()}), fp.Plan({"w": fp.L1Unstructured(1)}),
+     fp.global_unstructured(["w"], fp.L1Unstructured(0)), fp.global_unstructured(["w"], fp.L1Unstructured(0.5))],
+    ids=["identity", "l1", "global-0", "global"],
+)  # fmt: skip
+def test_every_mask_a_plan_returns_is_a_new_tensor(plan: fp.AbstractPlan) -> None:
+    """Masks the plan does not touch come back as copies, never the caller's objects."""
+    params = {"w": torch.arange(1.0, 5.0), "v": torch.ones(2)}
+    earlier = {"w": torch.tensor([True, True, False, True]), "v": torch.tensor([True, False])}
+    masks = plan(params, earlier)
+    assert masks["v"] is not earlier["v"] and masks["w"] is not earlier["w"]
+    assert torch.equal(masks["v"], earlier["v"])
+    masks["v"][0] = False
+    assert bool(earlier["v"][0])
+
+
 def test_a_float_amount_is_a_fraction_of_what_is_left() -> None:
     params = {"w": torch.arange(1.0, 11.0)}
     earlier = {"w": torch.tensor([True] * 6 + [False] * 4)}
@@ -288,6 +308,39 @@ def test_plan_is_an_immutable_mapping_with_a_readable_repr() -> None:
         plan._rules = ()
     with pytest.raises(TypeError):
         plan["x"] = fp.Identity()  # type: ignore[index]
+
+
+def _every_kind_of_plan() -> fp.ComposedPlan:
+    rules = fp.Plan({"conv1.weight": fp.L1Unstructured(0.3), "fc*.weight": [fp.Identity(), fp.L1Unstructured(2)],
+                     "fc3.bias": fp.CustomFromMask(torch.arange(10) % 2)})  # fmt: skip
+    return fp.compose(rules, fp.global_unstructured(["conv*.weight"], fp.L1Unstructured(0.2)))
+
+
+@pytest.mark.parametrize(
+    "round_trip",
+    [copy.copy, copy.deepcopy, lambda p: pickle.loads(pickle.dumps(p))],
+    ids=["copy", "deepcopy", "pickle"],
+)
+def test_plans_survive_copy_deepcopy_and_pickle(round_trip: Callable[[object], object]) -> None:
+    composed = _every_kind_of_plan()
+    for plan in (composed, *composed.plans):
+        again = round_trip(plan)
+        assert again == plan and hash(again) == hash(plan) and repr(again) == repr(plan)
+    params = params_of(lenet())
+    again = round_trip(composed)
+    assert isinstance(again, fp.ComposedPlan)
+    for name, mask in again(params).items():
+        assert torch.equal(mask, composed(params)[name])
+
+
+def test_a_plan_runs_in_a_spawned_process() -> None:
+    plan = _every_kind_of_plan()
+    params = params_of(lenet())
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        masks = pool.apply(plan, (params,))
+    expected = plan(params)
+    assert masks.keys() == expected.keys()
+    assert all(torch.equal(masks[n], expected[n]) for n in expected)
 
 
 def test_composition_is_flat_and_reads_like_code() -> None:
@@ -448,6 +501,17 @@ def test_bad_arguments_are_refused_with_a_message() -> None:
         fp.global_unstructured([], fp.L1Unstructured(1))
     with pytest.raises(TypeError, match="compose: argument 1 must be a plan"):
         fp.compose(fp.Plan({}), fp.L1Unstructured(1))  # type: ignore[arg-type]
+
+
+def test_a_plan_refuses_the_parameters_of_a_hook_mode_module() -> None:
+    """``fc1.weight_orig`` is not ``fc1.weight``: the rule would silently prune nothing."""
+    model = lenet()
+    tprune.l1_unstructured(model.fc1, "weight", amount=0.5)
+    params = dict(model.named_parameters())
+    for plan in (fp.Plan({"fc*.weight": fp.L1Unstructured(0.5)}),
+                 fp.global_unstructured(["*.weight"], fp.L1Unstructured(0.5))):  # fmt: skip
+        with pytest.raises(ValueError, match=r"params holds 'fc1.weight_orig' but no 'fc1.weight'.*compat.unprune_"):
+            plan(params)
 
 
 def test_spec_errors_name_the_parameter() -> None:

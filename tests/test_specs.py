@@ -96,7 +96,10 @@ def test_equality_and_hashing() -> None:
     assert fp.L1Unstructured(0.5) != fp.RandomUnstructured(0.5)  # type: ignore[comparison-overlap]
     assert len({fp.L1Unstructured(1), fp.L1Unstructured(1), fp.Identity()}) == 2
     mask = torch.ones(3)
-    assert fp.CustomFromMask(mask) != fp.CustomFromMask(mask)  # tensors: by identity
+    assert fp.CustomFromMask(mask) == fp.CustomFromMask(mask.bool())  # by the mask's values
+    assert hash(fp.CustomFromMask(mask)) == hash(fp.CustomFromMask(mask.clone()))
+    assert fp.CustomFromMask(mask) != fp.CustomFromMask(torch.tensor([1, 0, 1]))
+    assert fp.CustomFromMask(mask) != fp.CustomFromMask(torch.ones(1, 3))
     assert fp.chain(fp.Identity()) == fp.chain(fp.Identity())
 
 
