@@ -12,6 +12,7 @@ import torch
 
 from ._kernels import keep_all, leaf_mask
 from ._specs import Chain, Spec
+from ._validate import check_generator
 
 Tensor = torch.Tensor
 
@@ -32,12 +33,17 @@ def _check_scores(fn: str, name: str, scores: object) -> Tensor:
     return scores
 
 
-def _check_mask(fn: str, mask: object, shape: torch.Size) -> Tensor:
+def _check_mask(fn: str, mask: object, scores: Tensor) -> Tensor:
     mask = _check_tensor(fn, "default_mask", mask)
-    if mask.shape != shape:
+    if mask.shape != scores.shape:
         raise ValueError(
             f"{fn}: default_mask has shape {tuple(mask.shape)} but the scores have "
-            f"shape {tuple(shape)}; they must be equal"
+            f"shape {tuple(scores.shape)}; they must be equal"
+        )
+    if mask.device != scores.device:
+        raise ValueError(
+            f"{fn}: default_mask is on {mask.device} but the scores are on {scores.device}; "
+            f"move it with .to({str(scores.device)!r})"
         )
     return mask if mask.dtype == torch.bool else mask != 0
 
@@ -83,11 +89,11 @@ def compute_mask(
         before a number either).
 
     Raises:
-        TypeError: if ``spec`` is not a spec or ``scores`` is not a floating
-            tensor.
-        ValueError: if ``default_mask`` does not have the scores' shape, an
-            integer amount exceeds the units available, or a structured spec
-            meets a tensor with fewer than 2 dims.
+        TypeError: if ``spec`` is not a spec, ``scores`` is not a floating
+            tensor or ``generator`` not a :class:`torch.Generator`.
+        ValueError: if ``default_mask`` does not have the scores' shape or
+            device, an integer amount exceeds the units available, or a
+            structured spec meets a tensor with fewer than 2 dims.
         IndexError: if a structured spec's ``dim`` does not index ``scores``.
 
     >>> import torch, funcprune as fp
@@ -102,7 +108,8 @@ def compute_mask(
     if not isinstance(spec, Spec):
         raise TypeError(f"compute_mask: spec must be a funcprune spec, got {spec!r}")
     scores = _check_scores("compute_mask", "scores", scores)
-    mask = None if default_mask is None else _check_mask("compute_mask", default_mask, scores.shape)
+    mask = None if default_mask is None else _check_mask("compute_mask", default_mask, scores)
+    check_generator("compute_mask", generator)
     return _fold(spec, scores.detach(), mask, generator)
 
 
@@ -143,5 +150,6 @@ def prune(
             )
     if not isinstance(spec, Spec):
         raise TypeError(f"prune: spec must be a funcprune spec, got {spec!r}")
-    mask = None if default_mask is None else _check_mask("prune", default_mask, t.shape)
+    mask = None if default_mask is None else _check_mask("prune", default_mask, t)
+    check_generator("prune", generator)
     return t * _fold(spec, scores.detach(), mask, generator).to(t.dtype)

@@ -145,16 +145,23 @@ def _structured(
     return kept & default_mask
 
 
+def _check_matrix_norm(n: object, scores: Tensor) -> None:
+    """Refuse a matrix norm the channels' shape cannot take, whatever the amount."""
+    if n == "nuc" and scores.dim() != 3 or n == "fro" and scores.dim() > 3:
+        need = "exactly 3 dims" if n == "nuc" else "at most 3 dims"
+        raise ValueError(
+            f"LnStructured: n={n!r} needs scores with {need} (a matrix norm over the dims "
+            f"other than dim), got shape {tuple(scores.shape)}; use a number such as n=2"
+        )
+
+
 def _ln_structured(
     spec: LnStructured, scores: Tensor, default_mask: Mask, generator: torch.Generator | None
 ) -> Tensor:
+    _channels(scores, spec.dim)
+    _check_matrix_norm(spec.n, scores)
+
     def keys(s: Tensor, d: int, others: list[int], eligible: Mask, left: Count) -> Tensor:
-        if spec.n == "nuc" and s.dim() != 3 or spec.n == "fro" and s.dim() > 3:
-            need = "exactly 3 dims" if spec.n == "nuc" else "at most 3 dims"
-            raise ValueError(
-                f"n={spec.n!r} needs scores with {need} (a matrix norm over the dims "
-                f"other than dim), got shape {tuple(s.shape)}; use a number such as n=2"
-            )
         norm: Tensor = torch.norm(s, p=spec.n, dim=others)
         return norm
 

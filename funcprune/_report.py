@@ -18,6 +18,7 @@ from torch import nn
 
 from ._names import check_masks, check_params, unknown_name
 from ._types import Params
+from ._validate import non_binary
 
 Tensor = torch.Tensor
 
@@ -181,6 +182,12 @@ def sparsity_report(
             if not isinstance(mask, torch.Tensor):
                 raise TypeError(
                     f"sparsity_report: the mask for {name!r} must be a tensor, got {mask!r}"
+                )
+            bad = non_binary(mask, 3)
+            if bad:
+                raise ValueError(
+                    f"sparsity_report: the mask for {name!r} must hold only 0 and 1 (or be "
+                    f"torch.bool), got values such as {bad}"
                 )
         return SparsityReport(tuple(_row(name, mask) for name, mask in source.items()))
     check_params("sparsity_report", params)

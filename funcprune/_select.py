@@ -18,16 +18,19 @@ from ._types import Amount
 from ._validate import count_to_prune, validate_count
 
 Count = Union[int, torch.Tensor]
+#: More units than any tensor holds: a larger integer amount prunes the same.
+_MAX_COUNT = 2**62
 
 
 def is_concrete(t: torch.Tensor) -> bool:
     """Whether ``t`` holds real values that Python may read.
 
-    False while ``torch.compile`` traces or when ``t`` is wrapped by a
-    ``torch.func`` transform (``vmap``, ``grad``, ...). Only concrete inputs
+    False while ``torch.compile`` traces, when ``t`` is wrapped by a
+    ``torch.func`` transform (``vmap``, ``grad``, ...) and for tensors on the
+    ``meta`` device, which have shapes but no values. Only concrete inputs
     take the eager paths that read values (``int(...)``).
     """
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or t.is_meta:
         return False
     return not torch._C._functorch.is_functorch_wrapped_tensor(t)
 
@@ -45,8 +48,8 @@ def resolve_count(amount: Amount, available: Count) -> Count:
     if isinstance(available, int):
         validate_count(amount, available)
         return count_to_prune(amount, available)
-    if isinstance(amount, numbers.Integral):
-        return torch.clamp(available, max=int(amount))
+    if isinstance(amount, numbers.Integral):  # capped below int64's range first
+        return torch.clamp(available, max=min(int(amount), _MAX_COUNT))
     return torch.round(available.to(torch.float64) * float(amount)).to(torch.int64)
 
 

@@ -89,12 +89,22 @@ def validate_dim_range(t: torch.Tensor, dim: int) -> None:
 def non_binary(mask: torch.Tensor, limit: int) -> list[float]:
     """Up to ``limit`` values of ``mask`` other than 0 and 1 (none: a valid mask).
 
-    Reads values: call it in eager mode only.
+    Reads values: call it in eager mode only. A ``meta`` tensor has no values
+    to check and passes.
     """
-    if mask.dtype == torch.bool:
+    if mask.dtype == torch.bool or mask.is_meta:
         return []
     binary = (mask == 0) | (mask == 1)
     if bool(binary.all()):
         return []
     bad: list[float] = mask[~binary].flatten()[:limit].tolist()
     return bad
+
+
+def check_generator(fn: str, generator: object) -> None:
+    """Refuse anything but ``None`` or a :class:`torch.Generator`."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"{fn}: generator must be a torch.Generator or None, got {generator!r} of type "
+            f"{type(generator).__name__}; make one with torch.Generator().manual_seed(seed)"
+        )

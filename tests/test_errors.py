@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -82,10 +84,47 @@ def test_non_tensors_are_a_type_error() -> None:
         fp.prune(tprune.L1Unstructured(1), torch.randn(2))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("amount", [0, 1, 0.0])  # whether or not anything is pruned
 @pytest.mark.parametrize(("n", "shape"), [("nuc", (4, 3)), ("nuc", (4, 3, 2, 2)), ("fro", (4, 3, 2, 2))])
-def test_matrix_norms_need_matching_dims(n: str, shape: tuple[int, ...]) -> None:
-    with pytest.raises(ValueError, match=rf"n='{n}' needs scores with .* dims"):
-        fp.compute_mask(fp.LnStructured(1, n=n, dim=0), torch.randn(shape))
+def test_matrix_norms_need_matching_dims(n: str, shape: tuple[int, ...], amount: float) -> None:
+    with pytest.raises(ValueError, match=rf"LnStructured: n='{n}' needs scores with .* dims"):
+        fp.compute_mask(fp.LnStructured(amount, n=n, dim=0), torch.randn(shape))
+
+
+@pytest.mark.parametrize("generator", ["seed", 0, torch.ones(2, dtype=torch.uint8)])
+@pytest.mark.parametrize("spec", [fp.L1Unstructured(0.5), fp.RandomUnstructured(0.5)])
+def test_a_generator_that_is_not_one_is_a_type_error(spec: fp.Spec, generator: object) -> None:
+    bad: Any = generator  # what a user may pass despite the annotation
+    calls: list[tuple[Callable[[], object], str]] = [
+        (lambda: fp.compute_mask(spec, torch.randn(4), generator=bad), "compute_mask"),
+        (lambda: fp.prune(spec, torch.randn(4), generator=bad), "prune"),
+        (lambda: fp.Plan({"w": spec})({"w": torch.randn(4)}, generator=bad), "Plan"),
+    ]
+    for call, fn in calls:
+        with pytest.raises(TypeError, match=rf"{fn}: generator must be a torch.Generator or None, got"):
+            call()
+
+
+def test_a_default_mask_on_another_device_is_refused() -> None:
+    meta = torch.ones(4, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError, match=r"compute_mask: default_mask is on meta but the scores are on cpu"):
+        fp.compute_mask(fp.L1Unstructured(1), torch.randn(4), meta)
+    with pytest.raises(ValueError, match=r"prune: default_mask is on meta"):
+        fp.prune(fp.L1Unstructured(1), torch.randn(4), meta)
+
+
+def test_huge_numbers_are_value_errors_or_work_never_overflow_errors() -> None:
+    with pytest.raises(ValueError, match=r"n=10{30} is too large for torch.norm"):
+        fp.LnStructured(0.5, n=10**30)
+    with pytest.raises(ValueError, match=r"n=10{400} is too large"):
+        fp.LnStructured(0.5, n=10**400)
+    spec = fp.L1Unstructured(10**400)  # a count: larger than any tensor
+    with pytest.raises(ValueError, match=r"should be smaller than the number of parameters to prune=4"):
+        fp.compute_mask(spec, torch.randn(4))
+    batched = torch.func.vmap(lambda t: fp.compute_mask(spec, t, t > 0))(torch.randn(3, 4))
+    assert not bool(batched.any())  # capped at what is left: everything pruned
+    with pytest.raises(IndexError):
+        fp.compute_mask(fp.RandomStructured(0.5, dim=10**30), torch.randn(3, 3))
 
 
 def test_inputs_are_never_modified_on_error() -> None:

@@ -233,3 +233,16 @@ def test_scores_that_require_grad_give_a_plain_mask() -> None:
     pruned = fp.prune(fp.L1Unstructured(0.5), w)
     (g,) = torch.autograd.grad(pruned.sum(), w)
     assert torch.equal(g, mask.float())
+
+
+@pytest.mark.parametrize("folded", [False, True])
+@pytest.mark.parametrize("size", [10, 300])  # below and above the fast-path size
+@pytest.mark.parametrize(("spec", "shape"), CASES[:: max(1, len(CASES) // 12)])
+def test_meta_tensors_give_meta_masks(spec: fp.Spec, shape: tuple[int, ...], size: int, folded: bool) -> None:
+    """Deferred initialization: shapes without values, so no value may be read."""
+    scores = torch.empty((size, *shape[1:]) if len(shape) > 1 else (size * size,), device="meta")
+    if isinstance(spec, fp.CustomFromMask):
+        spec = fp.CustomFromMask(torch.ones(scores.shape, device="meta"))
+    default = torch.ones(scores.shape, dtype=torch.bool, device="meta") if folded else None
+    mask = fp.compute_mask(spec, scores, default)
+    assert (mask.device.type, mask.dtype, mask.shape) == ("meta", torch.bool, scores.shape)

@@ -103,3 +103,10 @@ def test_empty_reports_and_bad_sources() -> None:
         fp.sparsity_report(nn.Linear(2, 2), params={})
     with pytest.raises(TypeError, match="mask for 'w' must be a tensor"):
         fp.sparsity_report({"w": [True]})  # type: ignore[dict-item]
+
+
+def test_a_mask_dict_holding_other_values_than_0_and_1_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"sparsity_report: the mask for 'w' must hold only 0 and 1.*0.5"):
+        fp.sparsity_report({"w": torch.tensor([0.5, 1.0])})
+    with pytest.raises(ValueError, match=r"must hold only 0 and 1"):
+        fp.sparsity_report({"w": torch.tensor([0.5, 1.0])}, params={"w": torch.ones(2)})

@@ -52,7 +52,14 @@ Tensor = torch.Tensor
 
 
 def _zero_pruned(mask: Tensor, kept: Tensor) -> Tensor:
-    """Zero in ``mask`` (flat) the entries that ``kept`` prunes, as torch does."""
+    """Zero in ``mask`` (flat) the entries that ``kept`` prunes, as torch does.
+
+    torch writes at the pruned flat indices; where the shapes agree a masked
+    fill writes the same values without listing them (a ``meta`` tensor
+    cannot), otherwise the indices follow torch's flat view (and its errors).
+    """
+    if mask.shape == kept.shape:
+        return mask.masked_fill_(kept.logical_not(), 0)
     mask.view(-1)[(~kept).reshape(-1).nonzero().squeeze(1)] = 0
     return mask
 
@@ -332,13 +339,11 @@ class LnStructured(BasePruningMethod, torch_prune.LnStructured):
         nparams_toprune = _structured_count(self, t)
         dim = operator.index(self.dim)
         spec = self._spec(t, nparams_toprune, dim)
-        if spec is None:  # outside the kernel's domain: torch's norm decides (or fails)
+        if spec is None or nparams_toprune == 0:  # torch's norm decides (or fails), as in torch
             norm = _compute_norm(t, self.n, self.dim)
             if nparams_toprune == 0:
                 return default_mask
             kept = _kept_channels(norm, nparams_toprune, t, dim)
-        elif nparams_toprune == 0:
-            return default_mask
         else:
             kept = fold_mask(spec, t.detach())
         return _structured_mask(t, kept, default_mask)

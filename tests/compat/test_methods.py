@@ -196,6 +196,8 @@ ODD_CASES: list[tuple[str, Make, Callable[[], Tensor], Callable[[], Tensor]]] = 
      lambda: torch.ones(3, 2, 2, 2)),
     ("n-nuc-2d", lambda lib: lib.LnStructured(1, "nuc", 0), lambda: distinct((3, 2), 0),
      lambda: torch.ones(3, 2)),
+    ("n-nuc-3d-half-amount-0", lambda lib: lib.LnStructured(0, "nuc", 0),
+     lambda: distinct((3, 2, 2), 0).half(), lambda: torch.ones(3, 2, 2)),
     ("ln-int-scores", lambda lib: lib.LnStructured(1, 2, 0),
      lambda: torch.tensor([[1, 2], [3, 4]]), lambda: torch.ones(2, 2)),
     ("ln-complex-scores", lambda lib: lib.LnStructured(1, 2, 0),
@@ -315,3 +317,33 @@ def test_builtins_compute_masks_with_the_kernels(make: Callable[[], Any], t: Ten
     with mock.patch("funcprune.compat._methods.fold_mask", wraps=fp_compute_mask) as kernel:
         make().compute_mask(t, torch.ones_like(t))
     assert kernel.call_count == 1
+
+
+META_CALLS: list[tuple[str, Callable[[Any, torch.nn.Module], object]]] = [
+    ("identity", lambda lib, m: lib.identity(m, "weight")),
+    ("l1", lambda lib, m: lib.l1_unstructured(m, "weight", amount=0.5)),
+    ("random", lambda lib, m: lib.random_unstructured(m, "weight", amount=3)),
+    ("custom", lambda lib, m: lib.custom_from_mask(m, "weight", torch.ones(40, 50, device="meta"))),
+    ("ln", lambda lib, m: lib.ln_structured(m, "weight", amount=0.5, n=2, dim=0)),
+    ("random-structured", lambda lib, m: lib.random_structured(m, "weight", amount=2, dim=1)),
+]
+
+
+@pytest.mark.parametrize("size", [(40, 50), (400, 500)])  # below and above the fast-path size
+@pytest.mark.parametrize("call", META_CALLS, ids=[c[0] for c in META_CALLS])
+def test_meta_device_modules_prune_like_torch(
+    call: tuple[str, Callable[[Any, torch.nn.Module], object]], size: tuple[int, int]
+) -> None:
+    """Shapes without values (deferred initialization): torch prunes them, so does compat."""
+    results = []
+    for lib in (tp, cp):
+        module = torch.nn.Linear(size[1], size[0], device="meta")
+        torch.manual_seed(0)
+        if call[0] == "custom":
+            lib.custom_from_mask(module, "weight", torch.ones(size, device="meta"))
+        else:
+            call[1](lib, module)
+        mask = module.weight_mask
+        results.append((mask.device, mask.dtype, mask.shape, module.weight.shape, torch.rand(1)))
+    assert results[0][:4] == results[1][:4]
+    assert torch.equal(results[0][4], results[1][4])  # the RNG advanced alike
