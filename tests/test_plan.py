@@ -337,7 +337,7 @@ def test_a_plan_runs_in_a_spawned_process() -> None:
     plan = _every_kind_of_plan()
     params = params_of(lenet())
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        masks = pool.apply(plan, (params,))
+        masks = pool.apply_async(plan, (params,)).get(timeout=60)  # a failed pickle never answers
     expected = plan(params)
     assert masks.keys() == expected.keys()
     assert all(torch.equal(masks[n], expected[n]) for n in expected)
