@@ -6,12 +6,24 @@ Switch one import::
 
 Every public name of ``torch.nn.utils.prune`` (and its underscore helpers)
 is here with the same signature, behaviour, masks (random methods draw the
-same numbers) and exceptions. The fixes: ``copy.deepcopy`` of a pruned module
-works, re-pruning keeps the hook's place among the forward pre-hooks, a
-failing call leaves the module as it was, and :func:`is_pruned` /
-:func:`remove` also recognise modules pruned by torch. The bridge
-(:func:`install_masks_`, :func:`masks_from_module`, :func:`unprune_`)
-converts between hook mode and funcprune's mask dicts.
+same numbers) and exceptions. The fixes:
+
+* ``copy.deepcopy`` of a pruned module works, and a saved pruned tensor is a
+  plain tensor (``torch.load`` with ``weights_only=True`` accepts it);
+* re-pruning keeps the hook's place among the forward pre-hooks;
+* a failing call leaves the module as it was;
+* :func:`is_pruned` / :func:`remove` also recognise modules pruned by torch;
+* pruning ``MultiheadAttention.out_proj`` works in training and inference:
+  the attention reads ``out_proj.weight`` without calling ``out_proj``, so
+  compat refreshes the pruned tensors before the attention's forward (torch
+  fails on the second backward, or keeps a stale weight under ``no_grad``);
+* pruning one user of a tied weight (``lm_head.weight = embedding.weight``)
+  raises a ``ValueError`` before changing anything, where torch silently
+  unties the weight; :func:`install_masks_` prunes every user instead.
+
+The bridge (:func:`install_masks_`, :func:`masks_from_module`,
+:func:`unprune_`) converts between hook mode and funcprune's mask dicts,
+one key per Parameter (tied ones included).
 """
 
 from ._base import BasePruningMethod as BasePruningMethod

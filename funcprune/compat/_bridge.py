@@ -16,6 +16,14 @@ means not pruned. Three functions switch between the modes at any point:
 and outputs; so does ``unprune_`` after ``install_masks_``. Unlike
 :func:`~funcprune.compat.remove`, :func:`unprune_` does not zero the pruned
 entries: the functional mode applies the masks itself.
+
+Tied weights (one :class:`~torch.nn.Parameter` used by several modules, as
+``lm_head.weight = embedding.weight``) have one key, the name
+``named_parameters()`` gives them. :func:`install_masks_` hooks every user,
+all sharing the same ``_orig`` Parameter (it stays tied) and the same mask,
+as ``torch.func.functional_call`` masks every user; :func:`masks_from_module`
+and :func:`unprune_` read one key per Parameter and refuse users with
+different masks.
 """
 
 from __future__ import annotations
@@ -27,12 +35,20 @@ from torch import nn
 
 from .._types import Masks
 from .._validate import non_binary
+from ._base import parents_to_sync
 from ._methods import CustomFromMask
-from ._state import TorchBase, pruning_hooks, snapshots
+from ._parents import sync_refreshers
+from ._state import TorchBase, batch, pruning_hooks, snapshots
+from ._tying import User, one_key_per_parameter, parameter_users
 
 __all__ = ["install_masks_", "masks_from_module", "unprune_"]
 
 Tensor = torch.Tensor
+
+
+def _check_module(fn: str, module: object) -> None:
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
 
 
 def _hooked(module: nn.Module) -> list[tuple[str, nn.Module, str, int]]:
@@ -89,8 +105,10 @@ def masks_from_module(module: nn.Module) -> Masks:
         order, the tensors of one in the order their hooks were installed.
 
     Raises:
-        ValueError: if a mask holds values other than 0 and 1, or a hooked
-            tensor has no mask buffer.
+        TypeError: if ``module`` is not a :class:`torch.nn.Module`.
+        ValueError: if a mask holds values other than 0 and 1, a hooked
+            tensor has no mask buffer, or two users of one tied Parameter
+            carry different masks (an unpruned user counts as ones).
 
     >>> import torch, funcprune.compat as prune
     >>> net = torch.nn.Sequential(torch.nn.Linear(3, 2))
@@ -99,14 +117,20 @@ def masks_from_module(module: nn.Module) -> Masks:
     >>> prune.masks_from_module(net)
     {'0.bias': tensor([False,  True])}
     """
-    return {
-        key: _bool_mask("masks_from_module", key, submodule, name)
-        for key, submodule, name, _ in _hooked(module)
-    }
+    _check_module("masks_from_module", module)
+    return _read_masks("masks_from_module", module, _hooked(module))
 
 
-def _target(module: nn.Module, key: object) -> tuple[nn.Module, str, torch.Size]:
-    """The submodule and tensor name that ``key`` denotes, and its shape."""
+def _read_masks(
+    fn: str, module: nn.Module, hooked: list[tuple[str, nn.Module, str, int]]
+) -> Masks:
+    """The mask dict of the ``hooked`` tensors: one key per (tied) Parameter."""
+    masks = {key: _bool_mask(fn, key, submodule, name) for key, submodule, name, _ in hooked}
+    return one_key_per_parameter(fn, module, masks)
+
+
+def _target(module: nn.Module, key: object) -> tuple[nn.Module, str, nn.Parameter]:
+    """The submodule and tensor name that ``key`` denotes, and its Parameter."""
     if not isinstance(key, str):
         raise TypeError(
             f"install_masks_: masks must be keyed by parameter names (str), "
@@ -135,7 +159,7 @@ def _target(module: nn.Module, key: object) -> tuple[nn.Module, str, torch.Size]
             f"the module; expected names like those of named_parameters() of the "
             f"unpruned module, e.g. {known[:6]}"
         )
-    return submodule, name, param.shape
+    return submodule, name, param
 
 
 def _plain_pruned(module: nn.Module) -> list[tuple[str, str]]:
@@ -150,7 +174,9 @@ def install_masks_(module: nn.Module, masks: Mapping[str, Tensor]) -> nn.Module:
     mask a float buffer ``name_mask`` and a forward pre-hook recomputes
     ``name``. On a tensor already pruned, the mask is combined with the
     existing one (nothing pruned is revived). Parameters without a key are
-    left alone. All-or-nothing: on error the module is left as it was.
+    left alone. A tied Parameter is hooked in every module that holds it, all
+    sharing the same ``name_orig`` Parameter, with the same mask values.
+    All-or-nothing: on error the module is left as it was.
 
     Args:
         module: the module to prune in place.
@@ -161,10 +187,12 @@ def install_masks_(module: nn.Module, masks: Mapping[str, Tensor]) -> nn.Module:
         ``module``.
 
     Raises:
-        TypeError: if ``masks`` is not a mapping of names to ``torch.bool``
-            tensors.
-        ValueError: if a key names no parameter, or a mask's shape differs
-            from its parameter's.
+        TypeError: if ``module`` is not a :class:`torch.nn.Module`, or
+            ``masks`` not a mapping of names to ``torch.bool`` tensors.
+        ValueError: if a key names no parameter, a mask's shape differs
+            from its parameter's, two keys name one tied Parameter with
+            different masks, or the users of a tied Parameter would end up
+            with different masks (pruned differently before).
 
     >>> import torch, funcprune.compat as prune
     >>> net = torch.nn.Sequential(torch.nn.Linear(3, 2))
@@ -172,36 +200,79 @@ def install_masks_(module: nn.Module, masks: Mapping[str, Tensor]) -> nn.Module:
     >>> net[0].bias_mask, prune.is_pruned(net)
     (tensor([1., 0.]), True)
     """
+    _check_module("install_masks_", module)
     if not isinstance(masks, Mapping):
         raise TypeError(
             f"install_masks_: masks must be a dict of parameter names to torch.bool "
             f"tensors, got {type(masks).__name__}"
         )
-    targets = []
-    for key, mask in masks.items():
-        submodule, name, shape = _target(module, key)
-        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            got = f"dtype {mask.dtype}" if isinstance(mask, Tensor) else type(mask).__name__
-            raise TypeError(
-                f"install_masks_: masks[{key!r}] must be a torch.bool tensor, got {got}; "
-                "convert it with `mask != 0` if nonzero means kept"
-            )
-        if mask.shape != shape:
-            raise ValueError(
-                f"install_masks_: masks[{key!r}] has shape {tuple(mask.shape)} but the "
-                f"parameter has shape {tuple(shape)}; they must be equal"
-            )
-        targets.append((submodule, name, mask))
-    saved = snapshots((submodule, name) for submodule, name, _ in targets)
+    groups = _targets(module, masks)
+    pairs = [(user.module, user.name) for users, _ in groups for user in users]
+    saved = snapshots(pairs, parents_to_sync)
     try:
-        for submodule, name, mask in targets:
-            device = getattr(submodule, name).device
-            CustomFromMask.apply(submodule, name, mask.to(device=device))
+        with batch():  # no tying check: every user of a tied Parameter, on purpose
+            for users, mask in groups:
+                for user in users:
+                    device = getattr(user.module, user.name).device
+                    CustomFromMask.apply(user.module, user.name, mask.to(device=device))
+        for users, _ in groups:
+            _check_tied_installed(users)
+        for snapshot in saved:
+            sync_refreshers(snapshot.module, snapshot.parents)
     except BaseException:
         for snapshot in reversed(saved):
             snapshot.restore()
         raise
     return module
+
+
+def _targets(module: nn.Module, masks: Mapping[str, Tensor]) -> list[tuple[list[User], Tensor]]:
+    """The users to hook with each mask: every user of a tied Parameter."""
+    users = parameter_users(module)
+    chosen: dict[int, tuple[str, Tensor]] = {}
+    groups: list[tuple[list[User], Tensor]] = []
+    for key, mask in masks.items():
+        submodule, name, param = _target(module, key)
+        _check_mask(key, mask, param.shape)
+        if id(param) in chosen:
+            first, first_mask = chosen[id(param)]
+            if not torch.equal(first_mask, mask):
+                raise ValueError(
+                    f"install_masks_: masks has the keys {first!r} and {key!r}, which name the "
+                    "same (tied) Parameter, with different masks; give one mask per Parameter"
+                )
+            continue
+        chosen[id(param)] = (key, mask)
+        groups.append((users.get(id(param), [User(key, submodule, name, False)]), mask))
+    return groups
+
+
+def _check_mask(key: str, mask: object, shape: torch.Size) -> None:
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        got = f"dtype {mask.dtype}" if isinstance(mask, Tensor) else type(mask).__name__
+        raise TypeError(
+            f"install_masks_: masks[{key!r}] must be a torch.bool tensor, got {got}; "
+            "convert it with `mask != 0` if nonzero means kept"
+        )
+    if mask.shape != shape:
+        raise ValueError(
+            f"install_masks_: masks[{key!r}] has shape {tuple(mask.shape)} but the "
+            f"parameter has shape {tuple(shape)}; they must be equal"
+        )
+
+
+def _check_tied_installed(users: list[User]) -> None:
+    """The users of one tied Parameter must end up with the same mask."""
+    masks = [user.module._buffers.get(user.name + "_mask") for user in users]
+    for user, mask in zip(users[1:], masks[1:]):
+        if not (isinstance(mask, Tensor) and isinstance(masks[0], Tensor)
+                and torch.equal(mask, masks[0])):
+            raise ValueError(
+                f"install_masks_: {users[0].key!r} and {user.key!r} are one (tied) Parameter "
+                "but would end up with different masks, as they were pruned differently "
+                "before (torch.nn.utils.prune prunes one user only); a tied Parameter needs "
+                "one mask for all its users"
+            )
 
 
 def unprune_(module: nn.Module) -> Masks:
@@ -222,6 +293,7 @@ def unprune_(module: nn.Module) -> Masks:
         The ``torch.bool`` mask dict keyed by plain parameter names.
 
     Raises:
+        TypeError: if ``module`` is not a :class:`torch.nn.Module`.
         ValueError: as :func:`masks_from_module`, or if a hooked tensor has no
             ``name_orig`` parameter. The module is then left unchanged.
 
@@ -232,8 +304,9 @@ def unprune_(module: nn.Module) -> Masks:
     >>> sorted(masks), prune.is_pruned(fc), sorted(n for n, _ in fc.named_parameters())
     (['weight'], False, ['bias', 'weight'])
     """
+    _check_module("unprune_", module)
     hooked = _hooked(module)
-    masks = {key: _bool_mask("unprune_", key, sub, name) for key, sub, name, _ in hooked}
+    masks = _read_masks("unprune_", module, hooked)
     for key, submodule, name, _ in hooked:
         if not isinstance(submodule._parameters.get(name + "_orig"), nn.Parameter):
             raise ValueError(
@@ -249,6 +322,8 @@ def unprune_(module: nn.Module) -> Masks:
             del submodule._parameters[name + "_orig"]
             del submodule._buffers[name + "_mask"]
             setattr(submodule, name, orig)  # RNNs refresh _flat_weights here
+        for snapshot in saved:
+            sync_refreshers(snapshot.module, snapshot.parents)
     except BaseException:
         for snapshot in reversed(saved):
             snapshot.restore()

@@ -6,7 +6,9 @@ pruning function reparametrizes ``module.<name>`` (``name_orig`` parameter,
 torch: a failing call leaves every module exactly as it was;
 :func:`global_unstructured` accepts any iterable (torch's silently needs a
 re-iterable one); :func:`remove` and :func:`is_pruned` also recognise
-modules pruned by ``torch.nn.utils.prune``.
+modules pruned by ``torch.nn.utils.prune``; pruning a tied parameter (one
+that another module holds too) raises a ``ValueError`` before changing
+anything, where torch silently unties it (see :mod:`._tying`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from torch import nn
 
 from .._types import Amount, NormOrder
-from ._base import PruningContainer
+from ._base import PruningContainer, parents_to_sync
 from ._methods import (
     CustomFromMask,
     Identity,
@@ -27,7 +29,9 @@ from ._methods import (
     RandomStructured,
     RandomUnstructured,
 )
-from ._state import Snapshot, TorchBase, snapshots
+from ._parents import sync_refreshers
+from ._state import Snapshot, TorchBase, batch, snapshots
+from ._tying import check_untied
 
 __all__ = [
     "identity",
@@ -183,6 +187,7 @@ def global_unstructured(
     Raises:
         TypeError: if ``parameters`` is not iterable, ``importance_scores`` not
             a dict, or the method's ``PRUNING_TYPE`` not ``"unstructured"``.
+        ValueError: if a parameter is tied (another module holds it too).
 
     >>> import torch, funcprune.compat as prune
     >>> net = torch.nn.Sequential(torch.nn.Linear(10, 4), torch.nn.Linear(4, 1))
@@ -197,6 +202,7 @@ def global_unstructured(
     if not isinstance(importance_scores, dict):
         raise TypeError("global_unstructured(): importance_scores must be of type dict")
     pairs = list(parameters)
+    check_untied("global_unstructured", pairs)  # before the scores' graph holds them
     relevant_importance_scores = torch.nn.utils.parameters_to_vector(
         [importance_scores.get((module, name), getattr(module, name)) for module, name in pairs]
     )
@@ -217,15 +223,18 @@ def global_unstructured(
         )
     container.add_pruning_method(method)
     final_mask = container.compute_mask(relevant_importance_scores, default_mask)
-    saved = snapshots(pairs)
+    saved = snapshots(pairs, parents_to_sync)
     try:
         pointer = 0
         for module, name in pairs:
             param = getattr(module, name)
             num_param = param.numel()
             param_mask = final_mask[pointer : pointer + num_param].view_as(param)
-            custom_from_mask(module, name, mask=param_mask)
+            with batch():  # ties checked above, refreshers synced below: all at once
+                custom_from_mask(module, name, mask=param_mask)
             pointer += num_param
+        for snapshot in saved:
+            sync_refreshers(snapshot.module, snapshot.parents)
     except BaseException:
         for snapshot in reversed(saved):
             snapshot.restore()
@@ -268,12 +277,15 @@ def remove(module: nn.Module, name: str) -> nn.Module:
     >>> sorted(name for name, _ in m.named_parameters())
     ['bias', 'weight']
     """
-    for key, hook in module._forward_pre_hooks.items():
+    hooks = module._forward_pre_hooks
+    for key, hook in hooks.items():
         if isinstance(hook, TorchBase) and hook._tensor_name == name:
-            snapshot = Snapshot(module, [name])
+            last = sum(isinstance(other, TorchBase) for other in hooks.values()) == 1
+            snapshot = Snapshot(module, [name], None if last else [])  # parents: if the last
             try:
                 hook.remove(module)
-                del module._forward_pre_hooks[key]
+                del hooks[key]
+                sync_refreshers(module, snapshot.parents)
             except BaseException:
                 snapshot.restore()
                 raise

@@ -4,27 +4,72 @@ attribute, and snapshots that make every mutating call all-or-nothing.
 A :class:`Snapshot` records everything a pruning call may touch on one module
 (its parameters, buffers, forward pre-hooks, the history of its pruning
 containers, the plain attributes named, RNN flat weights and parameter
-data); :meth:`Snapshot.restore` puts all of it back in place, keeping the
-dicts' identities and orders.
+data, and the forward pre-hooks of the parents that read it directly, see
+:mod:`._parents`); :meth:`Snapshot.restore` puts all of it back in place,
+keeping the dicts' identities and orders.
+
+The pruned attribute carries two per-tensor protocol methods: a
+``__deepcopy__`` (torch cannot deep-copy it) and a ``__getstate__`` that
+keeps the first out of pickles, so that a saved pruned tensor is a plain
+tensor (``torch.load(..., weights_only=True)`` accepts it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import types
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import torch
 import torch.nn.utils.prune as torch_prune
 from torch import nn
 
-__all__ = ["Snapshot", "TorchBase", "TorchContainer", "pruning_hooks", "set_pruned", "snapshots"]
+from ._parents import reading_parents
+
+__all__ = [
+    "Snapshot",
+    "TorchBase",
+    "TorchContainer",
+    "batch",
+    "in_batch",
+    "pruning_hooks",
+    "set_pruned",
+    "snapshots",
+]
 
 #: torch's base class: compat's methods subclass it, so this one check
 #: recognises hooks installed by either library.
 TorchBase = torch_prune.BasePruningMethod
 TorchContainer = torch_prune.PruningContainer
+
+
+_BATCH: ContextVar[bool] = ContextVar("funcprune_compat_batch", default=False)
+
+
+@contextlib.contextmanager
+def batch() -> Iterator[None]:
+    """Prune several tensors in one call (``global_unstructured``, ``install_masks_``).
+
+    Within it, ``BasePruningMethod.apply`` leaves two module-wide tasks to its
+    caller, which does them once for all its tensors: the check for tied
+    Parameters (:mod:`._tying`; ``install_masks_`` hooks tied users on
+    purpose) and the parents' refreshers (:mod:`._parents`), snapshots
+    included.
+    """
+    token = _BATCH.set(True)
+    try:
+        yield
+    finally:
+        _BATCH.reset(token)
+
+
+def in_batch() -> bool:
+    """Whether the current call runs within :func:`batch`."""
+    return _BATCH.get()
 
 
 def pruning_hooks(module: nn.Module, name: str) -> list[tuple[int, TorchBase]]:
@@ -80,6 +125,29 @@ class _PrunedDeepcopy:
         return pruned
 
 
+class _PlainState:
+    """The ``__getstate__`` of a pruned attribute: its state without compat's entries.
+
+    torch pickles a tensor's ``__dict__`` (``Tensor.__reduce_ex__`` asks
+    ``__getstate__`` for it, see ``torch._utils._get_obj_state``), so the
+    per-tensor ``__deepcopy__`` would be saved with the tensor and refused by
+    ``torch.load(weights_only=True)``. This callable returns the ``__dict__``
+    without the two protocol entries; an empty one (as for any plain tensor)
+    makes torch take its plain-tensor path: the pickle is a plain tensor's.
+    It refers to its tensor weakly (no reference cycle).
+    """
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = weakref.ref(tensor)
+
+    def __call__(self) -> dict[str, Any]:
+        tensor = self.tensor()
+        state = {} if tensor is None else tensor.__dict__
+        return {k: v for k, v in state.items() if k not in ("__deepcopy__", "__getstate__")}
+
+
 def _attach_deepcopy(
     pruned: object, method: TorchBase, orig: object, mask: object
 ) -> None:
@@ -89,6 +157,7 @@ def _attach_deepcopy(
     computed from the module's real parameter, not from tensors swapped in
     by ``torch.func.functional_call`` or wrapped by a ``torch.func``
     transform (those leave a stale attribute that the next forward replaces).
+    A ``__getstate__`` (:class:`_PlainState`) keeps it out of pickles.
     """
     if not (
         isinstance(pruned, torch.Tensor)
@@ -102,6 +171,7 @@ def _attach_deepcopy(
     ):
         return
     pruned.__deepcopy__ = _PrunedDeepcopy(method, orig, mask)  # type: ignore[method-assign]
+    pruned.__getstate__ = _PlainState(pruned)  # type: ignore[attr-defined]
 
 
 def set_pruned(module: nn.Module, method: TorchBase, pruned: object) -> None:
@@ -124,9 +194,17 @@ class Snapshot:
     Args:
         module: the module about to be changed.
         names: the plain attributes (pruned tensors) to record as well.
+        parents: the ``(parent, attribute)`` pairs of the parents whose
+            refreshers the call may change (:mod:`._parents`); found with
+            :func:`~._parents.reading_parents` by default.
     """
 
-    def __init__(self, module: nn.Module, names: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        names: Iterable[str] = (),
+        parents: list[tuple[nn.Module, str]] | None = None,
+    ) -> None:
         self.module = module
         self.parameters = dict(module._parameters)
         self.data = [(p, p.data) for p in module._parameters.values() if p is not None]
@@ -143,6 +221,8 @@ class Snapshot:
         self.missing = missing
         flat = module.__dict__.get("_flat_weights")
         self.flat = list(flat) if isinstance(flat, list) else None
+        self.parents = reading_parents(module) if parents is None else parents
+        self.parent_hooks = [(p, dict(p._forward_pre_hooks)) for p, _ in self.parents]
 
     def restore(self) -> None:
         """Put the module back exactly as it was when the snapshot was taken."""
@@ -169,6 +249,8 @@ class Snapshot:
         flat = module.__dict__.get("_flat_weights")
         if self.flat is not None and isinstance(flat, list):
             flat[:] = self.flat
+        for parent, hooks in self.parent_hooks:
+            _refill(parent._forward_pre_hooks, hooks)
 
 
 def _refill(target: dict[Any, Any], saved: dict[Any, Any]) -> None:
@@ -176,9 +258,18 @@ def _refill(target: dict[Any, Any], saved: dict[Any, Any]) -> None:
     target.update(saved)
 
 
-def snapshots(modules: Iterable[tuple[nn.Module, str]]) -> list[Snapshot]:
-    """One snapshot per distinct module of ``(module, name)`` pairs."""
+def snapshots(
+    modules: Iterable[tuple[nn.Module, str]],
+    parents: Callable[[nn.Module], list[tuple[nn.Module, str]] | None] = lambda module: None,
+) -> list[Snapshot]:
+    """One snapshot per distinct module of ``(module, name)`` pairs.
+
+    Args:
+        modules: the ``(module, name)`` pairs about to be changed.
+        parents: gives each module's ``parents`` argument of :class:`Snapshot`
+            (``None``: look them up).
+    """
     names: dict[int, tuple[nn.Module, set[str]]] = {}
     for module, name in modules:
         names.setdefault(id(module), (module, set()))[1].add(name)
-    return [Snapshot(module, attrs) for module, attrs in names.values()]
+    return [Snapshot(module, attrs, parents(module)) for module, attrs in names.values()]

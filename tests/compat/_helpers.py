@@ -39,6 +39,22 @@ class Small(nn.Module):
         return out
 
 
+class TiedLM(nn.Module):
+    """A tiny language model whose output layer is tied to its embedding:
+    embedding -> linear -> lm_head, with ``lm_head.weight = embedding.weight``."""
+
+    def __init__(self, vocab: int = 11, dim: int = 6) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, dim)
+        self.linear = nn.Linear(dim, dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.lm_head.weight = self.embedding.weight
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        out: Tensor = self.lm_head(torch.tanh(self.linear(self.embedding(tokens))))
+        return out
+
+
 def twins(factory: Callable[[], nn.Module], seed: int = 0) -> tuple[Any, Any]:
     """Two modules with identical parameters.
 

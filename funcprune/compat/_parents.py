@@ -1,0 +1,112 @@
+"""Parents that read a pruned child's tensors without calling the child.
+
+Hook mode recomputes ``weight = mask * orig`` in the pruned module's forward
+pre-hook. :class:`torch.nn.MultiheadAttention` never calls its ``out_proj``:
+its ``forward`` passes ``self.out_proj.weight`` and ``.bias`` to the
+attention function (or the fused inference fast path). So with
+``torch.nn.utils.prune`` a pruned ``out_proj.weight`` is computed once, at
+prune time: the second backward fails ("Trying to backward through the graph
+a second time") and, under ``no_grad``, an optimizer step is never seen
+(pytorch/pytorch#69353, #78109).
+
+compat fixes it: pruning a tensor of ``out_proj`` (a
+``NonDynamicallyQuantizableLinear``, the class MultiheadAttention uses) also
+registers on each MultiheadAttention holding it a :class:`RefreshChild`
+forward pre-hook, which runs the child's pruning hooks before the parent's
+forward. One refresher per parent and child; it goes away when the child is
+no longer pruned by a funcprune call (:func:`sync_refreshers`) and does
+nothing meanwhile (after torch's ``remove``, say). It holds only the child's
+attribute name, so deep copies and pickles of the parent keep working.
+
+The parents are looked up (a heap scan, see :mod:`._holders`) when compat
+prunes a child that it had not pruned yet, when the child's last pruning is
+removed, and by the bridge; re-pruning is free. So a child pruned by compat
+*before* it was put into its MultiheadAttention gets its refresher only
+after ``remove``/``unprune_`` and a new pruning.
+
+``TransformerEncoderLayer`` also reads its children's tensors directly, but
+only in its inference fast path, which it skips when any submodule has a
+forward hook (a pruning hook included): it calls them, nothing to refresh.
+The refresher is added only for a ``NonDynamicallyQuantizableLinear`` (the
+parent look-up scans the heap); an ``out_proj`` replaced by a plain
+``nn.Linear`` gets none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.nn.utils.prune as torch_prune
+from torch import nn
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
+
+from ._holders import holders
+
+__all__ = ["RefreshChild", "reading_parents", "sync_refreshers"]
+
+#: The children each parent class reads without calling them.
+_READ_DIRECTLY: tuple[tuple[type[nn.Module], str], ...] = ((nn.MultiheadAttention, "out_proj"),)
+
+
+class RefreshChild:
+    """A parent's forward pre-hook that recomputes its child's pruned tensors.
+
+    Args:
+        child: the child's attribute name in the parent (``"out_proj"``).
+    """
+
+    __slots__ = ("child",)
+
+    def __init__(self, child: str) -> None:
+        self.child = child
+
+    def __getstate__(self) -> str:
+        return self.child
+
+    def __setstate__(self, state: str) -> None:
+        self.child = state
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.child!r})"
+
+    def __call__(self, module: nn.Module, inputs: Any) -> None:
+        """Run the pruning hooks of ``module.<child>`` (if any), as its call would."""
+        child = module._modules.get(self.child)
+        if child is None:
+            return
+        for hook in list(child._forward_pre_hooks.values()):
+            if isinstance(hook, torch_prune.BasePruningMethod):
+                hook(child, ())
+
+
+def reading_parents(module: nn.Module) -> list[tuple[nn.Module, str]]:
+    """The ``(parent, attribute)`` pairs of parents that read ``module`` directly.
+
+    Only a ``NonDynamicallyQuantizableLinear`` can have one: other modules
+    cost nothing here, the look-up scans the heap (see :mod:`._holders`).
+    """
+    if not isinstance(module, NonDynamicallyQuantizableLinear):
+        return []
+    return [
+        (parent, key)
+        for parent, key in holders([module], "_modules")[0]
+        if any(isinstance(parent, cls) and key == attr for cls, attr in _READ_DIRECTLY)
+    ]
+
+
+def sync_refreshers(module: nn.Module, parents: list[tuple[nn.Module, str]]) -> None:
+    """Give each of ``parents`` one :class:`RefreshChild` iff ``module`` is pruned."""
+    pruned = any(
+        isinstance(hook, torch_prune.BasePruningMethod)
+        for hook in module._forward_pre_hooks.values()
+    )
+    for parent, key in parents:
+        if parent._modules.get(key) is not module:
+            continue
+        hooks = parent._forward_pre_hooks
+        present = [k for k, h in hooks.items() if isinstance(h, RefreshChild) and h.child == key]
+        if pruned and not present:
+            parent.register_forward_pre_hook(RefreshChild(key))
+        elif not pruned:
+            for hook_key in present:
+                del hooks[hook_key]
