@@ -20,8 +20,9 @@ from ._apply import mask_gradients as mask_gradients
 from ._apply import mask_gradients_ as mask_gradients_
 from ._apply import Multipliers as Multipliers
 from ._apply import to_multipliers as to_multipliers
-from ._fold import compute_mask as compute_mask
-from ._fold import prune as prune
+from ._masks import compute_joint_masks as compute_joint_masks
+from ._masks import compute_mask as compute_mask
+from ._masks import prune as prune
 from ._global import GlobalPlan as GlobalPlan
 from ._global import global_unstructured as global_unstructured
 from ._names import UnknownNameError as UnknownNameError
@@ -32,16 +33,17 @@ from ._plan import compose as compose
 from ._report import SparsityReport as SparsityReport
 from ._report import SparsityRow as SparsityRow
 from ._report import sparsity_report as sparsity_report
-from ._specs import Chain as Chain
+from ._spec import Chain as Chain
+from ._spec import Spec as Spec
+from ._spec import chain as chain
 from ._specs import CustomFromMask as CustomFromMask
 from ._specs import Identity as Identity
 from ._specs import L1Unstructured as L1Unstructured
 from ._specs import LnStructured as LnStructured
 from ._specs import RandomStructured as RandomStructured
 from ._specs import RandomUnstructured as RandomUnstructured
-from ._specs import Spec as Spec
-from ._specs import chain as chain
 from ._types import Amount as Amount
+from ._types import Rule as Rule
 from ._types import Masks as Masks
 from ._types import NormOrder as NormOrder
 from ._types import Params as Params
@@ -68,6 +70,7 @@ __all__ = [
     "PruningType",
     "RandomStructured",
     "RandomUnstructured",
+    "Rule",
     "Scores",
     "SparsityReport",
     "SparsityRow",
@@ -77,6 +80,7 @@ __all__ = [
     "apply_masks_",
     "chain",
     "compose",
+    "compute_joint_masks",
     "compute_mask",
     "functional_call_masked",
     "global_unstructured",

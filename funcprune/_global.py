@@ -1,11 +1,9 @@
 """Global groups: one unstructured spec over several tensors jointly.
 
-The functional :func:`torch.nn.utils.prune.global_unstructured`: the scores of
-the selected tensors are flattened into one vector, as torch's
-``parameters_to_vector`` does, their earlier masks likewise; the spec is folded
-on that vector in one :func:`~funcprune.compute_mask` call and the mask is
-split back per tensor. Eager ``L1Unstructured`` groups take a fast path that
-gives the same masks without concatenating (see ``_fastselect``).
+The functional :func:`torch.nn.utils.prune.global_unstructured`: the selected
+tensors are ranked together by :func:`~funcprune.compute_joint_masks`, which
+gives the masks of their scores flattened into one vector (as torch's
+``parameters_to_vector`` does, earlier masks likewise) split back per tensor.
 """
 
 from __future__ import annotations
@@ -16,13 +14,11 @@ from typing import ClassVar, final
 
 import torch
 
-from ._fastselect import joint_l1_kept
+from ._masks import compute_joint_masks
 from ._names import match_names
-from ._plan import AbstractPlan, as_spec, mask_for, scores_for, spec_repr
-from ._specs import L1Unstructured, Spec
-from ._types import Params, Scores
-
-Tensor = torch.Tensor
+from ._plan import AbstractPlan, as_spec, naming, scores_for, spec_repr
+from ._spec import Spec
+from ._types import Params, Scores, Tensor
 
 __all__ = ["GlobalPlan", "global_unstructured"]
 
@@ -58,8 +54,9 @@ class GlobalPlan(AbstractPlan):
             )
         if self.spec.pruning_type != "unstructured":
             raise TypeError(
-                'Only "unstructured" PRUNING_TYPE supported for the `pruning_method`. '
-                f"Found method {self.spec!r} of type {self.spec.pruning_type}"
+                f"global_unstructured: spec must have pruning_type 'unstructured' (global "
+                f"pruning ranks single entries), got {self.spec!r} of pruning_type "
+                f"{self.spec.pruning_type!r}; prune channels per tensor with a Plan instead"
             )
 
     def __repr__(self) -> str:
@@ -76,26 +73,10 @@ class GlobalPlan(AbstractPlan):
         found = (n for pattern in self.names for n in match_names(self._FN, "name", pattern, names))
         selected = tuple(dict.fromkeys(found))  # listed order, each name once
         each = [scores_for(params[n], masks.get(n), scores.get(n)) for n in selected]
-        if type(self.spec) is L1Unstructured:  # the eager fast path: no concatenation
-            kept = joint_l1_kept(each, [masks.get(n) for n in selected], self.spec.amount)
-            if kept is not None:
-                return {**masks, **dict(zip(selected, kept, strict=True))}
-        flat_scores = torch.cat([s.reshape(-1) for s in each])
-        flat_default = None
-        if any(n in masks for n in selected):
-            flat_default = torch.cat(
-                [
-                    masks.get(n, torch.ones_like(params[n], dtype=torch.bool)).reshape(-1)
-                    for n in selected
-                ]
-            )
         what = "[" + ", ".join(map(repr, selected)) + "] jointly"
-        flat = mask_for(self._FN, what, self.spec, flat_scores, flat_default, generator)
-        pieces = torch.split(flat, [params[n].numel() for n in selected])
-        out = dict(masks)
-        for n, piece in zip(selected, pieces, strict=True):
-            out[n] = piece.reshape(params[n].shape)
-        return out
+        with naming(self._FN, what, self.spec):
+            kept = compute_joint_masks(self.spec, each, [masks.get(n) for n in selected], generator=generator)
+        return {**masks, **dict(zip(selected, kept, strict=True))}
 
 
 def global_unstructured(names: Sequence[str], spec: Spec | Sequence[Spec]) -> GlobalPlan:
@@ -125,8 +106,9 @@ def global_unstructured(names: Sequence[str], spec: Spec | Sequence[Spec]) -> Gl
     >>> fp.global_unstructured(["a"], fp.LnStructured(0.5, n=2))
     Traceback (most recent call last):
     ...
-    TypeError: Only "unstructured" PRUNING_TYPE supported for the `pruning_method`.
-    Found method LnStructured(amount=0.5, n=2, dim=-1) of type structured
+    TypeError: global_unstructured: spec must have pruning_type 'unstructured' (global pruning
+    ranks single entries), got LnStructured(amount=0.5, n=2, dim=-1) of pruning_type
+    'structured'; prune channels per tensor with a Plan instead
     """
     if isinstance(names, str) or not isinstance(names, Sequence):
         raise TypeError(

@@ -1,38 +1,46 @@
-"""Kernels: one small pure function per leaf spec, computing its mask.
+"""Kernels: one small pure function per built-in method, computing its mask.
 
-Each kernel takes importance ``scores``, an optional boolean ``default_mask``
-(already checked) and an optional generator, and returns a new ``torch.bool``
-mask of the scores' shape. With a default mask, the spec acts on the part of
-the tensor that is still unpruned, exactly as torch's ``PruningContainer``
-does: unpruned entries for unstructured specs, channels not entirely pruned
-for structured ones, everything for :class:`CustomFromMask`. A float amount
-is a fraction of that part; nothing pruned earlier is ever revived.
+A kernel takes the method's hyper-parameters, importance ``scores``, an
+optional ``default_mask`` and (for random methods) a generator, and returns a
+new ``torch.bool`` mask of the scores' shape. With a default mask the method
+acts on the part of the tensor still unpruned, exactly as torch's
+``PruningContainer`` does: unpruned entries for unstructured methods,
+channels not entirely pruned for structured ones, everything for a custom
+mask. A float amount is a fraction of that part; nothing pruned earlier is
+ever revived. Which entries go is decided by :mod:`funcprune._select`.
+
+Kernels know nothing of spec classes: each spec's ``compute_mask`` calls its
+kernel with its fields.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import functools
+from collections.abc import Callable, Sequence
 
 import torch
 
-from ._fastselect import FAST_MIN_KEYS, lowest_fast
-from ._select import Count, is_concrete, lowest, resolve_count, spread
-from ._specs import (
-    CustomFromMask,
-    Identity,
-    L1Unstructured,
-    LnStructured,
-    RandomStructured,
-    RandomUnstructured,
-    Spec,
-)
-from ._validate import validate_dim_range, validate_structured
+from ._select import KeyPart, keep, keep_jointly, resolve_count
+from ._types import Amount, Count, Mask, NormOrder, Tensor
+from ._validate import is_concrete, validate_dim_range, validate_structured
 
-Tensor = torch.Tensor
-Mask = Tensor | None
+__all__ = [
+    "custom_from_mask",
+    "keep_all",
+    "l1_unstructured",
+    "l1_unstructured_jointly",
+    "ln_structured",
+    "random_structured",
+    "random_unstructured",
+]
 
 
-def _left(scores: Tensor, eligible: Mask, total: int) -> Count:
+def _as_bool(mask: Mask) -> Mask:
+    """A default mask as ``torch.bool`` (numbers: nonzero means kept)."""
+    return mask if mask is None or mask.dtype == torch.bool else mask != 0
+
+
+def _unpruned_count(scores: Tensor, eligible: Mask, total: int) -> Count:
     """How many units are still unpruned: a Python int wherever it can be.
 
     A tensor only where the values cannot be read (under a transform); the
@@ -44,74 +52,108 @@ def _left(scores: Tensor, eligible: Mask, total: int) -> Count:
     return int(n) if is_concrete(scores) and is_concrete(eligible) else n
 
 
-def _rand(
-    n: int,
-    generator: torch.Generator | None,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str = "cpu",
-) -> Tensor:
+def _rand(n: int, generator: torch.Generator | None, dtype: torch.dtype | None = None,
+          device: torch.device | str = "cpu") -> Tensor:  # fmt: skip
     """``n`` uniform draws, as torch's pruning methods draw them."""
     return torch.rand(n, generator=generator, dtype=dtype, device=device)
 
 
-def _kept(keys: Tensor, k: Count, eligible: Mask) -> Tensor:
-    """Flags of the eligible keys that survive pruning the ``k`` lowest.
+def _scatter_draws(draws: Tensor, eligible: Tensor, fill: float) -> Tensor:
+    """Lay ``draws``, made for the eligible units only, over all units in order.
 
-    Takes the selection path when eager and large, the sort path otherwise
-    (the two agree exactly).
+    The eager counterpart of ``t[eligible] = draws`` (torch draws one number
+    per unpruned unit); ``fill`` elsewhere.
     """
-    if isinstance(k, int) and keys.numel() >= FAST_MIN_KEYS and is_concrete(keys):
-        kept = lowest_fast(keys, k, eligible, complement=True)
-    else:
-        kept = ~lowest(keys, k, eligible)
-    return kept if eligible is None else kept.logical_and_(eligible)
+    out = torch.full(eligible.shape, fill, dtype=draws.dtype, device=draws.device)
+    return out.masked_scatter(eligible.to(draws.device), draws)
+
+
+def keep_all(scores: Tensor, default_mask: Mask) -> Tensor:
+    """A new mask that prunes nothing more than ``default_mask``."""
+    default_mask = _as_bool(default_mask)
+    if default_mask is None:
+        return torch.ones(scores.shape, dtype=torch.bool, device=scores.device)
+    return default_mask.clone(memory_format=torch.contiguous_format)
 
 
 # --- unstructured -----------------------------------------------------------
 
 
-def _unstructured(
-    keys_of: Callable[[Tensor, Mask, Count], Tensor],
-    amount: float | int,
-    scores: Tensor,
-    default_mask: Mask,
-) -> Tensor:
+KeysOf = Callable[[Tensor, Mask, Count], Tensor]
+
+
+def _unstructured(keys_of: KeysOf, amount: Amount, scores: Tensor, default_mask: Mask) -> Tensor:
     """Prune the ``amount`` lowest keys among the unpruned entries."""
+    default_mask = _as_bool(default_mask)
     eligible = None if default_mask is None else default_mask.reshape(-1)
-    left = _left(scores, eligible, scores.numel())
-    k = resolve_count(amount, left)
+    unpruned = _unpruned_count(scores, eligible, scores.numel())
+    k = resolve_count(amount, unpruned)
     if isinstance(k, int) and k == 0:  # torch draws nothing then either
         return keep_all(scores, default_mask)
-    keys = keys_of(scores, eligible, left)
-    return _kept(keys, k, eligible).reshape(scores.shape)
+    keys = keys_of(scores, eligible, unpruned)
+    return keep(keys, k, eligible).reshape(scores.shape)
 
 
-def _l1_unstructured(
-    spec: L1Unstructured, scores: Tensor, default_mask: Mask, generator: torch.Generator | None
+def l1_unstructured(amount: Amount, scores: Tensor, default_mask: Mask) -> Tensor:
+    """Prune the ``amount`` unpruned entries of smallest ``|scores|``."""
+    return _unstructured(lambda s, e, c: s.abs().reshape(-1), amount, scores, default_mask)
+
+
+def l1_unstructured_jointly(
+    amount: Amount, scores: Sequence[Tensor], default_masks: Sequence[Mask]
+) -> list[Tensor]:
+    """:func:`l1_unstructured` over several tensors ranked as if concatenated.
+
+    ``|scores|`` is computed part by part, in the group's promoted dtype, as
+    torch's concatenation ranks it (an fp32 tensor beside an fp16 one is
+    compared in fp32); the group is never concatenated on the eager path.
+    """
+    dtype = functools.reduce(torch.promote_types, (s.dtype for s in scores))
+    defaults = [_as_bool(d) for d in default_masks]
+    parts = [_l1_part(s, d, dtype) for s, d in zip(scores, defaults, strict=True)]
+    unpruned: Count = 0
+    for s, d in zip(scores, defaults, strict=True):
+        unpruned = unpruned + _unpruned_count(s, None if d is None else d.reshape(-1), s.numel())
+    k = resolve_count(amount, unpruned)
+    if isinstance(k, int) and k == 0:
+        return [keep_all(s, d) for s, d in zip(scores, defaults, strict=True)]
+    kept = keep_jointly(parts, k)
+    return [m.reshape(s.shape) for m, s in zip(kept, scores, strict=True)]
+
+
+def _l1_part(scores: Tensor, default: Mask, dtype: torch.dtype) -> KeyPart:
+    flat = scores.detach().reshape(-1)
+
+    def magnitudes(t: Tensor) -> Tensor:
+        return t.abs().to(dtype)  # |x| is exact in any dtype; so is widening
+
+    eligible = None if default is None else default.reshape(-1)
+    return KeyPart(flat, lambda: magnitudes(flat), lambda stride: magnitudes(flat[::stride]), eligible)
+
+
+def random_unstructured(
+    amount: Amount, scores: Tensor, default_mask: Mask, generator: torch.Generator | None
 ) -> Tensor:
-    return _unstructured(lambda s, e, c: s.abs().reshape(-1), spec.amount, scores, default_mask)
+    """Prune ``amount`` random unpruned entries, drawing as torch draws."""
 
-
-def _random_unstructured(
-    spec: RandomUnstructured,
-    scores: Tensor,
-    default_mask: Mask,
-    generator: torch.Generator | None,
-) -> Tensor:
-    def keys(s: Tensor, eligible: Mask, left: Count) -> Tensor:
+    def keys(s: Tensor, eligible: Mask, unpruned: Count) -> Tensor:
         # torch draws one number per *unpruned* entry and prunes the largest.
-        if eligible is not None and isinstance(left, int):  # eager: draw as torch does
-            drawn = _rand(left, generator, s.dtype, s.device)
-            return -spread(drawn, eligible, 0.0)
+        if eligible is not None and isinstance(unpruned, int):  # eager: draw as torch does
+            drawn = _rand(unpruned, generator, s.dtype, s.device)
+            return -_scatter_draws(drawn, eligible, 0.0)
         return -_rand(s.numel(), generator, s.dtype, s.device)
 
-    return _unstructured(keys, spec.amount, scores, default_mask)
+    return _unstructured(keys, amount, scores, default_mask)
 
 
 # --- structured -------------------------------------------------------------
 
 
+ChannelKeysOf = Callable[[Tensor, int, list[int], Mask, Count], Tensor]
+
+
 def _channels(scores: Tensor, dim: int) -> tuple[int, list[int]]:
+    """``dim`` made non-negative, and the other dims (torch's checks first)."""
     validate_structured(scores)
     validate_dim_range(scores, dim)
     d = dim % scores.dim()
@@ -119,24 +161,20 @@ def _channels(scores: Tensor, dim: int) -> tuple[int, list[int]]:
 
 
 def _structured(
-    keys_of: Callable[[Tensor, int, list[int], Mask, Count], Tensor],
-    amount: float | int,
-    dim: int,
-    scores: Tensor,
-    default_mask: Mask,
+    keys_of: ChannelKeysOf, amount: Amount, dim: int, scores: Tensor, default_mask: Mask
 ) -> Tensor:
     """Prune the ``amount`` lowest-key channels among those not all pruned."""
+    default_mask = _as_bool(default_mask)
     d, others = _channels(scores, dim)
     n_channels = scores.shape[d]
     eligible = None
     if default_mask is not None:
         eligible = default_mask.movedim(d, 0).flatten(1).any(dim=1)
-    left = _left(scores, eligible, n_channels)
-    k = resolve_count(amount, left)
+    unpruned = _unpruned_count(scores, eligible, n_channels)
+    k = resolve_count(amount, unpruned)
     if isinstance(k, int) and k == 0:  # torch draws nothing then either
         return keep_all(scores, default_mask)
-    keys = keys_of(scores, d, others, eligible, left)
-    kept = _kept(keys, k, eligible)
+    kept = keep(keys_of(scores, d, others, eligible, unpruned), k, eligible)
     shape = [1] * scores.dim()
     shape[d] = n_channels
     kept = kept.reshape(shape)
@@ -155,82 +193,48 @@ def _check_matrix_norm(n: object, scores: Tensor) -> None:
         )
 
 
-def _ln_structured(
-    spec: LnStructured, scores: Tensor, default_mask: Mask, generator: torch.Generator | None
+def ln_structured(
+    amount: Amount, n: NormOrder, dim: int, scores: Tensor, default_mask: Mask
 ) -> Tensor:
-    _channels(scores, spec.dim)
-    _check_matrix_norm(spec.n, scores)
+    """Prune the ``amount`` remaining channels along ``dim`` of smallest L``n`` norm."""
+    _channels(scores, dim)
+    _check_matrix_norm(n, scores)
 
-    def keys(s: Tensor, d: int, others: list[int], eligible: Mask, left: Count) -> Tensor:
-        norm: Tensor = torch.norm(s, p=spec.n, dim=others)
+    def keys(s: Tensor, d: int, others: list[int], eligible: Mask, unpruned: Count) -> Tensor:
+        norm: Tensor = torch.norm(s, p=n, dim=others)
         return norm
 
-    return _structured(keys, spec.amount, spec.dim, scores, default_mask)
+    return _structured(keys, amount, dim, scores, default_mask)
 
 
-def _random_structured(
-    spec: RandomStructured,
-    scores: Tensor,
-    default_mask: Mask,
+def random_structured(
+    amount: Amount, dim: int, scores: Tensor, default_mask: Mask,
     generator: torch.Generator | None,
-) -> Tensor:
-    def keys(s: Tensor, d: int, others: list[int], eligible: Mask, left: Count) -> Tensor:
+) -> Tensor:  # fmt: skip
+    """Prune ``amount`` random remaining channels along ``dim``, drawing as torch."""
+
+    def keys(s: Tensor, d: int, others: list[int], eligible: Mask, unpruned: Count) -> Tensor:
         # torch draws one default-dtype CPU number per remaining channel and
         # prunes the smallest.
         device = generator.device if generator is not None else "cpu"
-        if eligible is not None and isinstance(left, int):  # eager: draw as torch does
-            drawn = _rand(left, generator, device=device)
-            return spread(drawn, eligible.to(drawn.device), 0.0).to(s.device)
+        if eligible is not None and isinstance(unpruned, int):  # eager: draw as torch does
+            drawn = _rand(unpruned, generator, device=device)
+            return _scatter_draws(drawn, eligible, 0.0).to(s.device)
         return _rand(s.shape[d], generator, device=device).to(s.device)
 
-    return _structured(keys, spec.amount, spec.dim, scores, default_mask)
+    return _structured(keys, amount, dim, scores, default_mask)
 
 
-# --- whole-tensor specs -----------------------------------------------------
+# --- a given mask -------------------------------------------------------------
 
 
-def keep_all(scores: Tensor, default_mask: Mask) -> Tensor:
-    if default_mask is None:
-        return torch.ones(scores.shape, dtype=torch.bool, device=scores.device)
-    return default_mask.clone(memory_format=torch.contiguous_format)
-
-
-def _identity(
-    spec: Identity, scores: Tensor, default_mask: Mask, generator: torch.Generator | None
-) -> Tensor:
-    return keep_all(scores, default_mask)
-
-
-def _custom_from_mask(
-    spec: CustomFromMask, scores: Tensor, default_mask: Mask, generator: torch.Generator | None
-) -> Tensor:
-    if spec.mask.shape != scores.shape:
+def custom_from_mask(mask: Tensor, scores: Tensor, default_mask: Mask) -> Tensor:
+    """Prune where ``mask`` (``torch.bool``) is ``False``, on top of ``default_mask``."""
+    if mask.shape != scores.shape:
         raise ValueError(
-            f"CustomFromMask: the spec's mask has shape {tuple(spec.mask.shape)} but the "
+            f"CustomFromMask: the spec's mask has shape {tuple(mask.shape)} but the "
             f"scores have shape {tuple(scores.shape)}; they must be equal"
         )
-    mask = spec.mask.to(scores.device)
+    default_mask = _as_bool(default_mask)
+    mask = mask.to(scores.device)
     return mask.clone() if default_mask is None else mask & default_mask
-
-
-def leaf_mask(
-    spec: Spec, scores: Tensor, default_mask: Mask, generator: torch.Generator | None
-) -> Tensor:
-    """Dispatch a leaf (non-chain) spec to its kernel."""
-    match spec:
-        case Identity():
-            return _identity(spec, scores, default_mask, generator)
-        case RandomUnstructured():
-            return _random_unstructured(spec, scores, default_mask, generator)
-        case L1Unstructured():
-            return _l1_unstructured(spec, scores, default_mask, generator)
-        case RandomStructured():
-            return _random_structured(spec, scores, default_mask, generator)
-        case LnStructured():
-            return _ln_structured(spec, scores, default_mask, generator)
-        case CustomFromMask():
-            return _custom_from_mask(spec, scores, default_mask, generator)
-    raise TypeError(
-        f"spec must be a funcprune spec (Identity, RandomUnstructured, L1Unstructured, "
-        f"RandomStructured, LnStructured, CustomFromMask or Chain), got {spec!r}"
-    )

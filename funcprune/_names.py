@@ -16,9 +16,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ._select import is_concrete
 from ._types import Params
-from ._validate import non_binary
+from ._validate import is_concrete, non_binary
 
 Tensor = torch.Tensor
 

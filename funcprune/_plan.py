@@ -16,21 +16,18 @@ tensors jointly, built by :func:`~funcprune.global_unstructured`, in
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, final
 
 import torch
 
-from ._fold import compute_mask
+from ._fold import fold
 from ._names import check_masks, check_not_hook_mode, check_params, check_scores, match_names
-from ._specs import Chain, Identity, Spec, chain
-from ._types import Masks, Params, Scores
+from ._spec import Chain, Spec, chain
+from ._types import Mask, Masks, Params, Rule, Scores, Tensor
 from ._validate import check_generator
-
-Tensor = torch.Tensor
-#: What a :class:`Plan` rule maps to: a spec, or a list of specs (a chain).
-RuleValue = Spec | Sequence[Spec]
 
 __all__ = ["AbstractPlan", "Plan", "ComposedPlan", "compose"]
 
@@ -47,17 +44,11 @@ def scores_for(param: Tensor, mask: Tensor | None, given: Tensor | None) -> Tens
     return param if mask is None else param * mask.to(param.dtype)
 
 
-def mask_for(
-    fn: str,
-    what: str,
-    spec: Spec,
-    scores: Tensor,
-    default_mask: Tensor | None,
-    generator: torch.Generator | None,
-) -> Tensor:
-    """``compute_mask``, with errors that name the parameter(s) pruned."""
+@contextlib.contextmanager
+def naming(fn: str, what: str, spec: Spec) -> Iterator[None]:
+    """Re-raise a spec's error with the plan and the parameter(s) it was pruning."""
     try:
-        return compute_mask(spec, scores, default_mask, generator=generator)
+        yield
     except (TypeError, ValueError, IndexError) as e:
         if type(e) not in (TypeError, ValueError, IndexError):
             raise
@@ -210,7 +201,7 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
     _FN = "Plan"
     _rules: tuple[tuple[str, Spec], ...]
 
-    def __init__(self, rules: Mapping[str, RuleValue]) -> None:
+    def __init__(self, rules: Mapping[str, Rule]) -> None:
         if not isinstance(rules, Mapping):
             is_list = isinstance(rules, (list, tuple))
             hint = "; to apply plans in order use funcprune.compose(*plans)" if is_list else ""
@@ -269,12 +260,15 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
         for spec, selected in matched:
             # A chain's steps run one by one, each scored like a new torch call:
             # as the tensor currently is, or by the given scores as they are.
-            steps = (spec.specs or (Identity(),)) if isinstance(spec, Chain) else (spec,)
+            steps = spec.specs if isinstance(spec, Chain) else (spec,)
             for name in selected:
-                for step in steps:
-                    earlier = out.get(name)
-                    s = scores_for(params[name], earlier, scores.get(name))
-                    out[name] = mask_for(self._FN, repr(name), step, s, earlier, generator)
+                param, given = params[name], scores.get(name)
+
+                def scores_of(i: int, mask: Mask) -> Tensor:
+                    return scores_for(param, mask, given)
+
+                with naming(self._FN, repr(name), spec):
+                    out[name] = fold(steps, scores_of, out.get(name), generator)
         return out
 
 

@@ -1,38 +1,95 @@
-"""Selection helpers shared by the kernels: counts and exact bottom-k picks.
+"""Exact bottom-k selection: the one module that decides how it is done.
 
-Everything here works on concrete tensors and under ``torch.func`` transforms
-and ``torch.compile``: Python control flow depends on shapes and on Python
-numbers only, never on tensor values. A count may be a Python ``int`` or an
-integer tensor (under ``vmap`` each batch element may prune a different
-number of units).
+Every function here answers the same question with the same polarity: which
+entries are **kept** (``True``, as in a mask) when, in each group, the ``k``
+eligible entries with the lowest keys are pruned. Ineligible entries (pruned
+earlier) are never kept. Three rules hold on every path:
+
+- exactly ``k`` eligible entries are pruned per group (capped at the number
+  eligible), whatever the ties;
+- among equal keys the lower index is pruned first (the lower index of the
+  concatenation, for parts ranked jointly);
+- NaN ranks above every number (as in :func:`torch.topk`), so it goes last.
+
+Groups are first-class: :data:`WHOLE` (all entries), :class:`Slices` (each
+slice along a dim, on its own) and :class:`Blocks` (each run of ``size``
+consecutive entries along a dim). :func:`keep_jointly` ranks several tensors
+as if concatenated, without concatenating them.
+
+Paths, chosen here and nowhere else (all give identical flags, tested):
+
+- *sort* (a stable sort, then a cumulative count): any count, including a
+  tensor of per-group counts under ``vmap``, and any eligibility;
+- *threshold* (one :func:`torch.kthvalue`): a Python ``int`` count over a
+  whole tensor with every entry eligible; works under every transform;
+- *bracket* (eager, from :data:`FAST_MIN_KEYS` keys): a strided sample
+  brackets the k-th key, one pass per part counts the keys below the bracket
+  and collects the few inside, ``kthvalue`` finishes on those. Where the
+  sample misleads or the threshold is not finite it steps aside for the sort.
+
+Python control flow depends on shapes and Python numbers only, except on the
+bracket path, which runs only on concrete (eager) tensors.
 """
 
 from __future__ import annotations
 
 import numbers
-from typing import Union
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Union, final
 
 import torch
 
-from ._types import Amount
-from ._validate import count_to_prune, validate_count
+from ._types import Amount, Count, Mask, Tensor
+from ._validate import count_to_prune, is_concrete, validate_count
 
-Count = Union[int, torch.Tensor]
+__all__ = [
+    "FAST_MIN_KEYS",
+    "WHOLE",
+    "Blocks",
+    "Group",
+    "KeyPart",
+    "Slices",
+    "Whole",
+    "keep",
+    "keep_jointly",
+    "resolve_count",
+]
+
+#: From this many keys on, eager selection brackets instead of sorting.
+FAST_MIN_KEYS = 1 << 16
+#: About how many keys the bracketing sample holds.
+_SAMPLE = 1 << 17
 #: More units than any tensor holds: a larger integer amount prunes the same.
 _MAX_COUNT = 2**62
 
 
-def is_concrete(t: torch.Tensor) -> bool:
-    """Whether ``t`` holds real values that Python may read.
+@final
+@dataclass(frozen=True, slots=True)
+class Whole:
+    """One group: every entry of the tensor."""
 
-    False while ``torch.compile`` traces, when ``t`` is wrapped by a
-    ``torch.func`` transform (``vmap``, ``grad``, ...) and for tensors on the
-    ``meta`` device, which have shapes but no values. Only concrete inputs
-    take the eager paths that read values (``int(...)``).
-    """
-    if torch.compiler.is_compiling() or t.is_meta:
-        return False
-    return not torch._C._functorch.is_functorch_wrapped_tensor(t)
+
+@final
+@dataclass(frozen=True, slots=True)
+class Slices:
+    """One group per index along ``dim``: each slice selects on its own."""
+
+    dim: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Blocks:
+    """One group per run of ``size`` consecutive entries along ``dim``."""
+
+    size: int
+    dim: int = -1
+
+
+Group = Union[Whole, Slices, Blocks]
+#: The default group.
+WHOLE = Whole()
 
 
 def resolve_count(amount: Amount, available: Count) -> Count:
@@ -53,57 +110,193 @@ def resolve_count(amount: Amount, available: Count) -> Count:
     return torch.round(available.to(torch.float64) * float(amount)).to(torch.int64)
 
 
-def lowest(keys: torch.Tensor, k: Count, eligible: torch.Tensor | None = None) -> torch.Tensor:
-    """Boolean flags for the ``k`` lowest ``keys`` among the eligible entries.
+def keep(keys: Tensor, k: Count, eligible: Mask = None, *, group: Group = WHOLE) -> Tensor:
+    """Kept flags of ``keys``' shape: in each group the ``k`` lowest eligible keys go.
 
-    ``keys`` is 1-D. NaN ranks above everything (as in :func:`torch.topk`),
-    so it is picked last. Among equal keys the lower index is picked first,
-    so exactly ``k`` entries are flagged whatever the ties (``k`` is capped
-    at the number of eligible entries).
+    Args:
+        keys: the keys; lower means less important.
+        k: the count to prune per group: a Python ``int``, or an integer
+            tensor (a 0-d count for :data:`WHOLE`, one count per group
+            otherwise, or a 0-d count shared by all groups).
+        eligible: ``torch.bool`` flags of ``keys``' shape; ``None`` means all.
+        group: how the entries are grouped.
 
-    A Python ``int`` count over all entries takes a threshold path (one
-    :func:`torch.kthvalue`, linear time); otherwise the keys are sorted.
-    Both give the same flags and both work under transforms.
+    Returns:
+        A new ``torch.bool`` tensor: eligible and not among the pruned.
     """
+    if isinstance(group, Whole):
+        flat = None if eligible is None else eligible.reshape(-1)
+        return _keep_flat(keys.reshape(-1), k, flat).reshape(keys.shape)
+    rows, restore = _as_rows(keys, group)
+    eligible_rows = None if eligible is None else _as_rows(eligible, group)[0]
+    return restore(_keep_rows(rows, k, eligible_rows))
+
+
+def _keep_flat(keys: Tensor, k: Count, eligible: Mask) -> Tensor:
+    """:func:`keep` over one 1-D group: the path is chosen here."""
+    concrete = is_concrete(keys) and (eligible is None or is_concrete(eligible))
+    if isinstance(k, int) and keys.numel() >= FAST_MIN_KEYS and concrete:
+        part = KeyPart(keys, lambda: keys, lambda stride: keys[::stride], eligible)
+        bracketed = _keep_by_bracket([part], k)
+        if bracketed is not None:
+            return bracketed[0]
     if eligible is None and isinstance(k, int):
-        return _lowest_by_threshold(keys, k)
-    return lowest_by_sort(keys, k, eligible)
+        return _keep_by_threshold(keys, k)
+    return _keep_rows(keys[None], k, None if eligible is None else eligible[None])[0]
 
 
-def lowest_by_sort(
-    keys: torch.Tensor, k: Count, eligible: torch.Tensor | None = None
-) -> torch.Tensor:
-    """:func:`lowest` by a stable sort: any count, any eligibility."""
-    order = torch.sort(keys, stable=True).indices
+def _as_rows(t: Tensor, group: Group) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+    """``t`` as a 2-D tensor, one group a row, and the inverse reshaping."""
+    if isinstance(group, Slices):
+        moved = t.movedim(group.dim, 0)
+        return moved.reshape(moved.shape[0], -1), lambda r: r.reshape(moved.shape).movedim(0, group.dim)
+    assert isinstance(group, Blocks)
+    moved = t.movedim(group.dim, -1)
+    if moved.shape[-1] % group.size:
+        raise ValueError(
+            f"blocks of {group.size} entries along dim {group.dim} do not tile a length of "
+            f"{moved.shape[-1]}; the length must be a multiple of the block size"
+        )
+    return moved.reshape(-1, group.size), lambda r: r.reshape(moved.shape).movedim(-1, group.dim)
+
+
+def _keep_rows(rows: Tensor, k: Count, eligible: Mask) -> Tensor:
+    """Per row of a 2-D tensor, by a stable sort: any count, any eligibility."""
+    order = torch.sort(rows, dim=1, stable=True).indices
+    limit = k if isinstance(k, int) or k.dim() == 0 else k.reshape(-1, 1)
     if eligible is None:
-        ranks = torch.arange(1, keys.numel() + 1, device=keys.device)
-        picked_sorted = ranks <= k
+        ranks = torch.arange(1, rows.shape[1] + 1, device=rows.device).expand(rows.shape)
+        pruned_sorted = ranks <= limit
     else:
-        eligible_sorted = eligible.gather(0, order)
-        picked_sorted = eligible_sorted & (torch.cumsum(eligible_sorted, 0) <= k)
-    return torch.zeros_like(keys, dtype=torch.bool).scatter(0, order, picked_sorted)
+        eligible_sorted = eligible.gather(1, order)
+        pruned_sorted = eligible_sorted & (torch.cumsum(eligible_sorted, 1) <= limit)
+    kept = torch.ones_like(rows, dtype=torch.bool).scatter(1, order, ~pruned_sorted)
+    return kept if eligible is None else kept.logical_and_(eligible)
 
 
-def _lowest_by_threshold(keys: torch.Tensor, k: int) -> torch.Tensor:
-    """:func:`lowest` for ``0 <= k <= keys.numel()``, via the k-th lowest key."""
+def _keep_by_threshold(keys: Tensor, k: int) -> Tensor:
+    """:func:`keep` for ``0 <= k <= keys.numel()``, all eligible, via the k-th key."""
     if k <= 0:
-        return torch.zeros_like(keys, dtype=torch.bool)
+        return torch.ones_like(keys, dtype=torch.bool)
     v = torch.kthvalue(keys, k).values  # NaN ranks last here too
     nan = keys.isnan()
     below = (keys < v) | (v.isnan() & ~nan)
     ties = (keys == v) | (nan & v.isnan())
-    left = k - below.sum()
-    return below | (ties & (torch.cumsum(ties, 0) <= left))
+    ties_to_prune = k - below.sum()
+    return ~(below | (ties & (torch.cumsum(ties, 0) <= ties_to_prune)))
 
 
-def spread(values: torch.Tensor, eligible: torch.Tensor | None, fill: float) -> torch.Tensor:
-    """Place ``values`` at the eligible positions, in order; ``fill`` elsewhere.
+# --- several parts ranked as one: the bracket ---------------------------------
 
-    The eager counterpart of ``t[eligible] = values``, used to lay random
-    draws made only for the unpruned units (as torch draws them) over all
-    units. Needs a concrete ``eligible``.
+
+@final
+@dataclass(frozen=True, slots=True)
+class KeyPart:
+    """One part of keys ranked jointly, computed on demand (never all at once).
+
+    Attributes:
+        source: the tensor the keys come from (its size, device, and whether
+            its values can be read: eager or traced).
+        keys: computes the part's 1-D keys (in the group's common dtype).
+        sample: the keys of every ``stride``-th entry, for the bracket.
+        eligible: 1-D ``torch.bool`` flags; ``None`` means all.
     """
-    if eligible is None:
-        return values
-    out = torch.full(eligible.shape, fill, dtype=values.dtype, device=values.device)
-    return out.masked_scatter(eligible.to(values.device), values)
+
+    source: Tensor
+    keys: Callable[[], Tensor]
+    sample: Callable[[int], Tensor]
+    eligible: Mask = None
+
+    @property
+    def numel(self) -> int:
+        """How many keys the part has."""
+        return self.source.numel()
+
+
+def keep_jointly(parts: Sequence[KeyPart], k: Count) -> list[Tensor]:
+    """Per part, kept flags: the ``k`` lowest eligible keys of all parts go.
+
+    Equal to :func:`keep` on the concatenated keys and eligibility, split
+    back. Eager parts from :data:`FAST_MIN_KEYS` keys in all are bracketed
+    part by part; otherwise the parts are concatenated.
+    """
+    total = sum(p.numel for p in parts)
+    tensors = [t for p in parts for t in (p.source, p.eligible) if t is not None]
+    if isinstance(k, int) and total >= FAST_MIN_KEYS and all(map(is_concrete, tensors)):
+        bracketed = _keep_by_bracket(parts, k)
+        if bracketed is not None:
+            return bracketed
+    keys = torch.cat([p.keys() for p in parts])
+    eligible = None
+    if any(p.eligible is not None for p in parts):
+        eligible = torch.cat([_flags(p) for p in parts])
+    return list(torch.split(keep(keys, k, eligible), [p.numel for p in parts]))
+
+
+def _flags(part: KeyPart) -> Tensor:
+    if part.eligible is not None:
+        return part.eligible
+    return torch.ones(part.numel, dtype=torch.bool, device=part.source.device)
+
+
+def _keep_by_bracket(parts: Sequence[KeyPart], k: int) -> list[Tensor] | None:
+    """The bracket path; ``None`` where it cannot answer (then the caller sorts)."""
+    total = sum(p.numel for p in parts)
+    if not 0 < k <= total:
+        return None
+    stride = max(16, total // _SAMPLE)  # a sample of 1/16 of the keys at most
+    lo, hi = _bounds(torch.cat([_sample(p, stride) for p in parts]), k / total)
+    below, candidates = 0, []
+    for part in parts:
+        keys = _eligible_keys(part)
+        under_lo = keys < lo  # NaN is neither below nor inside
+        below += int(torch.count_nonzero(under_lo))
+        candidates.append(keys[(keys <= hi).logical_and_(under_lo.logical_not_())])
+    inside = torch.cat(candidates)
+    if not below < k <= below + inside.numel():
+        return None
+    v = torch.kthvalue(inside, k - below).values
+    if not bool(torch.isfinite(v)):
+        return None
+    ties_to_prune = k - below - int(torch.count_nonzero(inside < v))
+    kept = []
+    for part, c in zip(parts, candidates, strict=True):
+        ties = int(torch.count_nonzero(c == v))
+        take = min(ties, ties_to_prune)
+        ties_to_prune -= take
+        survivors = _survivors(_eligible_keys(part), v, ties, take)
+        kept.append(survivors if part.eligible is None else survivors.logical_and_(part.eligible))
+    return kept
+
+
+def _eligible_keys(part: KeyPart) -> Tensor:
+    """The part's keys with ``+inf`` at ineligible entries (never picked here)."""
+    keys = part.keys()
+    return keys if part.eligible is None else keys.masked_fill(part.eligible.logical_not(), torch.inf)
+
+
+def _sample(part: KeyPart, stride: int) -> Tensor:
+    sample = part.sample(stride)
+    if part.eligible is None:
+        return sample
+    return sample.masked_fill(part.eligible[::stride].logical_not(), torch.inf)
+
+
+def _survivors(keys: Tensor, v: Tensor, ties: int, take: int) -> Tensor:
+    """Kept flags when every key below ``v`` and the first ``take`` of ``ties`` go."""
+    if take == ties:
+        return (keys <= v).logical_not_()
+    pruned = keys < v
+    if take:
+        pruned.index_fill_(0, (keys == v).nonzero().squeeze(1)[:take], True)
+    return pruned.logical_not_()
+
+
+def _bounds(sample: Tensor, q: float) -> tuple[float, float]:
+    """Bounds likely to hold the q-quantile of the keys, from a sample."""
+    m = sample.numel()
+    margin = 4.0 * (m * q * (1.0 - q)) ** 0.5 + 8.0
+    r_lo, r_hi = int(q * m - margin), int(q * m + margin) + 1
+    lo = float(torch.kthvalue(sample, r_lo).values) if r_lo >= 1 else -torch.inf
+    hi = float(torch.kthvalue(sample, r_hi).values) if r_hi <= m else torch.inf
+    return lo, hi

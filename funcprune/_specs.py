@@ -1,49 +1,36 @@
-"""Pruning specs: immutable descriptions of WHAT to prune and how much.
+"""The built-in specs: torch.nn.utils.prune's methods as frozen dataclasses.
 
 A spec holds hyper-parameters only and validates them when it is built;
-nothing mutates it (make variants with :func:`dataclasses.replace`). The
-masks themselves are computed by :func:`funcprune.compute_mask`.
+nothing mutates it (make variants with :func:`dataclasses.replace`). Each
+computes its own mask with the pure method ``compute_mask``, which calls its
+kernel in :mod:`funcprune._kernels`; they go through the same mechanism as a
+user-defined :class:`~funcprune.Spec`. The checked entry point for users is
+:func:`funcprune.compute_mask`.
 """
 
 from __future__ import annotations
 
-import abc
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import final
 
 import torch
 
-from ._types import Amount, NormOrder, PruningType
+from . import _kernels as kernels
+from ._spec import Spec
+from ._types import Amount, Mask, NormOrder, PruningType, Tensor
 from ._validate import non_binary, validate_amount_init
 
 __all__ = [
-    "Spec",
     "Identity",
     "RandomUnstructured",
     "L1Unstructured",
     "RandomStructured",
     "LnStructured",
     "CustomFromMask",
-    "Chain",
-    "chain",
 ]
-
-
-class Spec(abc.ABC):
-    """Abstract base of every pruning spec."""
-
-    __slots__ = ()
-
-    @property
-    @abc.abstractmethod
-    def pruning_type(self) -> PruningType:
-        """The part of a tensor this spec acts on when folded on a mask.
-
-        ``"unstructured"``: the entries still unpruned; ``"structured"``: the
-        channels along ``dim`` not entirely pruned; ``"global"``: everything.
-        """
 
 
 def _check_amount(amount: object) -> bool:
@@ -89,7 +76,7 @@ def _check_norm_order(n: object) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class _Amounted(Spec):
+class _AmountSpec(Spec):
     """Abstract base of the specs that prune an ``amount``: checks it.
 
     A count and a fraction never compare equal (``1`` prunes one unit,
@@ -116,10 +103,15 @@ class Identity(Spec):
     def pruning_type(self) -> PruningType:
         return "unstructured"
 
+    def compute_mask(
+        self, scores: Tensor, default_mask: Mask = None, *, generator: torch.Generator | None = None
+    ) -> Tensor:
+        return kernels.keep_all(scores, default_mask)
+
 
 @final
 @dataclass(frozen=True, slots=True)
-class RandomUnstructured(_Amounted):
+class RandomUnstructured(_AmountSpec):
     """Prunes ``amount`` of the unpruned entries, chosen at random.
 
     Args:
@@ -138,10 +130,15 @@ class RandomUnstructured(_Amounted):
     def pruning_type(self) -> PruningType:
         return "unstructured"
 
+    def compute_mask(
+        self, scores: Tensor, default_mask: Mask = None, *, generator: torch.Generator | None = None
+    ) -> Tensor:
+        return kernels.random_unstructured(self.amount, scores, default_mask, generator)
+
 
 @final
 @dataclass(frozen=True, slots=True)
-class L1Unstructured(_Amounted):
+class L1Unstructured(_AmountSpec):
     """Prunes the ``amount`` unpruned entries of smallest absolute score.
 
     Args:
@@ -160,10 +157,25 @@ class L1Unstructured(_Amounted):
     def pruning_type(self) -> PruningType:
         return "unstructured"
 
+    def compute_mask(
+        self, scores: Tensor, default_mask: Mask = None, *, generator: torch.Generator | None = None
+    ) -> Tensor:
+        return kernels.l1_unstructured(self.amount, scores, default_mask)
+
+    def compute_joint_masks(
+        self,
+        scores: Sequence[Tensor],
+        default_masks: Sequence[Mask],
+        *,
+        generator: torch.Generator | None = None,
+    ) -> list[Tensor]:
+        """Ranks the group part by part, never concatenating it (eager, large)."""
+        return kernels.l1_unstructured_jointly(self.amount, scores, default_masks)
+
 
 @final
 @dataclass(frozen=True, slots=True)
-class RandomStructured(_Amounted):
+class RandomStructured(_AmountSpec):
     """Prunes ``amount`` of the remaining channels along ``dim`` at random.
 
     Args:
@@ -182,17 +194,22 @@ class RandomStructured(_Amounted):
     dim: int = -1
 
     def __post_init__(self) -> None:
-        _Amounted.__post_init__(self)
+        _AmountSpec.__post_init__(self)
         _check_dim(self.dim)
 
     @property
     def pruning_type(self) -> PruningType:
         return "structured"
 
+    def compute_mask(
+        self, scores: Tensor, default_mask: Mask = None, *, generator: torch.Generator | None = None
+    ) -> Tensor:
+        return kernels.random_structured(self.amount, self.dim, scores, default_mask, generator)
+
 
 @final
 @dataclass(frozen=True, slots=True)
-class LnStructured(_Amounted):
+class LnStructured(_AmountSpec):
     """Prunes the ``amount`` remaining channels of smallest L``n`` norm.
 
     Args:
@@ -215,13 +232,18 @@ class LnStructured(_Amounted):
     dim: int = -1
 
     def __post_init__(self) -> None:
-        _Amounted.__post_init__(self)
+        _AmountSpec.__post_init__(self)
         _check_norm_order(self.n)
         _check_dim(self.dim)
 
     @property
     def pruning_type(self) -> PruningType:
         return "structured"
+
+    def compute_mask(
+        self, scores: Tensor, default_mask: Mask = None, *, generator: torch.Generator | None = None
+    ) -> Tensor:
+        return kernels.ln_structured(self.amount, self.n, self.dim, scores, default_mask)
 
 
 @final
@@ -278,68 +300,7 @@ class CustomFromMask(Spec):
     def pruning_type(self) -> PruningType:
         return "global"
 
-
-@final
-@dataclass(frozen=True, slots=True)
-class Chain(Spec):
-    """Several specs applied one after another, each on what is still unpruned.
-
-    Build one with :func:`chain`, which checks and flattens its arguments.
-    Step ``i > 0`` scores the tensor as pruned by the steps before it (scores
-    times the current mask). With the parameter itself as the scores, this is
-    exactly what repeated ``torch.nn.utils.prune`` calls on one module do,
-    since each call scores the currently pruned tensor; a torch call given
-    ``importance_scores`` would score them unmasked instead (a
-    :class:`funcprune.Plan` rule with a list of specs and explicit scores
-    does that).
-    """
-
-    specs: tuple[Spec, ...]
-
-    def __post_init__(self) -> None:
-        for i, spec in enumerate(self.specs):
-            if not isinstance(spec, Spec) or isinstance(spec, Chain):
-                raise TypeError(
-                    f"Chain.specs[{i}] must be a non-chain funcprune spec, got {spec!r}; "
-                    "build chains with funcprune.chain(...), which flattens them"
-                )
-
-    @property
-    def pruning_type(self) -> PruningType:
-        """The steps' common type; ``"global"`` when they differ.
-
-        An empty chain prunes nothing and is ``"unstructured"`` like
-        :class:`Identity`.
-        """
-        kinds = {spec.pruning_type for spec in self.specs}
-        if not kinds:
-            return "unstructured"
-        if len(kinds) == 1:
-            return kinds.pop()
-        return "global"
-
-
-def chain(*specs: Spec) -> Chain:
-    """Compose specs into one :class:`Chain`; chains inside are flattened.
-
-    Composition is closed: the result is a spec, and
-    ``chain(chain(a, b), c) == chain(a, chain(b, c)) == chain(a, b, c)``.
-
-    Raises:
-        TypeError: if an argument is not a funcprune spec.
-
-    >>> chain(L1Unstructured(0.5), chain(Identity(), RandomUnstructured(2)))
-    Chain(specs=(L1Unstructured(amount=0.5), Identity(), RandomUnstructured(amount=2)))
-    """
-    flat: list[Spec] = []
-    for i, spec in enumerate(specs):
-        if isinstance(spec, Chain):
-            flat.extend(spec.specs)
-        elif isinstance(spec, Spec):
-            flat.append(spec)
-        else:
-            raise TypeError(
-                f"chain: argument {i} must be a funcprune spec, got {spec!r} "
-                f"of type {type(spec).__name__}"
-            )
-    return Chain(tuple(flat))
+    def compute_mask(
+        self, scores: Tensor, default_mask: Mask = None, *, generator: torch.Generator | None = None
+    ) -> Tensor:
+        return kernels.custom_from_mask(self.mask, scores, default_mask)

@@ -86,6 +86,19 @@ def validate_dim_range(t: torch.Tensor, dim: int) -> None:
         )
 
 
+def is_concrete(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds real values that Python may read.
+
+    False while ``torch.compile`` traces, when ``t`` is wrapped by a
+    ``torch.func`` transform (``vmap``, ``grad``, ...) and for tensors on the
+    ``meta`` device, which have shapes but no values. Only concrete inputs
+    take the eager paths that read values (``int(...)``).
+    """
+    if torch.compiler.is_compiling() or t.is_meta:
+        return False
+    return not torch._C._functorch.is_functorch_wrapped_tensor(t)
+
+
 def non_binary(mask: torch.Tensor, limit: int) -> list[float]:
     """Up to ``limit`` values of ``mask`` other than 0 and 1 (none: a valid mask).
 

@@ -379,9 +379,9 @@ def test_generator_makes_random_plans_reproducible() -> None:
     "spec", [fp.LnStructured(0.2, n=1), fp.RandomStructured(0.2), fp.CustomFromMask(torch.ones(3))]
 )
 def test_global_refuses_a_non_unstructured_spec_like_torch(spec: fp.Spec) -> None:
-    with pytest.raises(TypeError, match='Only "unstructured" PRUNING_TYPE'):
+    with pytest.raises(TypeError, match="global_unstructured: spec must have pruning_type 'unstructured'"):
         fp.global_unstructured(["w"], spec)
-    with pytest.raises(TypeError, match='Only "unstructured" PRUNING_TYPE'):
+    with pytest.raises(TypeError, match="global_unstructured: spec must have pruning_type 'unstructured'"):
         fp.global_unstructured(["w"], fp.chain(fp.L1Unstructured(1), spec))
 
 

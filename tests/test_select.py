@@ -9,10 +9,14 @@ from hypothesis import strategies as st
 from torch.func import vmap
 
 import funcprune as fp
-from funcprune import _fastselect, _kernels
-from funcprune._fastselect import lowest_fast
-from funcprune._select import lowest, lowest_by_sort
+from funcprune import _kernels, _select
+from funcprune._select import keep
 from funcprune._validate import count_to_prune
+
+
+def kept_by_sort(keys: torch.Tensor, k: int, eligible: torch.Tensor | None) -> torch.Tensor:
+    """The reference: the stable-sort path, whatever the size."""
+    return _select._keep_rows(keys[None], k, None if eligible is None else eligible[None])[0]
 
 
 @st.composite
@@ -40,17 +44,19 @@ def keys_and_k(draw: st.DrawFn) -> tuple[torch.Tensor, int, torch.Tensor | None]
 
 @pytest.mark.parametrize("sample", [16, 1 << 17])
 @given(case=keys_and_k())
-def test_lowest_fast_equals_lowest(case: tuple[torch.Tensor, int, torch.Tensor | None], sample: int) -> None:
+def test_the_bracket_and_threshold_paths_equal_the_sort_path(
+    case: tuple[torch.Tensor, int, torch.Tensor | None], sample: int
+) -> None:
     keys, k, eligible = case
+    expected = kept_by_sort(keys, k, eligible)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_fastselect, "_SAMPLE", sample)
-        picked = lowest_fast(keys, k, eligible)
-        kept = lowest_fast(keys, k, eligible, complement=True)
-    expected = lowest_by_sort(keys, k, eligible)
-    assert torch.equal(picked, expected)
-    assert torch.equal(kept, ~expected)
-    assert torch.equal(lowest(keys, k, eligible), expected)  # the threshold path, where it applies
-    batched = vmap(lambda t: lowest(t, k))(keys[None])[0]
+        mp.setattr(_select, "FAST_MIN_KEYS", 1)
+        mp.setattr(_select, "_SAMPLE", sample)
+        bracketed = _select._keep_by_bracket([_select.KeyPart(keys, lambda: keys, lambda s: keys[::s], eligible)], k)
+        assert torch.equal(keep(keys, k, eligible), expected)  # the bracket, or the sort where it steps aside
+    assert bracketed is None or torch.equal(bracketed[0], expected)
+    assert torch.equal(keep(keys, k, eligible), expected)  # the threshold path, where it applies
+    batched = vmap(lambda t: keep(t, k))(keys[None])[0]
     assert eligible is not None or torch.equal(batched, expected)
 
 
@@ -69,7 +75,7 @@ def test_eager_fast_path_equals_the_transform_path(spec: fp.Spec, ties: bool) ->
     """A tensor above the fast-path size: eager (selection) vs vmap (sort)."""
     g = torch.Generator().manual_seed(11)
     shape = (300, 256)
-    assert shape[0] * shape[1] >= _fastselect.FAST_MIN_KEYS
+    assert shape[0] * shape[1] >= _select.FAST_MIN_KEYS
     scores = torch.randint(-3, 4, shape, generator=g).float() if ties else torch.randn(shape, generator=g)
     default = torch.rand(shape, generator=g) < 0.8
     for d in (None, default):
@@ -88,19 +94,26 @@ def test_eager_fast_path_equals_the_transform_path(spec: fp.Spec, ties: bool) ->
             assert torch.equal(eager, batched[0])
 
 
+def spy_on_the_bracket(mp: pytest.MonkeyPatch) -> list[bool]:
+    """Record, per bracket attempt, whether it answered (``False``: it stepped aside)."""
+    answered: list[bool] = []
+    original = _select._keep_by_bracket
+
+    def spy(parts: list[_select.KeyPart], k: int) -> list[torch.Tensor] | None:
+        result = original(parts, k)
+        answered.append(result is not None)
+        return result
+
+    mp.setattr(_select, "_keep_by_bracket", spy)
+    return answered
+
+
 def test_the_kernels_take_the_fast_path_when_large(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    original = _fastselect.lowest_fast
-
-    def spy(keys: torch.Tensor, k: int, eligible: torch.Tensor | None = None, *, complement: bool = False) -> torch.Tensor:
-        calls.append(keys.numel())
-        return original(keys, k, eligible, complement=complement)
-
-    monkeypatch.setattr(_kernels, "lowest_fast", spy)
+    answered = spy_on_the_bracket(monkeypatch)
     fp.compute_mask(fp.L1Unstructured(0.5), torch.randn(10))
-    assert calls == []
-    fp.compute_mask(fp.L1Unstructured(0.5), torch.randn(_fastselect.FAST_MIN_KEYS))
-    assert calls == [_fastselect.FAST_MIN_KEYS]
+    assert answered == []
+    fp.compute_mask(fp.L1Unstructured(0.5), torch.randn(_select.FAST_MIN_KEYS))
+    assert answered == [True]
 
 
 #: Mixed in one group, they are ranked in the promoted dtype, as torch.cat does.
@@ -137,17 +150,16 @@ def test_joint_l1_equals_the_concatenated_mask(
         flat_default = torch.cat([torch.ones_like(s, dtype=torch.bool) if d is None else d for s, d in zip(scores, defaults)])
     expected = torch.split(fp.compute_mask(fp.L1Unstructured(amount), flat, flat_default), [s.numel() for s in scores])
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_fastselect, "FAST_MIN_KEYS", 1)
-        mp.setattr(_fastselect, "_SAMPLE", sample)
-        got = _fastselect.joint_l1_kept(scores, defaults, amount)
-    if got is None:  # only where this path must step aside
-        available = flat.numel() if flat_default is None else int(flat_default.sum())
-        nothing_to_prune = count_to_prune(amount, available) == 0
-        assert nothing_to_prune or not bool(torch.isfinite(flat).all()) or sample == 16
-        return
+        mp.setattr(_select, "FAST_MIN_KEYS", 1)
+        mp.setattr(_select, "_SAMPLE", sample)
+        answered = spy_on_the_bracket(mp)
+        got = _kernels.l1_unstructured_jointly(amount, scores, defaults)
     assert [m.shape for m in got] == [s.shape for s in scores]
     for g_, e in zip(got, expected):
         assert torch.equal(g_, e)
+    available = flat.numel() if flat_default is None else int(flat_default.sum())
+    if count_to_prune(amount, available) and bool(torch.isfinite(flat).all()) and sample != 16:
+        assert answered == [True]  # steps aside only where it must
 
 
 def test_global_fast_path_equals_torch_on_a_large_model(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,15 +167,7 @@ def test_global_fast_path_equals_torch_on_a_large_model(monkeypatch: pytest.Monk
     import torch.nn.utils.prune as tprune
     from torch import nn
 
-    calls: list[int] = []
-    original = _fastselect.joint_l1_kept
-
-    def spy(*args: object) -> list[torch.Tensor] | None:
-        result = original(*args)  # type: ignore[arg-type]
-        calls.append(result is not None)
-        return result
-
-    monkeypatch.setattr(fp._global, "joint_l1_kept", spy)
+    calls = spy_on_the_bracket(monkeypatch)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(300, 200), nn.ReLU(), nn.Linear(200, 150)).double()
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -207,3 +211,55 @@ def test_a_mixed_dtype_global_group_prunes_torchs_count_and_mask(
     if bool(differ.any()):  # only among scores tied at the threshold
         tied = flat_scores[differ]
         assert bool(tied.min() == tied.max())
+
+
+@st.composite
+def grouped(draw: st.DrawFn) -> tuple[torch.Tensor, _select.Group, torch.Tensor | None, int | torch.Tensor]:
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    shape = tuple(draw(st.lists(st.integers(1, 6), min_size=2, max_size=3)))
+    ties = draw(st.booleans())
+    keys = torch.randint(0, 3, shape, generator=g).float() if ties else torch.randn(shape, generator=g)
+    dim = draw(st.integers(-len(shape), len(shape) - 1))
+    if draw(st.booleans()):
+        group: _select.Group = _select.Slices(dim)
+        n_groups, size = shape[dim], keys.numel() // shape[dim]
+    else:
+        size = draw(st.sampled_from([d for d in range(1, shape[dim] + 1) if shape[dim] % d == 0]))
+        group = _select.Blocks(size, dim)
+        n_groups = keys.numel() // size
+    eligible = torch.rand(shape, generator=g) < 0.7 if draw(st.booleans()) else None
+    k: int | torch.Tensor = draw(st.integers(0, size))
+    if draw(st.booleans()):
+        k = torch.randint(0, size + 1, (n_groups,), generator=g)
+    return keys, group, eligible, k
+
+
+def rows_of(t: torch.Tensor, group: _select.Group) -> torch.Tensor:
+    """The reference grouping, written out: one row per group, in order."""
+    if isinstance(group, _select.Slices):
+        return torch.stack([t.select(group.dim, i).reshape(-1) for i in range(t.shape[group.dim])])
+    assert isinstance(group, _select.Blocks)
+    return t.movedim(group.dim, -1).reshape(-1, group.size)
+
+
+@given(case=grouped())
+def test_each_group_prunes_its_own_k_lowest(
+    case: tuple[torch.Tensor, _select.Group, torch.Tensor | None, int | torch.Tensor],
+) -> None:
+    keys, group, eligible, k = case
+    kept = keep(keys, k, eligible, group=group)
+    assert kept.shape == keys.shape and kept.dtype == torch.bool
+    key_rows = rows_of(keys, group)
+    kept_rows = rows_of(kept, group)
+    eligible_rows = None if eligible is None else rows_of(eligible, group)
+    for i in range(key_rows.shape[0]):
+        k_i = k if isinstance(k, int) else int(k[i])
+        e_i = None if eligible_rows is None else eligible_rows[i]
+        assert torch.equal(kept_rows[i], kept_by_sort(key_rows[i], k_i, e_i))
+    batched = vmap(lambda t: keep(t, k, eligible, group=group))(keys[None])[0]
+    assert torch.equal(batched, kept)
+
+
+def test_blocks_that_do_not_tile_the_dim_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"blocks of 4 entries along dim -1 do not tile a length of 6"):
+        keep(torch.randn(2, 6), 1, group=_select.Blocks(4))

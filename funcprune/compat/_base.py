@@ -13,7 +13,13 @@ Differences from torch, all fixes:
   was (torch drops the existing hook when, say, the new amount is invalid);
 * re-pruning puts the container at the old hook's place among the module's
   forward pre-hooks (torch moves it to the end);
-* ``copy.deepcopy`` of a pruned module works (see :mod:`._state`).
+* ``copy.deepcopy`` of a pruned module works, and a saved pruned tensor
+  is a plain tensor (see :mod:`._state`);
+* pruning a tied Parameter (held by another module too) raises a
+  ``ValueError`` instead of silently untying it (see :mod:`._tying`);
+* pruning ``MultiheadAttention.out_proj`` also refreshes the pruned tensors
+  before the attention's forward, which reads them without calling
+  ``out_proj`` (see :mod:`._parents`).
 
 Both classes subclass torch's namesakes, so ``torch.nn.utils.prune``'s own
 ``is_pruned``, ``remove`` and ``isinstance`` checks accept funcprune's hooks,
@@ -30,12 +36,15 @@ import torch
 import torch.nn.utils.prune as torch_prune
 from torch import nn
 
-from .._fold import compute_mask as fold_mask
-from .._specs import Spec
+from .._masks import compute_mask as fold_mask
+from .._spec import Spec
 from .._validate import non_binary
-from ._state import Snapshot, TorchBase, TorchContainer, pruning_hooks, set_pruned
+from ._parents import sync_refreshers
+from ._slicing import combine_masks
+from ._state import Snapshot, TorchBase, TorchContainer, in_batch, pruning_hooks, set_pruned
+from ._tying import check_untied
 
-__all__ = ["BasePruningMethod", "PruningContainer"]
+__all__ = ["BasePruningMethod", "PruningContainer", "parents_to_sync"]
 
 Tensor = torch.Tensor
 
@@ -130,8 +139,13 @@ class BasePruningMethod(torch_prune.BasePruningMethod):
             AssertionError: if ``importance_scores`` has another shape, or the
                 module already has several pruning hooks for ``name``.
             AttributeError: if ``module`` has nothing called ``name``.
+            ValueError: if the parameter is tied (another module holds it
+                too): pruning one user would untie it. Use
+                :func:`~funcprune.compat.install_masks_` or the functional API.
 
-        Whatever fails, the module is left exactly as it was.
+        Whatever fails, the module is left exactly as it was. On
+        ``MultiheadAttention.out_proj`` it also makes the attention refresh
+        the pruned tensor before each forward (see :mod:`._parents`).
         """
         found = pruning_hooks(module, name)
         if len(found) > 1:
@@ -141,9 +155,13 @@ class BasePruningMethod(torch_prune.BasePruningMethod):
             )
         method = cls(*args, **kwargs)
         method._tensor_name = name
-        snapshot = Snapshot(module, [name])
+        if not in_batch():  # else the caller does both for all its tensors
+            check_untied(f"{cls.__name__}.apply", [(module, name)])
+        snapshot = Snapshot(module, [name], parents_to_sync(module))
         try:
-            return _apply(module, name, method, found[0] if found else None, importance_scores)
+            hook = _apply(module, name, method, found[0] if found else None, importance_scores)
+            sync_refreshers(module, snapshot.parents)
+            return hook
         except BaseException:
             snapshot.restore()
             raise
@@ -210,6 +228,20 @@ class BasePruningMethod(torch_prune.BasePruningMethod):
         kernels reproduce torch exactly for ``t``.
         """
         return None
+
+
+def parents_to_sync(module: nn.Module) -> list[tuple[nn.Module, str]] | None:
+    """The parents' refreshers that pruning ``module`` may have to add.
+
+    ``[]`` within :func:`~._state.batch` (the caller syncs them) or where
+    compat pruned ``module`` before (its parents have a refresher already: no
+    look-up, as in iterative pruning); else ``None`` (look them up).
+    """
+    if in_batch() or any(
+        isinstance(hook, BasePruningMethod) for hook in module._forward_pre_hooks.values()
+    ):
+        return []
+    return None
 
 
 def _apply(
@@ -332,7 +364,7 @@ class PruningContainer(BasePruningMethod, torch_prune.PruningContainer):
         method = self._pruning_methods[-1]
         spec = _fold_spec(method, t, default_mask)
         if spec is None:
-            return _combine_masks(method, t, default_mask)
+            return combine_masks(method, t, default_mask)
         folded = fold_mask(spec, t.detach(), default_mask)  # masks need no graph
         new_mask = default_mask.to(dtype=t.dtype)  # torch writes into it when the dtype matches
         new_mask.copy_(folded)
@@ -368,35 +400,3 @@ def _fold_spec(method: object, t: object, default_mask: object) -> Spec | None:
     if spec is None or getattr(method, "PRUNING_TYPE", None) != spec.pruning_type:
         return None
     return spec
-
-
-def _combine_masks(method: Any, t: Tensor, mask: Tensor) -> Tensor:
-    """torch's ``PruningContainer`` slicing, for methods without a kernel."""
-    new_mask = mask.to(dtype=t.dtype)
-    slc: Any
-    if method.PRUNING_TYPE == "unstructured":
-        slc = mask == 1
-    elif method.PRUNING_TYPE == "structured":
-        if not hasattr(method, "dim"):
-            raise AttributeError(
-                "Pruning methods of PRUNING_TYPE "
-                '"structured" need to have the attribute `dim` defined.'
-            )
-        n_dims = t.dim()
-        dim = method.dim
-        if dim < 0:
-            dim = n_dims + dim
-        if dim < 0:
-            raise IndexError(f"Index is out of bounds for tensor with dimensions {n_dims}")
-        keep_channel = mask.sum(dim=[d for d in range(n_dims) if d != dim]) != 0
-        slc = [slice(None)] * n_dims
-        slc[dim] = keep_channel
-    elif method.PRUNING_TYPE == "global":
-        slc = [slice(None)] * len(t.shape)
-    else:
-        raise ValueError(f"Unrecognized PRUNING_TYPE {method.PRUNING_TYPE}")
-    if isinstance(slc, list):
-        slc = tuple(slc)
-    partial_mask = method.compute_mask(t[slc], default_mask=mask[slc])
-    new_mask[slc] = partial_mask.to(dtype=new_mask.dtype)
-    return new_mask

@@ -26,7 +26,8 @@ import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 from .. import _specs as specs
-from .._fold import compute_mask as fold_mask
+from .._spec import Spec
+from .._masks import compute_mask as fold_mask
 from .._types import Amount, NormOrder
 from ._base import BasePruningMethod
 from ._state import TorchBase
@@ -136,7 +137,7 @@ class Identity(BasePruningMethod, torch_prune.Identity):
 
     _kernel_compute_mask = compute_mask
 
-    def _kernel_spec(self, t: Tensor) -> specs.Spec | None:
+    def _kernel_spec(self, t: Tensor) -> Spec | None:
         return specs.Identity()
 
     @classmethod
@@ -192,7 +193,7 @@ class RandomUnstructured(BasePruningMethod, torch_prune.RandomUnstructured):
 
     _kernel_compute_mask = compute_mask
 
-    def _kernel_spec(self, t: Tensor) -> specs.Spec | None:
+    def _kernel_spec(self, t: Tensor) -> Spec | None:
         return specs.RandomUnstructured(_count(self.amount, torch.topk))
 
     @classmethod
@@ -241,7 +242,7 @@ class L1Unstructured(BasePruningMethod, torch_prune.L1Unstructured):
 
     _kernel_compute_mask = compute_mask
 
-    def _kernel_spec(self, t: Tensor) -> specs.Spec | None:
+    def _kernel_spec(self, t: Tensor) -> Spec | None:
         return specs.L1Unstructured(_count(self.amount, torch.topk))
 
     @classmethod
@@ -294,7 +295,7 @@ class RandomStructured(BasePruningMethod, torch_prune.RandomStructured):
 
     _kernel_compute_mask = compute_mask
 
-    def _kernel_spec(self, t: Tensor) -> specs.Spec | None:
+    def _kernel_spec(self, t: Tensor) -> Spec | None:
         dim = _structured_dim(t, self.dim)
         return None if dim is None else specs.RandomStructured(_count(self.amount, torch.kthvalue), dim)
 
@@ -350,7 +351,7 @@ class LnStructured(BasePruningMethod, torch_prune.LnStructured):
 
     _kernel_compute_mask = compute_mask
 
-    def _spec(self, t: Tensor, amount: Amount, dim: int) -> specs.Spec | None:
+    def _spec(self, t: Tensor, amount: Amount, dim: int) -> Spec | None:
         """The spec, where funcprune's norm is torch's (floats, orders it knows)."""
         n = self.n
         if not t.is_floating_point() or n == "nuc" and t.dim() != 3 or n == "fro" and t.dim() > 3:
@@ -362,7 +363,7 @@ class LnStructured(BasePruningMethod, torch_prune.LnStructured):
         except (TypeError, ValueError):  # orders torch.norm takes but specs refuse
             return None
 
-    def _kernel_spec(self, t: Tensor) -> specs.Spec | None:
+    def _kernel_spec(self, t: Tensor) -> Spec | None:
         dim = _structured_dim(t, self.dim)
         return None if dim is None else self._spec(t, self.amount, dim)
 
@@ -423,7 +424,7 @@ class CustomFromMask(BasePruningMethod, torch_prune.CustomFromMask):
 
     _kernel_compute_mask = compute_mask
 
-    def _spec(self) -> specs.Spec | None:
+    def _spec(self) -> Spec | None:
         try:
             return specs.CustomFromMask(self.mask)
         except (TypeError, ValueError):
@@ -435,7 +436,7 @@ class CustomFromMask(BasePruningMethod, torch_prune.CustomFromMask):
             return None
         return fold_mask(spec, _shape_only(self.mask.shape, self.mask.device))
 
-    def _kernel_spec(self, t: Tensor) -> specs.Spec | None:
+    def _kernel_spec(self, t: Tensor) -> Spec | None:
         mask: Any = self.mask
         if not isinstance(mask, Tensor) or mask.shape != t.shape or mask.device != t.device:
             return None
