@@ -25,7 +25,7 @@ conversion per step.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any, final
+from typing import Any, Protocol, TypeVar, final
 
 import torch
 from torch import nn
@@ -180,8 +180,17 @@ def apply_masks(
     }
 
 
+_Out = TypeVar("_Out", covariant=True)
+
+
+class Forward(Protocol[_Out]):
+    """A module whose ``forward`` returns ``_Out`` (its annotation types the result)."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> _Out: ...
+
+
 def functional_call_masked(
-    module: nn.Module,
+    module: Forward[_Out],
     params: Params,
     masks: Mapping[str, Tensor],
     args: Any,
@@ -189,7 +198,7 @@ def functional_call_masked(
     *,
     buffers: Mapping[str, Tensor] | None = None,
     strict: bool = False,
-) -> Any:
+) -> _Out:
     """Run ``module`` on masked ``params`` through :func:`torch.func.functional_call`.
 
     The module itself is not touched: ``apply_masks(params, masks)`` and the
@@ -209,7 +218,8 @@ def functional_call_masked(
         strict: passed to :func:`apply_masks`.
 
     Returns:
-        What ``module(*args, **kwargs)`` returns.
+        What ``module(*args, **kwargs)`` returns, typed as its ``forward``
+        is annotated (``Any`` for an unannotated forward).
 
     >>> import torch, funcprune as fp
     >>> lin = torch.nn.Linear(2, 1, bias=False)
@@ -218,17 +228,18 @@ def functional_call_masked(
     ...                           torch.ones(1, 2))
     tensor([[2.]])
     """
-    _check_module_names(module, params, masks, buffers)
+    net = _check_module_names(module, params, masks, buffers)
     masked = apply_masks(params, masks, strict=strict)
-    tensors = dict(module.named_buffers()) if buffers is None else dict(buffers)
+    tensors = dict(net.named_buffers()) if buffers is None else dict(buffers)
     tensors.update(masked)
-    return torch.func.functional_call(module, tensors, args, kwargs)
+    out: _Out = torch.func.functional_call(net, tensors, args, kwargs)
+    return out
 
 
 def _check_module_names(
-    module: nn.Module, params: Params, masks: object, buffers: object
-) -> None:
-    """Refuse names that are no tensor of ``module``: torch would ignore them."""
+    module: object, params: Params, masks: object, buffers: object
+) -> nn.Module:
+    """``module``, after refusing names that are no tensor of it (torch would ignore them)."""
     fn = "functional_call_masked"
     if not isinstance(module, nn.Module):
         raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
@@ -242,6 +253,8 @@ def _check_module_names(
             if name not in names:
                 problem = f"{what} has the key {name!r}, which is no tensor of the module"
                 raise unknown_name(fn, problem, name, known)
+    return module
+
 
 
 def mask_gradients(grads: Params, masks: Mapping[str, Tensor]) -> dict[str, Tensor]:

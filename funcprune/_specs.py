@@ -10,9 +10,10 @@ user-defined :class:`~funcprune.Spec`. The checked entry point for users is
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import final
 
@@ -31,6 +32,17 @@ __all__ = [
     "LnStructured",
     "CustomFromMask",
 ]
+
+
+@contextlib.contextmanager
+def _named(spec: object) -> Iterator[None]:
+    """Start a validation error's message with the spec's name."""
+    try:
+        yield
+    except (TypeError, ValueError) as e:
+        if type(e) not in (TypeError, ValueError):
+            raise
+        raise type(e)(f"{type(spec).__name__}: {e}") from None
 
 
 def _check_amount(amount: object) -> bool:
@@ -87,7 +99,8 @@ class _AmountSpec(Spec):
     _is_count: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_is_count", _check_amount(self.amount))
+        with _named(self):
+            object.__setattr__(self, "_is_count", _check_amount(self.amount))
 
 
 @final
@@ -195,7 +208,8 @@ class RandomStructured(_AmountSpec):
 
     def __post_init__(self) -> None:
         _AmountSpec.__post_init__(self)
-        _check_dim(self.dim)
+        with _named(self):
+            _check_dim(self.dim)
 
     @property
     def pruning_type(self) -> PruningType:
@@ -233,8 +247,9 @@ class LnStructured(_AmountSpec):
 
     def __post_init__(self) -> None:
         _AmountSpec.__post_init__(self)
-        _check_norm_order(self.n)
-        _check_dim(self.dim)
+        with _named(self):
+            _check_norm_order(self.n)
+            _check_dim(self.dim)
 
     @property
     def pruning_type(self) -> PruningType:
@@ -274,12 +289,12 @@ class CustomFromMask(Spec):
         mask = self.mask
         if not isinstance(mask, torch.Tensor):
             raise TypeError(
-                f"mask must be a torch.Tensor of 0/1 values, got {type(mask).__name__}"
+                f"CustomFromMask: mask must be a torch.Tensor of 0/1 values, got {type(mask).__name__}"
             )
         bad = non_binary(mask, 5)
         if bad:
             raise ValueError(
-                f"mask must hold only 0 and 1, got other values such as {bad}; "
+                f"CustomFromMask: mask must hold only 0 and 1, got other values such as {bad}; "
                 "convert it with `mask != 0` if nonzero means kept"
             )
         object.__setattr__(self, "mask", mask.detach().to(torch.bool, copy=True))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing_extensions import assert_type
 
 import pytest
 import torch
@@ -340,3 +341,11 @@ def test_functional_call_masked_on_a_hook_mode_module_points_to_unprune() -> Non
     masks = {"fc1.weight": torch.ones(120, 400, dtype=torch.bool)}
     with pytest.raises(fp.UnknownNameError, match=r"'fc1.weight_orig' is: the module is pruned in hook mode.*unprune_"):
         fp.functional_call_masked(model, dict(model.named_parameters()), masks, (images(1),))
+
+
+def test_functional_call_masked_is_typed_by_the_modules_forward() -> None:
+    """mypy reads the result's type from ``forward``: a Tensor method checks here."""
+    model = lenet()
+    out = fp.functional_call_masked(model, params_of(model), {}, (images(1),))
+    assert_type(out, torch.Tensor)  # mypy --strict fails here if the result is Any
+    assert out.shape == (1, 10)
