@@ -31,9 +31,8 @@ import torch
 from torch import nn
 
 from ._names import check_masks, check_params, unknown_name
-from ._types import Params
+from ._types import Params, Tensor
 
-Tensor = torch.Tensor
 
 __all__ = [
     "Multipliers",

@@ -23,9 +23,8 @@ from ._global import global_unstructured
 from ._plan import Plan, compose
 from ._report import sparsity_report
 from ._specs import CustomFromMask, L1Unstructured, LnStructured, RandomUnstructured
-from ._types import Masks, Params
+from ._types import Masks, Params, Tensor
 
-Tensor = torch.Tensor
 WEIGHTS = ["conv*.weight", "fc*.weight"]
 WEIGHT_NAMES = ["conv1.weight", "conv2.weight", "fc1.weight", "fc2.weight", "fc3.weight"]
 

@@ -16,10 +16,9 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ._types import Params
+from ._types import Params, Tensor
 from ._validate import is_concrete, non_binary
 
-Tensor = torch.Tensor
 
 __all__ = [
     "UnknownNameError",
