@@ -32,6 +32,8 @@ __all__ = [
     "ln_structured",
     "random_structured",
     "random_unstructured",
+    "structured_by_keys",
+    "unpruned_units",
 ]
 
 
@@ -85,7 +87,7 @@ KeysOf = Callable[[Tensor, Mask, Count], Tensor]
 def _unstructured(keys_of: KeysOf, amount: Amount, scores: Tensor, default_mask: Mask) -> Tensor:
     """Prune the ``amount`` lowest keys among the unpruned entries."""
     default_mask = _as_bool(default_mask)
-    eligible = None if default_mask is None else default_mask.reshape(-1)
+    eligible = None if default_mask is None else default_mask.reshape(-1)  # the kept entries
     unpruned = _unpruned_count(scores, eligible, scores.numel())
     k = resolve_count(amount, unpruned)
     if isinstance(k, int) and k == 0:  # torch draws nothing then either
@@ -169,7 +171,7 @@ def _structured(
     n_channels = scores.shape[d]
     eligible = None
     if default_mask is not None:
-        eligible = default_mask.movedim(d, 0).flatten(1).any(dim=1)
+        eligible = unpruned_units("structured", default_mask, d)
     unpruned = _unpruned_count(scores, eligible, n_channels)
     k = resolve_count(amount, unpruned)
     if isinstance(k, int) and k == 0:  # torch draws nothing then either
@@ -238,3 +240,76 @@ def custom_from_mask(mask: Tensor, scores: Tensor, default_mask: Mask) -> Tensor
     default_mask = _as_bool(default_mask)
     mask = mask.to(scores.device)
     return mask.clone() if default_mask is None else mask & default_mask
+
+
+# --- the part a method acts on, and channels ranked by given keys -------------
+
+
+def unpruned_units(
+    pruning_type: str, mask: Tensor, dim: int = 0, ndim: int | None = None
+) -> Mask:
+    """Flags of the units that a method of ``pruning_type`` acts on, on top of ``mask``.
+
+    The rule of torch's ``PruningContainer`` (the fold acts on the same part):
+
+    - ``"unstructured"``: the entries still kept (``mask`` is 1, or
+      ``True``), as flags of ``mask``'s shape;
+    - ``"structured"``: the channels along ``dim`` that are not entirely
+      pruned (their entries do not sum to 0), one flag per channel;
+    - ``"global"``: every unit: ``None``.
+
+    Args:
+        pruning_type: ``"unstructured"``, ``"structured"`` or ``"global"``.
+        mask: the mask so far (``torch.bool``, or numbers as torch's masks).
+        dim: the channels' dim, non-negative (``"structured"`` only).
+        ndim: the dims ``0 .. ndim - 1`` to sum over, but ``dim``
+            (``"structured"`` only): ``mask``'s own by default; torch's
+            container takes the number of dims of the scores.
+
+    Returns:
+        ``torch.bool`` flags, or ``None`` for every unit.
+
+    Raises:
+        ValueError: if ``pruning_type`` is none of the three (torch's message).
+
+    >>> unpruned_units("structured", torch.tensor([[1.0, 0.0], [0.0, 0.0]]), 0)
+    tensor([ True, False])
+    """
+    if pruning_type == "unstructured":
+        return mask if mask.dtype == torch.bool else mask == 1
+    if pruning_type == "structured":
+        n_dims = mask.dim() if ndim is None else ndim
+        return mask.sum(dim=[d for d in range(n_dims) if d != dim]) != 0
+    if pruning_type == "global":
+        return None
+    raise ValueError(f"Unrecognized PRUNING_TYPE {pruning_type}")
+
+
+def structured_by_keys(
+    amount: Amount, dim: int, keys: Tensor, scores: Tensor, default_mask: Mask
+) -> Tensor:
+    """Prune the ``amount`` remaining channels along ``dim`` of lowest ``keys``.
+
+    For a channel criterion computed outside the kernels, such as a norm
+    that :func:`torch.norm` takes but :class:`~funcprune.LnStructured`
+    refuses (``funcprune.compat`` computes it as torch does).
+
+    Args:
+        amount: an ``int`` count or a ``float`` fraction of the remaining channels.
+        dim: the channels' dim.
+        keys: one key per channel (``scores.shape[dim]`` of them); lower goes first.
+        scores: gives the mask's shape and device only (any dtype).
+        default_mask: an earlier mask of ``scores``' shape, or ``None``.
+
+    Returns:
+        A new ``torch.bool`` mask of ``scores``' shape.
+
+    >>> structured_by_keys(1, 0, torch.tensor([2.0, 1.0]), torch.zeros(2, 2), None)
+    tensor([[ True,  True],
+            [False, False]])
+    """
+
+    def keys_of(s: Tensor, d: int, others: list[int], eligible: Mask, unpruned: Count) -> Tensor:
+        return keys
+
+    return _structured(keys_of, amount, dim, scores, default_mask)

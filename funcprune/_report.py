@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import final
 
 import torch
+import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 from ._names import check_masks, check_params, unknown_name
@@ -116,20 +117,36 @@ class SparsityReport:
         return "\n".join(lines)
 
 
-def _hook_masks(module: nn.Module) -> dict[str, Tensor]:
-    """The ``<name>_mask`` buffers of a hook-mode module, keyed ``<name>``."""
-    masks: dict[str, Tensor] = {}
-    for prefix, sub in module.named_modules():
-        own_params = dict(sub.named_parameters(recurse=False))
-        for buffer_name, buffer in sub.named_buffers(recurse=False):
-            base = buffer_name[: -len("_mask")]
-            if buffer_name.endswith("_mask") and base + "_orig" in own_params:
-                masks[f"{prefix}.{base}" if prefix else base] = buffer
-    return masks
+def _refuse_hook_mode(module: nn.Module) -> None:
+    """Raise if a pruning hook (torch's or compat's) recomputes a tensor of ``module``."""
+    for prefix, submodule in module.named_modules():
+        for hook in submodule._forward_pre_hooks.values():
+            if isinstance(hook, torch_prune.BasePruningMethod):
+                name = getattr(hook, "_tensor_name", "?")
+                raise ValueError(
+                    f"sparsity_report: the module is in hook mode: "
+                    f"{f'{prefix}.{name}' if prefix else name!r} has a pruning hook "
+                    f"({type(hook).__name__}), so its parameters hold the unpruned values. "
+                    "Report its masks instead: "
+                    "fp.sparsity_report(funcprune.compat.masks_from_module(module))"
+                )
 
 
 def _row(name: str, mask: Tensor) -> SparsityRow:
     return SparsityRow(name, tuple(mask.shape), int((mask == 0).sum()))
+
+
+def _checked_row(name: str, mask: object) -> SparsityRow:
+    """The row of a mask given without parameters, checked to be a 0/1 tensor."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"sparsity_report: the mask for {name!r} must be a tensor, got {mask!r}")
+    bad = non_binary(mask, 3)
+    if bad:
+        raise ValueError(
+            f"sparsity_report: the mask for {name!r} must hold only 0 and 1 (or be "
+            f"torch.bool), got values such as {bad}"
+        )
+    return _row(name, mask)
 
 
 def sparsity_report(
@@ -139,11 +156,12 @@ def sparsity_report(
 
     Args:
         source: a dict of masks keyed by parameter name (``torch.bool``,
-            or 0/1 numbers; 0 or ``False`` = pruned), or a module in hook
-            mode (``<name>_orig`` parameters and ``<name>_mask`` buffers, as
-            ``torch.nn.utils.prune`` leaves it), whose masks are read: one
-            row per pruned tensor, module by module, in the order in which
-            each module's tensors were first pruned.
+            or 0/1 numbers; 0 or ``False`` = pruned), or a plain module (no
+            pruning hooks), whose parameters are read: one row per entry of
+            ``named_parameters()``, counting the exact zeros of its values
+            (pruning baked in, as after ``funcprune.compat.remove`` or
+            :func:`funcprune.apply_masks_`). For a module in hook mode pass
+            ``funcprune.compat.masks_from_module(module)``.
         params: with a mask dict, the parameters: the report then has a row
             for every parameter (0 pruned where there is no mask), in their
             order, and masks are checked against them.
@@ -154,6 +172,9 @@ def sparsity_report(
     Raises:
         TypeError: if ``source`` is neither a mapping of tensors nor a
             module, or ``params`` is given with a module.
+        ValueError: if a mask holds values other than 0 and 1, or the
+            module is in hook mode (a pruning hook of ``torch.nn.utils.prune``
+            or ``funcprune.compat`` on it or a submodule).
         UnknownNameError: if ``params`` is given and a mask names none of
             them.
 
@@ -168,28 +189,26 @@ def sparsity_report(
     global                    3     10    30.00%
     >>> report.fraction, report["fc1.weight"].pruned
     (0.3, 2)
+
+    A plain module reports the zeros of its parameters:
+
+    >>> fc = torch.nn.Linear(2, 2)
+    >>> kept = {"weight": torch.tensor([[True, False], [False, False]])}
+    >>> fp.apply_masks_(dict(fc.named_parameters()), kept)
+    >>> [(row.name, row.pruned) for row in fp.sparsity_report(fc).rows]
+    [('weight', 3), ('bias', 0)]
     """
     if isinstance(source, nn.Module):
         if params is not None:
             raise TypeError("sparsity_report: params= goes with a mask dict, not a module")
-        masks = _hook_masks(source)
-        return SparsityReport(tuple(_row(name, mask) for name, mask in masks.items()))
+        _refuse_hook_mode(source)
+        rows = (_row(name, p.detach()) for name, p in source.named_parameters())
+        return SparsityReport(tuple(rows))
     if not isinstance(source, Mapping):
         kind = type(source).__name__
         raise TypeError(f"sparsity_report: source must be a dict of masks or a module, got {kind}")
     if params is None:
-        for name, mask in source.items():
-            if not isinstance(mask, torch.Tensor):
-                raise TypeError(
-                    f"sparsity_report: the mask for {name!r} must be a tensor, got {mask!r}"
-                )
-            bad = non_binary(mask, 3)
-            if bad:
-                raise ValueError(
-                    f"sparsity_report: the mask for {name!r} must hold only 0 and 1 (or be "
-                    f"torch.bool), got values such as {bad}"
-                )
-        return SparsityReport(tuple(_row(name, mask) for name, mask in source.items()))
+        return SparsityReport(tuple(_checked_row(name, mask) for name, mask in source.items()))
     check_params("sparsity_report", params)
     checked = check_masks("sparsity_report", params, source)
     return SparsityReport(

@@ -33,7 +33,7 @@ class Spec(abc.ABC):
     accepted by :func:`funcprune.compute_mask`, :func:`funcprune.prune`,
     :func:`funcprune.chain`, :class:`funcprune.Plan`,
     :func:`funcprune.global_unstructured` (unstructured specs) and, through
-    :func:`funcprune.compat.from_spec`, by ``funcprune.compat``. It runs
+    :class:`funcprune.compat.SpecMethod`, by ``funcprune.compat``. It runs
     under ``vmap`` and ``torch.compile`` when its own code is
     transform-safe (no reading of tensor values).
 

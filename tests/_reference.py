@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.utils.prune as tprune
 from torch import nn
@@ -63,7 +65,7 @@ def torch_sequential_mask(specs: tuple[fp.Spec, ...], t: torch.Tensor) -> torch.
     return mask
 
 
-def _apply_kwargs(spec: fp.Spec) -> dict[str, object]:
+def _apply_kwargs(spec: fp.Spec) -> dict[str, Any]:
     match spec:
         case fp.Identity():
             return {}

@@ -39,7 +39,7 @@ def test_amount_of_wrong_type_is_a_type_error_like_torch(make: object, amount: o
     with pytest.raises(TypeError, match="Invalid type for amount"):
         make(amount)  # type: ignore[operator]
     with pytest.raises(TypeError):
-        tprune.L1Unstructured(amount)
+        tprune.L1Unstructured(amount)  # type: ignore[arg-type]  # deliberately wrong
 
 
 @pytest.mark.parametrize("amount", [0, 3, 0.0, 0.5, 1.0, Fraction(1, 4)])

@@ -23,7 +23,10 @@ same numbers) and exceptions. The fixes:
 
 The bridge (:func:`install_masks_`, :func:`masks_from_module`,
 :func:`unprune_`) converts between hook mode and funcprune's mask dicts,
-one key per Parameter (tied ones included).
+one key per Parameter (tied ones included); :func:`masks_from_module` is
+funcprune's one reader of hook mode. :class:`SpecMethod` makes any funcprune
+spec, your own included, a pruning method:
+``SpecMethod.apply(module, "weight", spec=my_spec)``.
 """
 
 from ._base import BasePruningMethod as BasePruningMethod
@@ -43,9 +46,10 @@ from ._functions import remove as remove
 from ._methods import CustomFromMask as CustomFromMask
 from ._methods import Identity as Identity
 from ._methods import L1Unstructured as L1Unstructured
-from ._methods import LnStructured as LnStructured
-from ._methods import RandomStructured as RandomStructured
 from ._methods import RandomUnstructured as RandomUnstructured
+from ._spec_method import SpecMethod as SpecMethod
+from ._structured import LnStructured as LnStructured
+from ._structured import RandomStructured as RandomStructured
 from ._validation import _compute_norm as _compute_norm
 from ._validation import _compute_nparams_toprune as _compute_nparams_toprune
 from ._validation import _validate_pruning_amount as _validate_pruning_amount
@@ -62,6 +66,7 @@ __all__ = [
     "PruningContainer",
     "RandomStructured",
     "RandomUnstructured",
+    "SpecMethod",
     "custom_from_mask",
     "global_unstructured",
     "identity",

@@ -4,8 +4,9 @@ Same contract as ``torch.nn.utils.prune``: pruning ``name`` moves the
 parameter to ``name + "_orig"`` (the very same :class:`~torch.nn.Parameter`),
 registers the mask as the buffer ``name + "_mask"``, and installs the method
 object itself as a forward pre-hook that recomputes the plain attribute
-``name = mask * orig`` before each forward. Pruning the same tensor again
-turns the hook into a :class:`PruningContainer` holding the history.
+``name = mask * orig`` before each forward (see :mod:`._reparam`). Pruning
+the same tensor again turns the hook into a :class:`PruningContainer`
+holding the history, which folds the latest method (see :mod:`._combine`).
 
 Differences from torch, all fixes:
 
@@ -14,7 +15,7 @@ Differences from torch, all fixes:
 * re-pruning puts the container at the old hook's place among the module's
   forward pre-hooks (torch moves it to the end);
 * ``copy.deepcopy`` of a pruned module works, and a saved pruned tensor
-  is a plain tensor (see :mod:`._state`);
+  is a plain tensor (see :mod:`._pruned`);
 * pruning a tied Parameter (held by another module too) raises a
   ``ValueError`` instead of silently untying it (see :mod:`._tying`);
 * pruning ``MultiheadAttention.out_proj`` also refreshes the pruned tensors
@@ -36,12 +37,11 @@ import torch
 import torch.nn.utils.prune as torch_prune
 from torch import nn
 
-from .._masks import compute_mask as fold_mask
 from .._spec import Spec
-from .._validate import non_binary
-from ._parents import sync_refreshers
-from ._slicing import combine_masks
-from ._state import Snapshot, TorchBase, TorchContainer, in_batch, pruning_hooks, set_pruned
+from ._combine import fold_latest, foldable
+from ._pruned import set_pruned
+from ._reparam import reparametrize, unreparametrize
+from ._state import TorchBase, in_batch, pruning_hooks, rollback
 from ._tying import check_untied
 
 __all__ = ["BasePruningMethod", "PruningContainer", "parents_to_sync"]
@@ -157,14 +157,9 @@ class BasePruningMethod(torch_prune.BasePruningMethod):
         method._tensor_name = name
         if not in_batch():  # else the caller does both for all its tensors
             check_untied(f"{cls.__name__}.apply", [(module, name)])
-        snapshot = Snapshot(module, [name], parents_to_sync(module))
-        try:
-            hook = _apply(module, name, method, found[0] if found else None, importance_scores)
-            sync_refreshers(module, snapshot.parents)
-            return hook
-        except BaseException:
-            snapshot.restore()
-            raise
+        with rollback([(module, name)], parents_to_sync):
+            old = found[0] if found else None
+            return reparametrize(module, name, method, old, importance_scores, PruningContainer)
 
     def prune(
         self,
@@ -204,14 +199,7 @@ class BasePruningMethod(torch_prune.BasePruningMethod):
             raise AssertionError(
                 f"Module {module} has to be pruned before pruning can be removed"
             )
-        weight = self.apply_mask(module)
-        if hasattr(module, self._tensor_name):
-            delattr(module, self._tensor_name)
-        orig = module._parameters[self._tensor_name + "_orig"]
-        orig.data = weight.data  # type: ignore[union-attr]  # torch fails alike on None
-        del module._parameters[self._tensor_name + "_orig"]
-        del module._buffers[self._tensor_name + "_mask"]
-        setattr(module, self._tensor_name, orig)  # RNNs refresh _flat_weights here
+        unreparametrize(module, self._tensor_name, self.apply_mask(module))
 
     # --- funcprune's kernels ------------------------------------------------
 
@@ -229,6 +217,28 @@ class BasePruningMethod(torch_prune.BasePruningMethod):
         """
         return None
 
+    def _fold_spec(self, t: Tensor, default_mask: Tensor) -> Spec | None:
+        """The spec a :class:`PruningContainer` folds this method with, if any.
+
+        Only where funcprune's fold gives exactly this method's mask: its
+        ``compute_mask`` is the one :meth:`_kernel_spec` describes (not
+        replaced on a subclass or an instance), the inputs are
+        :func:`~._combine.foldable`, and the spec acts on the part that
+        ``PRUNING_TYPE`` names.
+        """
+        cls = type(self)
+        if (
+            "compute_mask" in vars(self)
+            or cls._kernel_compute_mask is None
+            or cls.compute_mask is not cls._kernel_compute_mask
+            or not foldable(t, default_mask)
+        ):
+            return None
+        spec = self._kernel_spec(t)
+        if spec is None or getattr(self, "PRUNING_TYPE", None) != spec.pruning_type:
+            return None
+        return spec
+
 
 def parents_to_sync(module: nn.Module) -> list[tuple[nn.Module, str]] | None:
     """The parents' refreshers that pruning ``module`` may have to add.
@@ -242,49 +252,6 @@ def parents_to_sync(module: nn.Module) -> list[tuple[nn.Module, str]] | None:
     ):
         return []
     return None
-
-
-def _apply(
-    module: nn.Module,
-    name: str,
-    method: BasePruningMethod,
-    old: tuple[int, TorchBase] | None,
-    importance_scores: Tensor | None,
-) -> TorchBase:
-    hook: TorchBase = method
-    if old is not None:
-        if isinstance(old[1], TorchContainer):
-            old[1].add_pruning_method(method)
-            hook = old[1]
-        else:
-            container = PruningContainer(old[1])
-            container.add_pruning_method(method)
-            hook = container
-    orig = getattr(module, name)
-    if importance_scores is not None:
-        if importance_scores.shape != orig.shape:
-            raise AssertionError(
-                f"importance_scores should have the same shape as parameter "
-                f"{name} of {module}, got {importance_scores.shape} vs {orig.shape}"
-            )
-    else:
-        importance_scores = orig
-    if not isinstance(hook, TorchContainer):
-        module.register_parameter(name + "_orig", orig)
-        del module._parameters[name]
-        default_mask = torch.ones_like(orig)
-    else:
-        default_mask = (
-            getattr(module, name + "_mask").detach().clone(memory_format=torch.contiguous_format)
-        )
-    mask = hook.compute_mask(importance_scores, default_mask=default_mask)
-    module.register_buffer(name + "_mask", mask)
-    set_pruned(module, hook, hook.apply_mask(module))
-    if old is None:
-        module.register_forward_pre_hook(hook)
-    else:
-        module._forward_pre_hooks[old[0]] = hook  # the old hook's place
-    return hook
 
 
 class PruningContainer(BasePruningMethod, torch_prune.PruningContainer):
@@ -362,41 +329,5 @@ class PruningContainer(BasePruningMethod, torch_prune.PruningContainer):
             The combined mask, in ``t``'s dtype.
         """
         method = self._pruning_methods[-1]
-        spec = _fold_spec(method, t, default_mask)
-        if spec is None:
-            return combine_masks(method, t, default_mask)
-        folded = fold_mask(spec, t.detach(), default_mask)  # masks need no graph
-        new_mask = default_mask.to(dtype=t.dtype)  # torch writes into it when the dtype matches
-        new_mask.copy_(folded)
-        return new_mask
-
-
-def _uses_kernel(method: object) -> bool:
-    if not isinstance(method, BasePruningMethod) or "compute_mask" in vars(method):
-        return False
-    cls = type(method)
-    return cls._kernel_compute_mask is not None and cls.compute_mask is cls._kernel_compute_mask
-
-
-def _is_binary(mask: Tensor) -> bool:
-    return not non_binary(mask, 1)
-
-
-def _fold_spec(method: object, t: object, default_mask: object) -> Spec | None:
-    """The spec to fold with, where funcprune's fold gives exactly torch's mask."""
-    if not (
-        _uses_kernel(method)
-        and isinstance(t, Tensor)
-        and isinstance(default_mask, Tensor)
-        and t.is_floating_point()
-        and t.numel() > 0  # empty channels trip the kernels' fold (see the report)
-        and default_mask.shape == t.shape
-        and default_mask.device == t.device
-        and _is_binary(default_mask)
-    ):
-        return None
-    assert isinstance(method, BasePruningMethod)
-    spec = method._kernel_spec(t)
-    if spec is None or getattr(method, "PRUNING_TYPE", None) != spec.pruning_type:
-        return None
-    return spec
+        spec = method._fold_spec(t, default_mask) if isinstance(method, BasePruningMethod) else None
+        return fold_latest(method, spec, t, default_mask)

@@ -37,8 +37,8 @@ from .._types import Masks
 from .._validate import non_binary
 from ._base import parents_to_sync
 from ._methods import CustomFromMask
-from ._parents import sync_refreshers
-from ._state import TorchBase, batch, pruning_hooks, snapshots
+from ._reparam import unreparametrize
+from ._state import TorchBase, batch, pruning_hooks, rollback
 from ._tying import User, one_key_per_parameter, parameter_users
 
 __all__ = ["install_masks_", "masks_from_module", "unprune_"]
@@ -208,8 +208,7 @@ def install_masks_(module: nn.Module, masks: Mapping[str, Tensor]) -> nn.Module:
         )
     groups = _targets(module, masks)
     pairs = [(user.module, user.name) for users, _ in groups for user in users]
-    saved = snapshots(pairs, parents_to_sync)
-    try:
+    with rollback(pairs, parents_to_sync):
         with batch():  # no tying check: every user of a tied Parameter, on purpose
             for users, mask in groups:
                 for user in users:
@@ -217,12 +216,6 @@ def install_masks_(module: nn.Module, masks: Mapping[str, Tensor]) -> nn.Module:
                     CustomFromMask.apply(user.module, user.name, mask.to(device=device))
         for users, _ in groups:
             _check_tied_installed(users)
-        for snapshot in saved:
-            sync_refreshers(snapshot.module, snapshot.parents)
-    except BaseException:
-        for snapshot in reversed(saved):
-            snapshot.restore()
-        raise
     return module
 
 
@@ -313,19 +306,8 @@ def unprune_(module: nn.Module) -> Masks:
                 f"unprune_: {key!r} has a pruning hook but no parameter {name + '_orig'!r}; "
                 "the module's pruning state is incomplete"
             )
-    saved = snapshots((submodule, name) for _, submodule, name, _ in hooked)
-    try:
+    with rollback((submodule, name) for _, submodule, name, _ in hooked):
         for _, submodule, name, hook_key in hooked:
-            orig = submodule._parameters[name + "_orig"]
             del submodule._forward_pre_hooks[hook_key]
-            submodule.__dict__.pop(name, None)
-            del submodule._parameters[name + "_orig"]
-            del submodule._buffers[name + "_mask"]
-            setattr(submodule, name, orig)  # RNNs refresh _flat_weights here
-        for snapshot in saved:
-            sync_refreshers(snapshot.module, snapshot.parents)
-    except BaseException:
-        for snapshot in reversed(saved):
-            snapshot.restore()
-        raise
+            unreparametrize(submodule, name)
     return masks

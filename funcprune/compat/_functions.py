@@ -14,23 +14,16 @@ anything, where torch silently unties it (see :mod:`._tying`).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
 from .._types import Amount, NormOrder
 from ._base import PruningContainer, parents_to_sync
-from ._methods import (
-    CustomFromMask,
-    Identity,
-    L1Unstructured,
-    LnStructured,
-    RandomStructured,
-    RandomUnstructured,
-)
-from ._parents import sync_refreshers
-from ._state import Snapshot, TorchBase, batch, snapshots
+from ._methods import CustomFromMask, Identity, L1Unstructured, RandomUnstructured
+from ._structured import LnStructured, RandomStructured
+from ._state import TorchBase, batch, pruning_hooks, rollback
 from ._tying import check_untied
 
 __all__ = [
@@ -46,9 +39,11 @@ __all__ = [
 ]
 
 Tensor = torch.Tensor
+#: The module a pruning function is given, and returns.
+M = TypeVar("M", bound=nn.Module)
 
 
-def identity(module: nn.Module, name: str) -> nn.Module:
+def identity(module: M, name: str) -> M:
     """Reparametrize ``module.<name>`` without pruning anything (mask of ones).
 
     Args:
@@ -66,7 +61,7 @@ def identity(module: nn.Module, name: str) -> nn.Module:
     return module
 
 
-def random_unstructured(module: nn.Module, name: str, amount: Amount) -> nn.Module:
+def random_unstructured(module: M, name: str, amount: Amount) -> M:
     """Prune ``amount`` random (currently unpruned) entries of ``module.<name>``.
 
     Args:
@@ -87,8 +82,8 @@ def random_unstructured(module: nn.Module, name: str, amount: Amount) -> nn.Modu
 
 
 def l1_unstructured(
-    module: nn.Module, name: str, amount: Amount, importance_scores: Tensor | None = None
-) -> nn.Module:
+    module: M, name: str, amount: Amount, importance_scores: Tensor | None = None
+) -> M:
     """Prune the ``amount`` (currently unpruned) entries of smallest magnitude.
 
     Args:
@@ -111,8 +106,8 @@ def l1_unstructured(
 
 
 def random_structured(
-    module: nn.Module, name: str, amount: Amount, dim: int
-) -> nn.Module:
+    module: M, name: str, amount: Amount, dim: int
+) -> M:
     """Prune ``amount`` random (currently unpruned) channels along ``dim``.
 
     Args:
@@ -134,13 +129,13 @@ def random_structured(
 
 
 def ln_structured(
-    module: nn.Module,
+    module: M,
     name: str,
     amount: Amount,
     n: NormOrder,
     dim: int,
     importance_scores: Tensor | None = None,
-) -> nn.Module:
+) -> M:
     """Prune the ``amount`` (currently unpruned) channels of smallest L``n`` norm.
 
     Args:
@@ -203,6 +198,25 @@ def global_unstructured(
         raise TypeError("global_unstructured(): importance_scores must be of type dict")
     pairs = list(parameters)
     check_untied("global_unstructured", pairs)  # before the scores' graph holds them
+    final_mask = _global_mask(pairs, pruning_method, importance_scores, kwargs)
+    with rollback(pairs, parents_to_sync):
+        pointer = 0
+        for module, name in pairs:
+            param = getattr(module, name)
+            num_param = param.numel()
+            param_mask = final_mask[pointer : pointer + num_param].view_as(param)
+            with batch():  # ties checked above, refreshers synced by rollback: all at once
+                custom_from_mask(module, name, mask=param_mask)
+            pointer += num_param
+
+
+def _global_mask(
+    pairs: list[tuple[nn.Module, str]],
+    pruning_method: Any,
+    importance_scores: dict[tuple[nn.Module, str], Tensor],
+    kwargs: dict[str, Any],
+) -> Tensor:
+    """The flat mask of all ``pairs``: the method folded on their joint scores."""
     relevant_importance_scores = torch.nn.utils.parameters_to_vector(
         [importance_scores.get((module, name), getattr(module, name)) for module, name in pairs]
     )
@@ -222,26 +236,11 @@ def global_unstructured(
             f"the `pruning_method`. Found method {pruning_method} of type {method.PRUNING_TYPE}"
         )
     container.add_pruning_method(method)
-    final_mask = container.compute_mask(relevant_importance_scores, default_mask)
-    saved = snapshots(pairs, parents_to_sync)
-    try:
-        pointer = 0
-        for module, name in pairs:
-            param = getattr(module, name)
-            num_param = param.numel()
-            param_mask = final_mask[pointer : pointer + num_param].view_as(param)
-            with batch():  # ties checked above, refreshers synced below: all at once
-                custom_from_mask(module, name, mask=param_mask)
-            pointer += num_param
-        for snapshot in saved:
-            sync_refreshers(snapshot.module, snapshot.parents)
-    except BaseException:
-        for snapshot in reversed(saved):
-            snapshot.restore()
-        raise
+    mask: Tensor = container.compute_mask(relevant_importance_scores, default_mask)
+    return mask
 
 
-def custom_from_mask(module: nn.Module, name: str, mask: Tensor) -> nn.Module:
+def custom_from_mask(module: M, name: str, mask: Tensor) -> M:
     """Prune ``module.<name>`` where ``mask`` is 0 (on top of earlier pruning).
 
     Args:
@@ -261,7 +260,7 @@ def custom_from_mask(module: nn.Module, name: str, mask: Tensor) -> nn.Module:
     return module
 
 
-def remove(module: nn.Module, name: str) -> nn.Module:
+def remove(module: M, name: str) -> M:
     """Make the pruning of ``module.<name>`` permanent and drop its hook.
 
     The same :class:`~torch.nn.Parameter` object becomes ``module.<name>``
@@ -277,22 +276,18 @@ def remove(module: nn.Module, name: str) -> nn.Module:
     >>> sorted(name for name, _ in m.named_parameters())
     ['bias', 'weight']
     """
+    found = pruning_hooks(module, name)
+    if not found:
+        raise ValueError(
+            f"Parameter '{name}' of module {module} has to be pruned before pruning can be removed"
+        )
+    key, hook = found[0]
     hooks = module._forward_pre_hooks
-    for key, hook in hooks.items():
-        if isinstance(hook, TorchBase) and hook._tensor_name == name:
-            last = sum(isinstance(other, TorchBase) for other in hooks.values()) == 1
-            snapshot = Snapshot(module, [name], None if last else [])  # parents: if the last
-            try:
-                hook.remove(module)
-                del hooks[key]
-                sync_refreshers(module, snapshot.parents)
-            except BaseException:
-                snapshot.restore()
-                raise
-            return module
-    raise ValueError(
-        f"Parameter '{name}' of module {module} has to be pruned before pruning can be removed"
-    )
+    last = sum(isinstance(other, TorchBase) for other in hooks.values()) == 1
+    with rollback([(module, name)], lambda module: None if last else []):  # parents: if the last
+        hook.remove(module)
+        del hooks[key]
+    return module
 
 
 def is_pruned(module: nn.Module) -> bool:

@@ -5,19 +5,21 @@ Each class has torch's constructor, public attributes (``amount``, ``dim``,
 signature, and subclasses its ``torch.nn.utils.prune`` namesake. The funcprune
 spec is built from the attributes only when a mask is computed, so, as in
 torch, ``LnStructured(0.5, n="bad")`` constructs and fails only when used.
+This module holds the unstructured methods and ``CustomFromMask``, and the
+conventions shared with the structured ones (:mod:`._structured`).
 
 The kernels get the scores detached (a mask needs no autograd graph).
 Called directly, ``compute_mask(t, default_mask)`` behaves as torch's: it
 picks the units to prune from all of ``t`` (a float amount is a fraction of
-``t``) with :func:`funcprune.compute_mask` and zeroes them in (a copy of)
-``default_mask``, with torch's dtypes, checks and exception types. Inside a
-:class:`~funcprune.compat.PruningContainer` the method acts on the part of
-``t`` still unpruned through funcprune's fold instead.
+``t``) with :func:`funcprune.compute_mask` (:func:`kernel_mask`) and zeroes
+them in (a copy of) ``default_mask``, with torch's dtypes, checks and
+exception types. Inside a :class:`~funcprune.compat.PruningContainer` the
+method acts on the part of ``t`` still unpruned through funcprune's fold
+instead.
 """
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -26,30 +28,33 @@ import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 from .. import _specs as specs
-from .._spec import Spec
 from .._masks import compute_mask as fold_mask
-from .._types import Amount, NormOrder
+from .._spec import Spec
+from .._types import Amount
 from ._base import BasePruningMethod
 from ._state import TorchBase
 from ._validation import (
     _compute_nparams_toprune,
-    _compute_norm,
     _validate_pruning_amount,
     _validate_pruning_amount_init,
-    _validate_pruning_dim,
-    _validate_structured_pruning,
 )
 
 __all__ = [
-    "Identity",
-    "RandomUnstructured",
-    "L1Unstructured",
-    "RandomStructured",
-    "LnStructured",
     "CustomFromMask",
+    "Identity",
+    "L1Unstructured",
+    "RandomUnstructured",
+    "as_count",
+    "kernel_mask",
+    "shape_only",
 ]
 
 Tensor = torch.Tensor
+
+
+def kernel_mask(spec: Spec, scores: Tensor) -> Tensor:
+    """The kept flags that ``spec`` gives all of ``scores`` (detached), by its kernel."""
+    return fold_mask(spec, scores.detach())
 
 
 def _zero_pruned(mask: Tensor, kept: Tensor) -> Tensor:
@@ -65,16 +70,7 @@ def _zero_pruned(mask: Tensor, kept: Tensor) -> Tensor:
     return mask
 
 
-def _structured_mask(t: Tensor, kept: Tensor, default_mask: Tensor) -> Tensor:
-    """torch's structured result: ones on kept channels, in ``t``'s dtype, times
-    ``default_mask``."""
-    mask = torch.zeros_like(t)
-    mask.masked_fill_(kept, 1)
-    mask *= default_mask.to(dtype=mask.dtype)
-    return mask
-
-
-def _count(value: Amount, refuses_bool: Callable[..., object] | None = None) -> Amount:
+def as_count(value: Amount, refuses_bool: Callable[..., object] | None = None) -> Amount:
     """An amount or count as torch treats a ``bool`` one (funcprune's specs refuse it).
 
     torch takes ``True`` as 1 where it only does arithmetic with it (Ln
@@ -88,7 +84,7 @@ def _count(value: Amount, refuses_bool: Callable[..., object] | None = None) -> 
     return int(value)
 
 
-def _shape_only(shape: torch.Size, device: torch.device) -> Tensor:
+def shape_only(shape: torch.Size, device: torch.device) -> Tensor:
     """Floating scores of ``shape`` for kernels that only read the shape."""
     return torch.zeros((), device=device).expand(shape)
 
@@ -99,25 +95,6 @@ def _unstructured_count(amount: Amount, t: Tensor, default_mask: Tensor) -> tupl
     nparams_toprune = _compute_nparams_toprune(amount, tensor_size)
     _validate_pruning_amount(nparams_toprune, tensor_size)
     return nparams_toprune, default_mask.clone(memory_format=torch.contiguous_format)
-
-
-def _structured_count(method: RandomStructured | LnStructured, t: Tensor) -> int:
-    """torch's checks and count for structured methods, in torch's order."""
-    _validate_structured_pruning(t)
-    _validate_pruning_dim(t, method.dim)
-    tensor_size = t.shape[method.dim]
-    nparams_toprune = _compute_nparams_toprune(method.amount, tensor_size)
-    _validate_pruning_amount(nparams_toprune, tensor_size)
-    return nparams_toprune
-
-
-def _structured_dim(t: Tensor, dim: object) -> int | None:
-    """``dim`` as an int indexing ``t`` (which has 2+ dims), else ``None``."""
-    try:
-        d = operator.index(dim)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-    return d if t.dim() >= 2 and -t.dim() <= d < t.dim() else None
 
 
 class Identity(BasePruningMethod, torch_prune.Identity):
@@ -187,14 +164,14 @@ class RandomUnstructured(BasePruningMethod, torch_prune.RandomUnstructured):
                 except RuntimeError:
                     torch.rand_like(t)  # torch draws before it fails
                     raise
-            spec = specs.RandomUnstructured(_count(nparams_toprune, torch.topk))
-            _zero_pruned(mask, fold_mask(spec, t.detach()))
+            spec = specs.RandomUnstructured(as_count(nparams_toprune, torch.topk))
+            _zero_pruned(mask, kernel_mask(spec, t))
         return mask
 
     _kernel_compute_mask = compute_mask
 
     def _kernel_spec(self, t: Tensor) -> Spec | None:
-        return specs.RandomUnstructured(_count(self.amount, torch.topk))
+        return specs.RandomUnstructured(as_count(self.amount, torch.topk))
 
     @classmethod
     def apply(  # type: ignore[override]  # torch narrows it alike
@@ -236,14 +213,14 @@ class L1Unstructured(BasePruningMethod, torch_prune.L1Unstructured):
                 scores = torch.abs(t).to(torch.float64)
             if not t.is_contiguous():  # torch views |t| flat; fail alike
                 torch.abs(t).view(-1)
-            spec = specs.L1Unstructured(_count(nparams_toprune, torch.topk))
-            _zero_pruned(mask, fold_mask(spec, scores.detach()))
+            spec = specs.L1Unstructured(as_count(nparams_toprune, torch.topk))
+            _zero_pruned(mask, kernel_mask(spec, scores))
         return mask
 
     _kernel_compute_mask = compute_mask
 
     def _kernel_spec(self, t: Tensor) -> Spec | None:
-        return specs.L1Unstructured(_count(self.amount, torch.topk))
+        return specs.L1Unstructured(as_count(self.amount, torch.topk))
 
     @classmethod
     def apply(  # type: ignore[override]  # torch narrows it alike
@@ -255,141 +232,6 @@ class L1Unstructured(BasePruningMethod, torch_prune.L1Unstructured):
     ) -> TorchBase:
         """Prune the ``amount`` smallest-magnitude entries of ``module.<name>``."""
         return super().apply(module, name, amount=amount, importance_scores=importance_scores)
-
-
-class RandomStructured(BasePruningMethod, torch_prune.RandomStructured):
-    """Prunes ``amount`` (currently unpruned) channels along ``dim`` at random.
-
-    Draws from torch's global RNG exactly what torch's method draws.
-
-    Args:
-        amount: an ``int`` count or a ``float`` fraction in [0, 1] of channels.
-        dim: the dimension indexing the channels (default ``-1``).
-
-    Raises:
-        TypeError: if ``amount`` is not a real number.
-        ValueError: if it is a negative int or a float outside [0, 1].
-
-    >>> import torch, funcprune.compat as prune
-    >>> m = prune.RandomStructured(amount=1, dim=0).compute_mask(torch.rand(3, 2), torch.ones(3, 2))
-    >>> int(m.sum())
-    4
-    """
-
-    __module__ = "funcprune.compat"  # its public home: stable pickles and reprs
-
-    PRUNING_TYPE = "structured"
-
-    def __init__(self, amount: Amount, dim: int = -1) -> None:
-        _validate_pruning_amount_init(amount)
-        self.amount = amount
-        self.dim = dim
-
-    def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
-        nparams_toprune = _structured_count(self, t)
-        if nparams_toprune == 0:
-            return default_mask
-        scores = t if t.is_floating_point() else _shape_only(t.shape, t.device)
-        spec = specs.RandomStructured(_count(nparams_toprune, torch.kthvalue), operator.index(self.dim))
-        return _structured_mask(t, fold_mask(spec, scores.detach()), default_mask)
-
-    _kernel_compute_mask = compute_mask
-
-    def _kernel_spec(self, t: Tensor) -> Spec | None:
-        dim = _structured_dim(t, self.dim)
-        return None if dim is None else specs.RandomStructured(_count(self.amount, torch.kthvalue), dim)
-
-    @classmethod
-    def apply(  # type: ignore[override]  # torch narrows it alike
-        cls, module: nn.Module, name: str, amount: Amount, dim: int = -1
-    ) -> TorchBase:
-        """Prune ``amount`` random channels of ``module.<name>`` along ``dim``."""
-        return super().apply(module, name, amount=amount, dim=dim)
-
-
-class LnStructured(BasePruningMethod, torch_prune.LnStructured):
-    """Prunes the ``amount`` (currently unpruned) channels of smallest L``n`` norm.
-
-    Args:
-        amount: an ``int`` count or a ``float`` fraction in [0, 1] of channels.
-        n: the norm order, as ``p`` of :func:`torch.norm` (checked when used).
-        dim: the dimension indexing the channels (default ``-1``).
-
-    Raises:
-        TypeError: if ``amount`` is not a real number.
-        ValueError: if it is a negative int or a float outside [0, 1].
-
-    >>> import torch, funcprune.compat as prune
-    >>> prune.LnStructured(amount=1, n=1, dim=0).compute_mask(
-    ...     torch.tensor([[1.0, 1.0], [0.1, 0.2]]), torch.ones(2, 2))
-    tensor([[1., 1.],
-            [0., 0.]])
-    """
-
-    __module__ = "funcprune.compat"  # its public home: stable pickles and reprs
-
-    PRUNING_TYPE = "structured"
-
-    def __init__(self, amount: Amount, n: NormOrder, dim: int = -1) -> None:
-        _validate_pruning_amount_init(amount)
-        self.amount = amount
-        self.n = n
-        self.dim = dim
-
-    def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
-        nparams_toprune = _structured_count(self, t)
-        dim = operator.index(self.dim)
-        spec = self._spec(t, nparams_toprune, dim)
-        if spec is None or nparams_toprune == 0:  # torch's norm decides (or fails), as in torch
-            norm = _compute_norm(t, self.n, self.dim)
-            if nparams_toprune == 0:
-                return default_mask
-            kept = _kept_channels(norm, nparams_toprune, t, dim)
-        else:
-            kept = fold_mask(spec, t.detach())
-        return _structured_mask(t, kept, default_mask)
-
-    _kernel_compute_mask = compute_mask
-
-    def _spec(self, t: Tensor, amount: Amount, dim: int) -> Spec | None:
-        """The spec, where funcprune's norm is torch's (floats, orders it knows)."""
-        n = self.n
-        if not t.is_floating_point() or n == "nuc" and t.dim() != 3 or n == "fro" and t.dim() > 3:
-            return None
-        if t.numel() == 0:  # torch's norm may fail here even when nothing is pruned
-            return None
-        try:
-            return specs.LnStructured(_count(amount), n, dim)
-        except (TypeError, ValueError):  # orders torch.norm takes but specs refuse
-            return None
-
-    def _kernel_spec(self, t: Tensor) -> Spec | None:
-        dim = _structured_dim(t, self.dim)
-        return None if dim is None else self._spec(t, self.amount, dim)
-
-    @classmethod
-    def apply(  # type: ignore[override]  # torch narrows it alike
-        cls,
-        module: nn.Module,
-        name: str,
-        amount: Amount,
-        n: NormOrder,
-        dim: int,
-        importance_scores: Tensor | None = None,
-    ) -> TorchBase:
-        """Prune the ``amount`` channels of ``module.<name>`` of smallest norm."""
-        return super().apply(
-            module, name, amount=amount, n=n, dim=dim, importance_scores=importance_scores
-        )
-
-
-def _kept_channels(norm: Tensor, count: int, t: Tensor, dim: int) -> Tensor:
-    """Keep all but the ``count`` channels of smallest ``norm``, with the kernel."""
-    scores = norm.detach().reshape(-1, 1)  # one row per channel: its L1 norm is the norm
-    kept = fold_mask(specs.LnStructured(_count(count), 1, 0), scores)[:, 0]
-    shape = [1] * t.dim()
-    shape[dim % t.dim()] = -1
-    return kept.reshape(shape).expand(t.shape)
 
 
 class CustomFromMask(BasePruningMethod, torch_prune.CustomFromMask):
@@ -434,7 +276,7 @@ class CustomFromMask(BasePruningMethod, torch_prune.CustomFromMask):
         spec = self._spec()
         if spec is None:
             return None
-        return fold_mask(spec, _shape_only(self.mask.shape, self.mask.device))
+        return kernel_mask(spec, shape_only(self.mask.shape, self.mask.device))
 
     def _kernel_spec(self, t: Tensor) -> Spec | None:
         mask: Any = self.mask

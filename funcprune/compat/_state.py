@@ -1,34 +1,26 @@
-"""Module surgery shared by the compat layer: hook lookup, the pruned
-attribute, and snapshots that make every mutating call all-or-nothing.
+"""Module state shared by the compat layer: hook lookup, batches, and the
+snapshots that make every mutating call all-or-nothing (:func:`rollback`).
 
 A :class:`Snapshot` records everything a pruning call may touch on one module
 (its parameters, buffers, forward pre-hooks, the history of its pruning
 containers, the plain attributes named, RNN flat weights and parameter
 data, and the forward pre-hooks of the parents that read it directly, see
 :mod:`._parents`); :meth:`Snapshot.restore` puts all of it back in place,
-keeping the dicts' identities and orders.
-
-The pruned attribute carries two per-tensor protocol methods: a
-``__deepcopy__`` (torch cannot deep-copy it) and a ``__getstate__`` that
-keeps the first out of pickles, so that a saved pruned tensor is a plain
-tensor (``torch.load(..., weights_only=True)`` accepts it).
+keeping the dicts' identities and orders. :func:`rollback` wraps a call in
+snapshots of every module it may change.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import types
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
-import torch
 import torch.nn.utils.prune as torch_prune
 from torch import nn
 
-from ._parents import reading_parents
+from ._parents import reading_parents, sync_refreshers
 
 __all__ = [
     "Snapshot",
@@ -37,8 +29,7 @@ __all__ = [
     "batch",
     "in_batch",
     "pruning_hooks",
-    "set_pruned",
-    "snapshots",
+    "rollback",
 ]
 
 #: torch's base class: compat's methods subclass it, so this one check
@@ -82,110 +73,6 @@ def pruning_hooks(module: nn.Module, name: str) -> list[tuple[int, TorchBase]]:
         for key, hook in module._forward_pre_hooks.items()
         if isinstance(hook, TorchBase) and hook._tensor_name == name
     ]
-
-
-class _PrunedDeepcopy:
-    """The ``__deepcopy__`` of a pruned attribute (``module.weight``).
-
-    torch cannot deep-copy a tensor that is not a graph leaf, and the pruned
-    attribute (``mask * orig``) is not one, so ``copy.deepcopy`` of a module
-    pruned by ``torch.nn.utils.prune`` fails. This callable recomputes the
-    attribute from the *copied* ``orig`` and ``mask`` instead (the ones the
-    module's own copy holds, via ``memo``), so the copy's attribute is linked
-    to the copy's parameter as the original is to the original's.
-
-    It holds no reference to the module or the tensor (no reference cycle)
-    and pickles with them.
-    """
-
-    __slots__ = ("method", "orig", "mask")
-
-    def __init__(self, method: TorchBase, orig: torch.Tensor, mask: torch.Tensor) -> None:
-        self.method = method
-        self.orig = orig
-        self.mask = mask
-
-    def __getstate__(self) -> tuple[TorchBase, torch.Tensor, torch.Tensor]:
-        return (self.method, self.orig, self.mask)
-
-    def __setstate__(self, state: tuple[TorchBase, torch.Tensor, torch.Tensor]) -> None:
-        self.method, self.orig, self.mask = state
-
-    def __call__(self, memo: dict[int, Any]) -> torch.Tensor:
-        method = copy.deepcopy(self.method, memo)
-        orig = copy.deepcopy(self.orig, memo)
-        mask = copy.deepcopy(self.mask, memo)
-        name = method._tensor_name
-        holder = types.SimpleNamespace(**{name + "_orig": orig, name + "_mask": mask})
-        try:
-            pruned: torch.Tensor = method.apply_mask(holder)
-        except AttributeError:  # a custom apply_mask that needs the real module
-            pruned = mask.to(dtype=orig.dtype) * orig
-        _attach_deepcopy(pruned, method, orig, mask)
-        return pruned
-
-
-class _PlainState:
-    """The ``__getstate__`` of a pruned attribute: its state without compat's entries.
-
-    torch pickles a tensor's ``__dict__`` (``Tensor.__reduce_ex__`` asks
-    ``__getstate__`` for it, see ``torch._utils._get_obj_state``), so the
-    per-tensor ``__deepcopy__`` would be saved with the tensor and refused by
-    ``torch.load(weights_only=True)``. This callable returns the ``__dict__``
-    without the two protocol entries; an empty one (as for any plain tensor)
-    makes torch take its plain-tensor path: the pickle is a plain tensor's.
-    It refers to its tensor weakly (no reference cycle).
-    """
-
-    __slots__ = ("tensor",)
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = weakref.ref(tensor)
-
-    def __call__(self) -> dict[str, Any]:
-        tensor = self.tensor()
-        state = {} if tensor is None else tensor.__dict__
-        return {k: v for k, v in state.items() if k not in ("__deepcopy__", "__getstate__")}
-
-
-def _attach_deepcopy(
-    pruned: object, method: TorchBase, orig: object, mask: object
-) -> None:
-    """Give ``pruned`` its ``__deepcopy__`` where torch's would fail.
-
-    Only for a tensor that needs one (``requires_grad``: not a graph leaf)
-    computed from the module's real parameter, not from tensors swapped in
-    by ``torch.func.functional_call`` or wrapped by a ``torch.func``
-    transform (those leave a stale attribute that the next forward replaces).
-    A ``__getstate__`` (:class:`_PlainState`) keeps it out of pickles.
-    """
-    if not (
-        isinstance(pruned, torch.Tensor)
-        and pruned.requires_grad
-        and isinstance(orig, nn.Parameter)
-        and isinstance(mask, torch.Tensor)
-    ):
-        return
-    if not torch.compiler.is_compiling() and torch._C._functorch.is_functorch_wrapped_tensor(
-        pruned
-    ):
-        return
-    pruned.__deepcopy__ = _PrunedDeepcopy(method, orig, mask)  # type: ignore[method-assign]
-    pruned.__getstate__ = _PlainState(pruned)  # type: ignore[attr-defined]
-
-
-def set_pruned(module: nn.Module, method: TorchBase, pruned: object) -> None:
-    """Store the pruned tensor as the plain attribute ``module.<name>``.
-
-    Exactly ``setattr(module, name, pruned)`` as torch does (RNN modules
-    refresh their flat weights in ``__setattr__``), plus a per-tensor
-    ``__deepcopy__`` so that ``copy.deepcopy`` of the module works.
-    """
-    name = method._tensor_name
-    setattr(module, name, pruned)
-    orig = module._parameters.get(name + "_orig")
-    mask = module._buffers.get(name + "_mask")
-    _attach_deepcopy(pruned, method, orig, mask)
 
 
 class Snapshot:
@@ -258,9 +145,16 @@ def _refill(target: dict[Any, Any], saved: dict[Any, Any]) -> None:
     target.update(saved)
 
 
-def snapshots(
-    modules: Iterable[tuple[nn.Module, str]],
-    parents: Callable[[nn.Module], list[tuple[nn.Module, str]] | None] = lambda module: None,
+#: Gives a module's ``parents`` argument of :class:`Snapshot` (``None``: look them up).
+ParentsOf = Callable[[nn.Module], "list[tuple[nn.Module, str]] | None"]
+
+
+def _look_up(module: nn.Module) -> None:
+    return None
+
+
+def _snapshots(
+    modules: Iterable[tuple[nn.Module, str]], parents: ParentsOf = _look_up
 ) -> list[Snapshot]:
     """One snapshot per distinct module of ``(module, name)`` pairs.
 
@@ -273,3 +167,38 @@ def snapshots(
     for module, name in modules:
         names.setdefault(id(module), (module, set()))[1].add(name)
     return [Snapshot(module, attrs, parents(module)) for module, attrs in names.values()]
+
+
+@contextlib.contextmanager
+def rollback(
+    pairs: Iterable[tuple[nn.Module, str]], parents: ParentsOf = _look_up
+) -> Iterator[None]:
+    """All or nothing: undo every change to the modules of ``pairs`` if the block raises.
+
+    Takes one :class:`Snapshot` per distinct module first. When the block
+    completes, gives each module's parents the refreshers it needs
+    (:func:`~._parents.sync_refreshers`); if anything raises (within the
+    block or the syncing, ``KeyboardInterrupt`` included), restores the
+    modules in reverse order and re-raises.
+
+    Args:
+        pairs: the ``(module, name)`` pairs the block may change.
+        parents: gives each module's ``parents`` argument of :class:`Snapshot`
+            (by default ``None``: look them up).
+
+    >>> fc = nn.Linear(2, 2)
+    >>> with contextlib.suppress(RuntimeError), rollback([(fc, "bias")]):
+    ...     del fc._parameters["bias"]
+    ...     raise RuntimeError("boom")
+    >>> "bias" in fc._parameters
+    True
+    """
+    saved = _snapshots(pairs, parents)
+    try:
+        yield
+        for snapshot in saved:
+            sync_refreshers(snapshot.module, snapshot.parents)
+    except BaseException:
+        for snapshot in reversed(saved):
+            snapshot.restore()
+        raise

@@ -36,7 +36,8 @@ import torch
 from torch import nn
 
 from ._holders import holders
-from ._state import TorchBase, _PrunedDeepcopy
+from ._pruned import PrunedDeepcopy
+from ._state import TorchBase
 
 __all__ = ["User", "check_untied", "one_key_per_parameter", "parameter_users"]
 
@@ -81,7 +82,7 @@ def _expected(module: nn.Module, name: str, key: str) -> int:
     if not isinstance(pruned, Tensor):
         return _baseline(False) + own
     copier = pruned.__dict__.get("__deepcopy__")
-    own += isinstance(copier, _PrunedDeepcopy) and copier.orig is param
+    own += isinstance(copier, PrunedDeepcopy) and copier.orig is param
     grad_fn = pruned.grad_fn
     graph = grad_fn is not None and any(
         getattr(node, "variable", None) is param for node, _ in grad_fn.next_functions

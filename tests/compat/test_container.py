@@ -163,7 +163,7 @@ def test_builtins_fold_with_the_kernel() -> None:
     for make in (lambda: cp.L1Unstructured(0.5), lambda: cp.RandomStructured(1, 0),
                  lambda: cp.LnStructured(1, 2, 1), lambda: cp.CustomFromMask(torch.ones(3, 4)),
                  lambda: cp.Identity()):
-        with mock.patch("funcprune.compat._base.fold_mask", wraps=fp_compute_mask) as fold:
+        with mock.patch("funcprune.compat._combine.fold_mask", wraps=fp_compute_mask) as fold:
             container(cp, make()).compute_mask(distinct((3, 4), 0), mask_of((3, 4), 0,
                                                                           torch.float32, 0.3))
         assert fold.call_count == 1
@@ -210,6 +210,25 @@ def test_user_methods_fold_parity(density: float) -> None:
     fold_parity(lambda lib: foobar(lib)(), t, default_mask, 0)
     fold_parity(lambda lib: rows(lib)(1), t, default_mask, 0)
     fold_parity(lambda lib: rows(lib)(-2), t, default_mask, 0)
+
+
+USER_ODD = [
+    ("mask-of-higher-rank", (2, 3), torch.ones(2, 3, 1), 0),
+    ("mask-of-lower-rank", (2, 3, 1), torch.ones(2, 3), 0),
+    ("dim-past-the-last", (4, 3), torch.ones(4, 3), 5),
+    ("dim-too-negative", (4, 3), torch.ones(4, 3), -3),
+    ("one-dim", (4,), torch.ones(4), 0),
+    ("channel-summing-to-zero", (3, 2), torch.tensor([[1.0, -1.0], [0.5, 0.0], [0.0, 0.0]]), 0),
+]
+
+
+@pytest.mark.parametrize("case", USER_ODD, ids=[c[0] for c in USER_ODD])
+def test_user_structured_methods_on_odd_inputs_like_torch(
+    case: tuple[str, tuple[int, ...], Tensor, int],
+) -> None:
+    """torch's slicing quirks and errors, kept for methods without a kernel."""
+    _, shape, default_mask, dim = case
+    fold_parity(lambda lib: rows(lib)(dim), distinct(shape, 2), default_mask, 0)
 
 
 def test_subclass_overriding_compute_mask_is_called() -> None:

@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import funcprune.compat as cp
-from funcprune import compute_mask as fp_compute_mask
+from funcprune import _kernels as kernels
 
 from ._helpers import assert_same_tensor, distinct, outcome
 
@@ -248,7 +248,7 @@ def test_construction_parity(cls: str, args: tuple[Any, ...]) -> None:
 
 def test_construction_does_not_check_n_or_dim_like_torch() -> None:
     method = cp.LnStructured(0.5, n="bad", dim="nonsense")  # type: ignore[arg-type]
-    assert (method.amount, method.n, method.dim) == (0.5, "bad", "nonsense")
+    assert vars(method) == {"amount": 0.5, "n": "bad", "dim": "nonsense"}
     cp.RandomStructured(0.5, dim=None)  # type: ignore[arg-type]
     cp.CustomFromMask(mask="anything")  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="Order bad not supported"):
@@ -303,20 +303,24 @@ def test_exact_count_on_ties_like_torch() -> None:
 
 
 @pytest.mark.parametrize(
-    "make, t",
+    "make, t, kernel",
     [
-        (lambda: cp.L1Unstructured(2), distinct((3, 4), 0)),
-        (lambda: cp.RandomUnstructured(0.5), distinct((3, 4), 0)),
-        (lambda: cp.RandomStructured(1, 0), distinct((3, 4), 0)),
-        (lambda: cp.LnStructured(1, 2, -1), distinct((3, 4), 0)),
-        (lambda: cp.LnStructured(1, None, -1), distinct((3, 4), 0)),  # type: ignore[arg-type]
-        (lambda: cp.CustomFromMask(torch.tensor([[0, 1, 1, 1]] * 3)), distinct((3, 4), 0)),
+        (lambda: cp.L1Unstructured(2), distinct((3, 4), 0), "l1_unstructured"),
+        (lambda: cp.RandomUnstructured(0.5), distinct((3, 4), 0), "random_unstructured"),
+        (lambda: cp.RandomStructured(1, 0), distinct((3, 4), 0), "random_structured"),
+        (lambda: cp.LnStructured(1, 2, -1), distinct((3, 4), 0), "structured_by_keys"),
+        (lambda: cp.LnStructured(1, None, -1), distinct((3, 4), 0),  # type: ignore[arg-type]
+         "structured_by_keys"),
+        (lambda: cp.CustomFromMask(torch.tensor([[0, 1, 1, 1]] * 3)), distinct((3, 4), 0),
+         "custom_from_mask"),
     ],
 )
-def test_builtins_compute_masks_with_the_kernels(make: Callable[[], Any], t: Tensor) -> None:
-    with mock.patch("funcprune.compat._methods.fold_mask", wraps=fp_compute_mask) as kernel:
+def test_builtins_compute_masks_with_the_kernels(
+    make: Callable[[], Any], t: Tensor, kernel: str
+) -> None:
+    with mock.patch(f"funcprune._kernels.{kernel}", wraps=getattr(kernels, kernel)) as called:
         make().compute_mask(t, torch.ones_like(t))
-    assert kernel.call_count == 1
+    assert called.call_count == 1
 
 
 META_CALLS: list[tuple[str, Callable[[Any, torch.nn.Module], object]]] = [

@@ -50,6 +50,8 @@ METHODS = [
 ]
 CONTAINER_METHODS = ["add_pruning_method", "__len__", "__iter__", "__getitem__"]
 BRIDGE = ["install_masks_", "masks_from_module", "unprune_"]
+#: funcprune's own additions: the bridge, and the adapter of funcprune specs.
+ADAPTERS = ["SpecMethod"]
 
 
 def shape_of(fn: Any) -> list[tuple[str, Any, Any]]:
@@ -67,7 +69,7 @@ def test_torch_defines_no_public_name_we_lack() -> None:
 
 
 def test_all_lists_the_public_names_and_each_imports() -> None:
-    assert sorted(cp.__all__) == sorted(CLASSES + FUNCTIONS + BRIDGE)
+    assert sorted(cp.__all__) == sorted(CLASSES + FUNCTIONS + BRIDGE + ADAPTERS)
     for name in cp.__all__:
         assert getattr(cp, name) is not None
         assert getattr(cp, name).__doc__
