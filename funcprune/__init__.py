@@ -1,9 +1,32 @@
 """funcprune: pure-functional pruning for PyTorch.
 
-Specs say what to prune, :func:`compute_mask` turns a spec and importance
-scores into a ``torch.bool`` mask, and :func:`chain` composes specs the way
-repeated ``torch.nn.utils.prune`` calls compose. ``funcprune.compat`` is a
-drop-in replacement for ``torch.nn.utils.prune``.
+The methods of ``torch.nn.utils.prune`` as immutable data and pure
+functions, usable under ``torch.func.vmap``, ``grad`` and ``torch.compile``:
+
+- **Specs** say what to prune: ``Identity``, ``RandomUnstructured``,
+  ``L1Unstructured``, ``RandomStructured``, ``LnStructured``,
+  ``CustomFromMask``; ``chain(*specs)`` composes them. Your own spec is a
+  frozen dataclass subclassing ``Spec`` (set ``pruning_type``, implement
+  ``compute_mask``).
+- **Masks**: ``compute_mask(spec, scores, default_mask)`` returns a
+  ``torch.bool`` mask (``True`` = kept), ``compute_joint_masks`` ranks several
+  tensors together, ``prune`` returns the pruned tensor.
+- **Plans** map parameter names or glob patterns to specs:
+  ``masks = Plan({...})(params, masks=None, scores=None)``;
+  ``global_unstructured(names, spec)`` prunes tensors jointly; ``compose``
+  applies plans in order. Masks travel as dicts keyed like
+  ``named_parameters()``; a missing key means "not pruned".
+- **Applying**: ``apply_masks``, ``functional_call_masked``, ``mask_gradients``
+  and, for ``torch.optim`` loops, ``mask_gradients_`` and ``apply_masks_``;
+  ``to_multipliers`` converts masks once for long training loops.
+- **Reports**: ``sparsity_report(masks)`` gives per-tensor and global
+  sparsity as a table.
+- **funcprune.compat** is a drop-in ``torch.nn.utils.prune`` (hook mode, the
+  same masks and errors, with fixes), plus the bridge to mask dicts:
+  ``masks_from_module``, ``install_masks_``, ``unprune_``, and
+  ``SpecMethod`` for your own specs.
+
+``python -m funcprune`` runs a demo; README.md has the tour.
 """
 
 import warnings as _warnings

@@ -12,7 +12,7 @@ import torch.nn.utils.prune as tprune
 from torch import nn
 
 import funcprune as fp
-from funcprune._demo import LeNet
+from _models import LeNet
 
 WEIGHTS = ["conv1.weight", "conv2.weight", "fc1.weight", "fc2.weight", "fc3.weight"]
 

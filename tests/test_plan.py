@@ -1,4 +1,4 @@
-"""Plans: rules, patterns, global groups, composition, parity with torch, transforms."""
+"""Plans (funcprune._plan): rules, composition, parity with torch, copies, transforms."""
 
 from __future__ import annotations
 
@@ -15,36 +15,13 @@ from hypothesis import given, settings
 from torch import nn
 
 import funcprune as fp
-from funcprune._demo import LeNet
+from _models import WEIGHTS, lenet, params_of, same_masks, torch_masks
 
-WEIGHTS = ["conv1.weight", "conv2.weight", "fc1.weight", "fc2.weight", "fc3.weight"]
 PLAN_NAMES = [
     "AbstractPlan", "Plan", "GlobalPlan", "ComposedPlan", "compose", "global_unstructured",
     "UnknownNameError", "apply_masks", "apply_masks_", "functional_call_masked",
     "mask_gradients", "mask_gradients_", "sparsity_report", "SparsityReport", "SparsityRow",
 ]  # fmt: skip
-
-
-def lenet(seed: int = 0) -> LeNet:
-    torch.manual_seed(seed)
-    return LeNet()
-
-
-def params_of(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {name: p.detach().clone() for name, p in module.named_parameters()}
-
-
-def torch_masks(module: nn.Module) -> dict[str, torch.Tensor]:
-    """The ``<name>_mask`` buffers torch left, keyed ``<name>``, as bool."""
-    return {n[: -len("_mask")]: b.bool() for n, b in module.named_buffers() if n.endswith("_mask")}
-
-
-def same_masks(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> bool:
-    return ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-
-
-def targets(module: nn.Module, names: list[str]) -> list[tuple[nn.Module, str]]:
-    return [(module.get_submodule(n.rsplit(".", 1)[0]), n.rsplit(".", 1)[1]) for n in names]
 
 
 # --- the public surface ------------------------------------------------------
@@ -93,59 +70,6 @@ def test_per_layer_amounts_match_torch() -> None:
     assert same_masks(masks, torch_masks(reference))
 
 
-def test_global_rounds_match_torch_global_unstructured() -> None:
-    model = lenet(4)
-    reference = copy.deepcopy(model)
-    params = params_of(model)
-    first = fp.global_unstructured(["conv*.weight", "fc*.weight"], fp.L1Unstructured(0.2))(params)
-    tprune.global_unstructured(targets(reference, WEIGHTS), tprune.L1Unstructured, amount=0.2)
-    assert same_masks(first, torch_masks(reference))
-    # a second global round on top of the existing masks, then a random one
-    second = fp.global_unstructured(WEIGHTS, fp.L1Unstructured(0.3))(params, first)
-    tprune.global_unstructured(targets(reference, WEIGHTS), tprune.L1Unstructured, amount=0.3)
-    assert same_masks(second, torch_masks(reference))
-    torch.manual_seed(7)
-    third = fp.global_unstructured(WEIGHTS, fp.RandomUnstructured(1000))(params, second)
-    torch.manual_seed(7)
-    tprune.global_unstructured(targets(reference, WEIGHTS), tprune.RandomUnstructured, amount=1000)
-    assert same_masks(third, torch_masks(reference))
-
-
-def test_global_with_importance_scores_matches_torch() -> None:
-    model = lenet(5)
-    reference = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(0)
-    scores = {n: torch.rand(p.shape, generator=g) for n, p in model.named_parameters()}
-    names = ["conv2.weight", "fc1.weight", "fc2.bias"]
-    plan = fp.global_unstructured(names, fp.L1Unstructured(0.25))
-    ours = plan(params_of(model), scores=scores)
-    by_target = {
-        (m, a): scores[n] for n, (m, a) in zip(names, targets(reference, names), strict=True)
-    }
-    tprune.global_unstructured(
-        targets(reference, names), tprune.L1Unstructured, by_target, amount=0.25
-    )
-    assert same_masks(ours, torch_masks(reference))
-    assert not same_masks(ours, plan(params_of(model)))  # the scores were used
-
-
-def test_global_on_top_of_per_layer_and_a_later_per_layer_round_match_torch() -> None:
-    model = lenet(6)
-    reference = copy.deepcopy(model)
-    plan = fp.compose(
-        fp.Plan({"conv*.weight": fp.L1Unstructured(0.2), "fc*.weight": fp.L1Unstructured(0.4)}),
-        fp.global_unstructured(["*.weight"], fp.L1Unstructured(0.5)),
-        fp.Plan({"fc1.weight": fp.LnStructured(0.25, n=1, dim=0)}),
-    )
-    ours = plan(params_of(model))
-    for name in WEIGHTS:
-        module = reference.get_submodule(name.split(".")[0])
-        tprune.l1_unstructured(module, name="weight", amount=0.2 if "conv" in name else 0.4)
-    tprune.global_unstructured(targets(reference, WEIGHTS), tprune.L1Unstructured, amount=0.5)
-    tprune.ln_structured(reference.fc1, name="weight", amount=0.25, n=1, dim=0)
-    assert same_masks(ours, torch_masks(reference))
-
-
 def test_custom_every_other_entry_like_the_tutorials_foobar() -> None:
     every_other = torch.ones(10, dtype=torch.bool)
     every_other[::2] = False
@@ -186,42 +110,6 @@ def test_explicit_scores_are_used_as_given_like_torch() -> None:
 
 
 # --- rules, patterns and composition -------------------------------------------
-
-
-def test_patterns_match_dotted_names() -> None:
-    net = nn.ModuleDict(
-        {
-            "layer1": nn.ModuleDict({"conv1": nn.Conv2d(1, 2, 1), "conv2": nn.Conv2d(2, 2, 1)}),
-            "layer2": nn.ModuleDict({"conv1": nn.Conv2d(2, 2, 1), "bn1": nn.BatchNorm2d(2)}),
-            "fc": nn.Linear(2, 2),
-        }
-    )
-    params = params_of(net)
-    masks = fp.Plan({"layer*.conv*.weight": fp.Identity(), "fc.bias": fp.Identity()})(params)
-    assert list(masks) == [
-        "layer1.conv1.weight",
-        "layer1.conv2.weight",
-        "layer2.conv1.weight",
-        "fc.bias",
-    ]
-    assert list(fp.Plan({"layer?.*1.weight": fp.Identity()})(params)) == [
-        "layer1.conv1.weight", "layer2.conv1.weight", "layer2.bn1.weight"
-    ]  # fmt: skip
-    assert list(fp.Plan({"layer[2].*.bias": fp.Identity()})(params)) == [
-        "layer2.conv1.bias",
-        "layer2.bn1.bias",
-    ]
-
-
-def test_a_name_without_glob_characters_matches_exactly() -> None:
-    params = {
-        "fc1.weight": torch.ones(2),
-        "fc1.weight2": torch.ones(2),
-        "xfc1.weight": torch.ones(2),
-    }
-    assert list(fp.Plan({"fc1.weight": fp.Identity()})(params)) == ["fc1.weight"]
-    with pytest.raises(fp.UnknownNameError):
-        fp.Plan({"fc1": fp.Identity()})(params)
 
 
 def test_a_list_is_a_chain() -> None:
@@ -375,56 +263,6 @@ def test_generator_makes_random_plans_reproducible() -> None:
 # --- global groups ----------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "spec", [fp.LnStructured(0.2, n=1), fp.RandomStructured(0.2), fp.CustomFromMask(torch.ones(3))]
-)
-def test_global_refuses_a_non_unstructured_spec_like_torch(spec: fp.Spec) -> None:
-    with pytest.raises(TypeError, match="global_unstructured: spec must have pruning_type 'unstructured'"):
-        fp.global_unstructured(["w"], spec)
-    with pytest.raises(TypeError, match="global_unstructured: spec must have pruning_type 'unstructured'"):
-        fp.global_unstructured(["w"], fp.chain(fp.L1Unstructured(1), spec))
-
-
-def test_global_accepts_a_chain_of_unstructured_specs() -> None:
-    params = {"a": torch.tensor([1.0, 5.0, 3.0]), "b": torch.tensor([4.0, 2.0, 6.0])}
-    masks = fp.global_unstructured(["a", "b"], [fp.L1Unstructured(1), fp.L1Unstructured(2)])(params)
-    assert masks["a"].tolist() == [False, True, False] and masks["b"].tolist() == [
-        True,
-        False,
-        True,
-    ]
-
-
-def test_global_lists_names_in_order_once() -> None:
-    params = {"x": torch.tensor([3.0]), "y": torch.tensor([1.0]), "z": torch.tensor([2.0])}
-    plan = fp.global_unstructured(["z", "*"], fp.L1Unstructured(2))
-    assert plan.names == ("z", "*")
-    assert {n: m.item() for n, m in plan(params).items()} == {"x": True, "y": False, "z": False}
-
-
-@given(
-    sizes=st.lists(st.integers(1, 12), min_size=1, max_size=4),
-    seed=st.integers(0, 2**16),
-    amount=st.one_of(st.integers(0, 48), st.floats(0.0, 1.0)),
-)
-def test_global_prunes_exactly_the_amount_and_never_revives(
-    sizes: list[int], seed: int, amount: float
-) -> None:
-    g = torch.Generator().manual_seed(seed)
-    params = {f"p{i}": torch.randn(n, generator=g) for i, n in enumerate(sizes)}
-    earlier = {n: torch.rand(p.shape, generator=g) > 0.3 for n, p in params.items()}
-    left = sum(int(m.sum()) for m in earlier.values())
-    expected = amount if isinstance(amount, int) else round(amount * left)
-    plan = fp.global_unstructured(list(params), fp.L1Unstructured(amount))
-    if isinstance(amount, int) and amount > left:
-        with pytest.raises(ValueError, match="global_unstructured: cannot prune"):
-            plan(params, earlier)
-        return
-    masks = plan(params, earlier)
-    assert left - sum(int(m.sum()) for m in masks.values()) == expected
-    assert all(not bool((masks[n] & ~earlier[n]).any()) for n in params)
-
-
 SPECS = st.sampled_from(
     [fp.L1Unstructured(0.4), fp.RandomUnstructured(2), fp.LnStructured(0.5, n=2, dim=0),
      fp.RandomStructured(1, dim=1), fp.chain(fp.L1Unstructured(1), fp.LnStructured(1, n=1, dim=1))]
@@ -447,43 +285,6 @@ def test_a_plan_never_revives_an_earlier_pruned_entry(
 # --- errors --------------------------------------------------------------------
 
 
-def test_unknown_names_and_empty_patterns_name_it_and_suggest() -> None:
-    params = params_of(lenet())
-    with pytest.raises(
-        fp.UnknownNameError, match=r"rule 'conv1\.wieght' .*did you mean 'conv1\.weight'"
-    ):
-        fp.Plan({"conv1.wieght": fp.Identity()})(params)
-    with pytest.raises(KeyError, match=r"'fc\*\.wieght' matches no parameter.*'fc1\.weight'"):
-        fp.Plan({"fc*.wieght": fp.Identity()})(params)
-    with pytest.raises(
-        ValueError, match="global_unstructured: name 'conv3.weight' matches no parameter"
-    ):
-        fp.global_unstructured(["conv1.weight", "conv3.weight"], fp.L1Unstructured(1))(params)
-    with pytest.raises(fp.UnknownNameError, match="mask for 'fc4.weight' is not a parameter name"):
-        fp.Plan({})(params, {"fc4.weight": torch.ones(1)})
-    with pytest.raises(fp.UnknownNameError, match="scores for 'conv1.weigh' is not a parameter"):
-        fp.Plan({})(params, scores={"conv1.weigh": torch.ones(1)})
-
-
-def test_masks_and_scores_that_do_not_fit_their_parameter_are_refused() -> None:
-    params = {"fc.weight": torch.randn(3, 4)}
-    plan = fp.Plan({"fc.weight": fp.L1Unstructured(1)})
-    with pytest.raises(ValueError, match=r"mask for 'fc.weight' has shape \(4, 3\).*\(3, 4\)"):
-        plan(params, {"fc.weight": torch.ones(4, 3, dtype=torch.bool)})
-    with pytest.raises(ValueError, match="mask for 'fc.weight' is on meta"):
-        plan(params, {"fc.weight": torch.ones(3, 4, dtype=torch.bool, device="meta")})
-    with pytest.raises(ValueError, match="scores for 'fc.weight' has shape"):
-        plan(params, scores={"fc.weight": torch.ones(12)})
-    with pytest.raises(ValueError, match=r"mask for 'fc.weight' must hold only 0 and 1.*\[0.5, "):
-        plan(params, {"fc.weight": torch.full((3, 4), 0.5)})
-
-
-def test_float_earlier_masks_are_converted() -> None:
-    params = {"w": torch.tensor([1.0, 2.0, 3.0])}
-    masks = fp.Plan({"w": fp.L1Unstructured(1)})(params, {"w": torch.tensor([0.0, 1.0, 1.0])})
-    assert masks["w"].tolist() == [False, False, True]
-
-
 def test_bad_arguments_are_refused_with_a_message() -> None:
     with pytest.raises(TypeError, match="funcprune.compose"):
         fp.Plan([fp.Plan({})])  # type: ignore[arg-type]
@@ -501,17 +302,6 @@ def test_bad_arguments_are_refused_with_a_message() -> None:
         fp.global_unstructured([], fp.L1Unstructured(1))
     with pytest.raises(TypeError, match="compose: argument 1 must be a plan"):
         fp.compose(fp.Plan({}), fp.L1Unstructured(1))  # type: ignore[arg-type]
-
-
-def test_a_plan_refuses_the_parameters_of_a_hook_mode_module() -> None:
-    """``fc1.weight_orig`` is not ``fc1.weight``: the rule would silently prune nothing."""
-    model = lenet()
-    tprune.l1_unstructured(model.fc1, "weight", amount=0.5)
-    params = dict(model.named_parameters())
-    for plan in (fp.Plan({"fc*.weight": fp.L1Unstructured(0.5)}),
-                 fp.global_unstructured(["*.weight"], fp.L1Unstructured(0.5))):  # fmt: skip
-        with pytest.raises(ValueError, match=r"params holds 'fc1.weight_orig' but no 'fc1.weight'.*compat.unprune_"):
-            plan(params)
 
 
 def test_spec_errors_name_the_parameter() -> None:

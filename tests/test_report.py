@@ -14,7 +14,7 @@ from torch import nn
 
 import funcprune as fp
 import funcprune.compat as prune
-from funcprune._demo import LeNet
+from _models import LeNet
 
 from compat._helpers import assert_same_fingerprint, fingerprint
 

@@ -18,7 +18,7 @@ import torch.nn.utils.prune as tp
 from torch import nn
 
 import funcprune.compat as cp
-from funcprune._demo import LeNet as LeNet
+from _models import LeNet as LeNet
 
 Tensor = torch.Tensor
 
