@@ -26,10 +26,6 @@ Tensor = torch.Tensor
 __all__ = ["SparsityRow", "SparsityReport", "sparsity_report"]
 
 
-def _percent(pruned: int, numel: int) -> float:
-    return 100.0 * pruned / numel if numel else 0.0
-
-
 @final
 @dataclass(frozen=True, slots=True)
 class SparsityRow:

@@ -50,12 +50,12 @@ from ._methods import RandomUnstructured as RandomUnstructured
 from ._spec_method import SpecMethod as SpecMethod
 from ._structured import LnStructured as LnStructured
 from ._structured import RandomStructured as RandomStructured
-from ._validation import _compute_norm as _compute_norm
-from ._validation import _compute_nparams_toprune as _compute_nparams_toprune
-from ._validation import _validate_pruning_amount as _validate_pruning_amount
-from ._validation import _validate_pruning_amount_init as _validate_pruning_amount_init
-from ._validation import _validate_pruning_dim as _validate_pruning_dim
-from ._validation import _validate_structured_pruning as _validate_structured_pruning
+from ._torch_helpers import _compute_norm as _compute_norm
+from ._torch_helpers import _compute_nparams_toprune as _compute_nparams_toprune
+from ._torch_helpers import _validate_pruning_amount as _validate_pruning_amount
+from ._torch_helpers import _validate_pruning_amount_init as _validate_pruning_amount_init
+from ._torch_helpers import _validate_pruning_dim as _validate_pruning_dim
+from ._torch_helpers import _validate_structured_pruning as _validate_structured_pruning
 
 __all__ = [
     "BasePruningMethod",

@@ -33,7 +33,7 @@ from .._spec import Spec
 from .._types import Amount
 from ._base import BasePruningMethod
 from ._state import TorchBase
-from ._validation import (
+from ._torch_helpers import (
     _compute_nparams_toprune,
     _validate_pruning_amount,
     _validate_pruning_amount_init,

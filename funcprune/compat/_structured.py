@@ -5,7 +5,7 @@ ones on the kept channels, in ``t``'s dtype, times ``default_mask``; the
 conventions are those of :mod:`._methods`. Called directly, torch's checks
 run first, in torch's order. ``RandomStructured`` draws through its spec's
 kernel. ``LnStructured`` computes the channels' norms as torch does
-(:func:`~._validation._compute_norm`, so every order :func:`torch.norm`
+(:func:`~._torch_helpers._compute_norm`, so every order :func:`torch.norm`
 takes works, and fails, as in torch) and lets the kernel
 :func:`funcprune._kernels.structured_by_keys` choose the channels. In a
 :class:`~funcprune.compat.PruningContainer` both fold through their specs
@@ -27,7 +27,7 @@ from .._types import Amount, NormOrder
 from ._base import BasePruningMethod
 from ._methods import as_count, kernel_mask, shape_only
 from ._state import TorchBase
-from ._validation import (
+from ._torch_helpers import (
     _compute_nparams_toprune,
     _compute_norm,
     _validate_pruning_amount,
