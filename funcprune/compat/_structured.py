@@ -169,6 +169,8 @@ class LnStructured(BasePruningMethod, torch_prune.LnStructured):
             return None
         if not t.is_floating_point() or t.numel() == 0:  # torch's norm may fail there
             return None
+        if n in ("nuc", "fro") and t.dtype in (torch.float16, torch.bfloat16):
+            return None  # torch's matrix norm refuses low precision, even at amount 0
         try:
             return specs.LnStructured(as_count(self.amount), n, dim)
         except (TypeError, ValueError):  # orders torch.norm takes but specs refuse

@@ -351,3 +351,16 @@ def test_meta_device_modules_prune_like_torch(
         results.append((mask.device, mask.dtype, mask.shape, module.weight.shape, torch.rand(1)))
     assert results[0][:4] == results[1][:4]
     assert torch.equal(results[0][4], results[1][4])  # the RNG advanced alike
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_low_precision_nuclear_norm_at_amount_0_fails_like_torch_when_re_pruning(dtype: torch.dtype) -> None:
+    """Found by the differential fuzzer: the container path skipped torch's norm."""
+    errors = []
+    for lib in (tp, cp):
+        m = torch.nn.Conv1d(3, 2, 1, dtype=dtype)
+        lib.identity(m, "weight")
+        with pytest.raises(RuntimeError) as caught:
+            lib.ln_structured(m, "weight", amount=0, n="nuc", dim=0)
+        errors.append(str(caught.value))
+    assert errors[0] == errors[1]
