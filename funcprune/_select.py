@@ -12,9 +12,12 @@ earlier) are never kept. Three rules hold on every path:
 - NaN ranks above every number (as in :func:`torch.topk`), so it goes last.
 
 Groups are first-class: :data:`WHOLE` (all entries), :class:`Slices` (each
-slice along a dim, on its own) and :class:`Blocks` (each run of ``size``
-consecutive entries along a dim). :func:`keep_jointly` ranks several tensors
-as if concatenated, without concatenating them.
+slice along a dim, on its own), :class:`Blocks` (each run of ``size``
+consecutive entries along a dim) and :class:`Shard` (this process holds one
+block of a larger tensor; the group is the whole tensor, selected exactly
+across processes by :mod:`._sharded`). :func:`keep_jointly` ranks several
+tensors as if concatenated, without concatenating them, and over shards when
+its parts are shards.
 
 Paths, chosen here and nowhere else (all give identical flags, tested):
 
@@ -22,6 +25,8 @@ Paths, chosen here and nowhere else (all give identical flags, tested):
   tensor of per-group counts under ``vmap``, and any eligibility;
 - *threshold* (one :func:`torch.kthvalue`): a Python ``int`` count over a
   whole tensor with every entry eligible; works under every transform;
+- *shards* (eager): a radix select whose per-round histograms are summed
+  across processes; the only path for :class:`Shard` groups;
 - *bracket* (eager, from :data:`FAST_MIN_KEYS` keys): a strided sample
   brackets the k-th key, one pass per part counts the keys below the bracket
   and collects the few inside, ``kthvalue`` finishes on those. Where the
@@ -40,6 +45,7 @@ from typing import Union, final
 
 import torch
 
+from ._sharded import Shard, keep_over_shards
 from ._types import Amount, Count, Mask, Tensor
 from ._validate import count_to_prune, is_concrete, validate_count
 
@@ -49,6 +55,7 @@ __all__ = [
     "Blocks",
     "Group",
     "KeyPart",
+    "Shard",
     "Slices",
     "Whole",
     "keep",
@@ -87,7 +94,7 @@ class Blocks:
     dim: int = -1
 
 
-Group = Union[Whole, Slices, Blocks]
+Group = Union[Whole, Slices, Blocks, Shard]
 #: The default group.
 WHOLE = Whole()
 
@@ -117,16 +124,20 @@ def keep(keys: Tensor, k: Count, eligible: Mask = None, *, group: Group = WHOLE)
         keys: the keys; lower means less important.
         k: the count to prune per group: a Python ``int``, or an integer
             tensor (a 0-d count for :data:`WHOLE`, one count per group
-            otherwise, or a 0-d count shared by all groups).
+            otherwise, or a 0-d count shared by all groups). For a
+            :class:`Shard`, a Python ``int``: the count over the whole tensor.
         eligible: ``torch.bool`` flags of ``keys``' shape; ``None`` means all.
         group: how the entries are grouped.
 
     Returns:
         A new ``torch.bool`` tensor: eligible and not among the pruned.
     """
+    flat = None if eligible is None else eligible.reshape(-1)
     if isinstance(group, Whole):
-        flat = None if eligible is None else eligible.reshape(-1)
         return _keep_flat(keys.reshape(-1), k, flat).reshape(keys.shape)
+    if isinstance(group, Shard):
+        part = KeyPart(keys, lambda: keys.reshape(-1), lambda stride: keys.reshape(-1)[::stride], flat, group)
+        return keep_jointly([part], k)[0].reshape(keys.shape)
     rows, restore = _as_rows(keys, group)
     eligible_rows = None if eligible is None else _as_rows(eligible, group)[0]
     return restore(_keep_rows(rows, k, eligible_rows))
@@ -200,12 +211,15 @@ class KeyPart:
         keys: computes the part's 1-D keys (in the group's common dtype).
         sample: the keys of every ``stride``-th entry, for the bracket.
         eligible: 1-D ``torch.bool`` flags; ``None`` means all.
+        shard: where the part sits in a larger tensor whose other blocks
+            other processes hold; ``None`` when this process holds it all.
     """
 
     source: Tensor
     keys: Callable[[], Tensor]
     sample: Callable[[int], Tensor]
     eligible: Mask = None
+    shard: Shard | None = None
 
     @property
     def numel(self) -> int:
@@ -218,8 +232,19 @@ def keep_jointly(parts: Sequence[KeyPart], k: Count) -> list[Tensor]:
 
     Equal to :func:`keep` on the concatenated keys and eligibility, split
     back. Eager parts from :data:`FAST_MIN_KEYS` keys in all are bracketed
-    part by part; otherwise the parts are concatenated.
+    part by part; otherwise the parts are concatenated. Parts that are
+    shards (all or none) are ranked with the other processes' blocks, as
+    if the whole tensors were concatenated; ``k`` is then a Python ``int``
+    counting over the whole group.
     """
+    shards = [p.shard for p in parts if p.shard is not None]
+    if shards:
+        if len(shards) != len(parts) or not isinstance(k, int):
+            raise ValueError(
+                "parts ranked over shards must all be shards, with a Python int count; got "
+                f"{len(shards)} shards among {len(parts)} parts and a count of type {type(k).__name__}"
+            )
+        return keep_over_shards([p.keys for p in parts], [p.eligible for p in parts], shards, k)
     total = sum(p.numel for p in parts)
     tensors = [t for p in parts for t in (p.source, p.eligible) if t is not None]
     if isinstance(k, int) and total >= FAST_MIN_KEYS and all(map(is_concrete, tensors)):

@@ -1,0 +1,242 @@
+"""Exact bottom-k selection over shards held by several processes.
+
+A tensor (or a group of tensors ranked jointly) is split into blocks, each
+process holding some. Every process calls :func:`keep_over_shards` with its
+own blocks of the same parts, in the same order; each gets the kept flags of
+its blocks, and together they are exactly what one process would compute on
+the whole: the ``k`` lowest eligible keys pruned, ties pruned in order of the
+global index (the flat index in the concatenation of the whole tensors), NaN
+ranked above every number.
+
+How: keys are mapped to integers that sort as the keys do (``-0.0`` equals
+``0.0``, every NaN is one code above ``+inf``). A radix select narrows the
+k-th code: each round every process histograms its remaining candidates into
+:data:`BINS` bins, one ``all_reduce`` sums the histograms, and every process
+keeps the candidates of the bin holding the k-th. Ties at that code are then
+cut the same way on global positions. Nothing but fixed-size histograms
+crosses processes: at most ``ceil(bits / 12)`` rounds for the keys (2 for
+16-bit keys, 3 for 32-bit, 6 for 64-bit) and as many for the positions'
+bits, whatever ``k`` and the tensors' sizes. No process gathers keys.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, final
+
+import torch
+import torch.distributed as dist
+
+from ._types import Mask, Tensor
+from ._validate import is_concrete
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+__all__ = ["BINS", "Shard", "keep_over_shards"]
+
+#: Bits resolved per round, and the histogram's length (32 KiB of int64).
+_RADIX_BITS = 12
+BINS = 1 << _RADIX_BITS
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """A block of a larger tensor; other processes of ``process_group`` hold the rest.
+
+    Attributes:
+        shape: the whole tensor's shape.
+        offsets: the index, along each dim, where this block starts.
+        size: this block's shape.
+        counted: ``False`` where another process holds the same block and
+            counts it (a replicated tensor is counted on one process only).
+        process_group: the processes sharing the group; ``None`` is the
+            default group.
+    """
+
+    shape: tuple[int, ...]
+    offsets: tuple[int, ...]
+    size: tuple[int, ...]
+    counted: bool = True
+    process_group: ProcessGroup | None = None
+
+    def __post_init__(self) -> None:
+        if not len(self.shape) == len(self.offsets) == len(self.size):
+            raise ValueError(
+                f"Shard: shape {self.shape}, offsets {self.offsets} and size {self.size} "
+                "must have one entry per dim"
+            )
+        for d, (n, o, s) in enumerate(zip(self.shape, self.offsets, self.size, strict=True)):
+            if not (0 <= o and 0 <= s and o + s <= n):
+                raise ValueError(
+                    f"Shard: along dim {d} a block of {s} entries at offset {o} does not fit "
+                    f"in the whole length {n}"
+                )
+
+    @property
+    def numel(self) -> int:
+        """How many entries the whole tensor has."""
+        return math.prod(self.shape)
+
+    def positions(self, local: Tensor) -> Tensor:
+        """The whole tensor's flat indices of the block's flat indices ``local``."""
+        position = torch.zeros_like(local)
+        if not self.size:
+            return position
+        coords = torch.unravel_index(local, self.size)
+        for c, o, n in zip(coords, self.offsets, self.shape, strict=True):
+            position.mul_(n).add_(c + o)
+        return position
+
+
+@dataclass(slots=True)
+class _Part:
+    """One process's view of a part while the cut is searched."""
+
+    keys: Callable[[], Tensor]
+    eligible: Mask
+    shard: Shard
+    base: int  # global position of the part's first entry in the concatenation
+    codes: Tensor  # codes of the candidates still in play (counted parts only)
+    where: Tensor  # their local flat indices
+
+
+def keep_over_shards(
+    keys: Sequence[Callable[[], Tensor]],
+    eligible: Sequence[Mask],
+    shards: Sequence[Shard],
+    k: int,
+) -> list[Tensor]:
+    """Per block, 1-D kept flags: the ``k`` lowest eligible keys of all parts go.
+
+    Args:
+        keys: per part, computes this process's block of 1-D keys (floating,
+            one common dtype across parts and processes).
+        eligible: per part, 1-D ``torch.bool`` flags of the block; ``None``
+            means all.
+        shards: per part, where the block sits; one process group for all.
+        k: how many entries to prune in all (capped at the number eligible).
+    """
+    group = _common_group(shards)
+    parts, base = [], 0
+    for make, flags, shard in zip(keys, eligible, shards, strict=True):
+        parts.append(_Part(make, flags, shard, base, torch.empty(0), torch.empty(0)))
+        base += shard.numel
+    blocks = [p.keys() for p in parts]
+    if not all(map(is_concrete, [*blocks, *(e for e in eligible if e is not None)])):
+        raise RuntimeError(
+            "selection over shards runs eagerly only: it communicates between processes, "
+            "which vmap, grad and torch.compile cannot trace"
+        )
+    for part, block in zip(parts, blocks, strict=True):
+        _check_block(block, part)
+    bits = max(torch.finfo(b.dtype).bits for b in blocks)
+    device = blocks[0].device
+    for part, block in zip(parts, blocks, strict=True):
+        candidate = part.eligible if part.shard.counted else torch.zeros_like(block, dtype=torch.bool)
+        where = (
+            torch.arange(block.numel(), device=device) if candidate is None else candidate.nonzero().squeeze(1)
+        )
+        part.codes, part.where = _codes(block)[where], where
+
+    cut, need, ties = _radix_select(parts, -(1 << (bits - 1)), (1 << (bits - 1)) - 1, k, group, device)
+    if cut is None:  # k == 0 or nothing eligible anywhere
+        return [_flags(b, p.eligible) for b, p in zip(blocks, parts, strict=True)]
+    last = None  # every tie goes
+    if need < ties:
+        for p in parts:
+            p.codes = p.base + p.shard.positions(p.where)
+        last, _, _ = _radix_select(parts, 0, max(base - 1, 0), need, group, device)
+    return [_survivors(b, p, cut, last) for b, p in zip(blocks, parts, strict=True)]
+
+
+def _radix_select(
+    parts: list[_Part], lo: int, hi: int, need: int, group: ProcessGroup | None, device: torch.device
+) -> tuple[int | None, int, int]:
+    """The ``need``-th smallest ``codes`` of all processes' parts (all in ``[lo, hi]``).
+
+    Returns that value, its rank among the codes equal to it, and how many
+    are equal to it; the value is ``None`` when ``need`` is 0 or nothing is
+    in play. Narrows the parts to the candidates equal to the value.
+    """
+    first = True
+    equal = 0
+    while True:
+        shift = _shift(lo, hi)
+        base = lo >> shift
+        histogram = torch.zeros(BINS, dtype=torch.int64, device=device)
+        for p in parts:
+            histogram += torch.bincount((p.codes >> shift) - base, minlength=BINS)
+        dist.all_reduce(histogram, group=group)
+        if first:
+            need = min(need, int(histogram.sum()))
+            if need == 0:
+                return None, 0, 0
+            first = False
+        cumulative = histogram.cumsum(0)
+        b = int(torch.searchsorted(cumulative, need))
+        need -= int(cumulative[b - 1]) if b else 0
+        equal = int(histogram[b])
+        lo, hi = max(lo, (base + b) << shift), min(hi, ((base + b + 1) << shift) - 1)
+        for p in parts:
+            inside = (p.codes >> shift) == base + b
+            p.codes, p.where = p.codes[inside], p.where[inside]
+        if lo == hi:
+            return lo, need, equal
+
+
+def _shift(lo: int, hi: int) -> int:
+    """The least shift putting every integer of ``[lo, hi]`` into :data:`BINS` bins."""
+    shift = max(0, (hi - lo).bit_length() - _RADIX_BITS)
+    while (hi >> shift) - (lo >> shift) >= BINS:
+        shift += 1
+    return shift
+
+
+def _codes(keys: Tensor) -> Tensor:
+    """int64 codes ordered as ``keys`` (``-0.0`` as ``0.0``, NaN above ``+inf``)."""
+    bits = torch.finfo(keys.dtype).bits
+    as_int = {16: torch.int16, 32: torch.int32, 64: torch.int64}[bits]
+    raw = (keys + 0.0).view(as_int).to(torch.int64)  # + 0.0 turns -0.0 into 0.0
+    flip = (1 << (bits - 1)) - 1
+    codes = torch.where(raw < 0, raw ^ flip, raw)
+    inf = torch.tensor(torch.inf, dtype=keys.dtype).view(as_int).item()
+    return codes.masked_fill_(keys.isnan(), int(inf) + 1)
+
+
+def _survivors(block: Tensor, part: _Part, cut: int, last: int | None) -> Tensor:
+    """Kept flags of a block: pruned below ``cut``, and at it up to position ``last``."""
+    codes = _codes(block)
+    pruned = codes < cut
+    at_cut = (codes == cut).nonzero().squeeze(1)
+    if last is not None:
+        at_cut = at_cut[part.base + part.shard.positions(at_cut) <= last]
+    pruned[at_cut] = True
+    return _flags(block, part.eligible).logical_and_(pruned.logical_not_())
+
+
+def _flags(block: Tensor, eligible: Mask) -> Tensor:
+    return torch.ones_like(block, dtype=torch.bool) if eligible is None else eligible.clone()
+
+
+def _check_block(block: Tensor, part: _Part) -> None:
+    if not block.is_floating_point() or block.dim() != 1:
+        raise TypeError(f"keys over shards must be 1-D floating tensors, got {block.dtype} of shape {tuple(block.shape)}")
+    if block.numel() != math.prod(part.shard.size):
+        raise ValueError(
+            f"a block of {block.numel()} keys does not match its shard's size {part.shard.size}"
+        )
+    if part.eligible is not None and part.eligible.shape != block.shape:
+        raise ValueError(
+            f"eligible flags of shape {tuple(part.eligible.shape)} do not match keys of shape {tuple(block.shape)}"
+        )
+
+
+def _common_group(shards: Sequence[Shard]) -> ProcessGroup | None:
+    groups = {id(s.process_group): s.process_group for s in shards}
+    if len(groups) != 1:
+        raise ValueError(f"parts ranked jointly over shards must share one process group, got {len(groups)}")
+    return next(iter(groups.values()))

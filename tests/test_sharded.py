@@ -1,0 +1,244 @@
+"""Selection over shards held by real processes equals selection on the whole.
+
+A world of gloo processes on 127.0.0.1 (``tests/_distributed.py``) holds the
+blocks of each example: split along any dims, unevenly (empty blocks too),
+replicated across part of the world (counted once). Gathered, the kept
+flags equal the single-process sort path on the concatenated keys, ties
+and NaN included, and the number of collectives stays bounded whatever
+``k`` and the sizes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.func import vmap
+
+from _distributed import World
+from funcprune._select import KeyPart, Shard, keep, keep_jointly
+
+SIZE = 4  # ranks in the world (a 2-core machine runs them; they mostly wait)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one part is cut: per dim, the block boundaries (a grid of cells).
+
+    Rank ``r`` holds cell ``r % cells``; ranks from ``cells`` on hold
+    replicas, counted on the first holder only.
+    """
+
+    bounds: tuple[tuple[int, ...], ...]
+
+    @property
+    def cells(self) -> int:
+        return math.prod(len(b) - 1 for b in self.bounds)
+
+    def block(self, rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Offsets and size of the cell that ``rank`` holds."""
+        cell = rank % self.cells
+        coords = []
+        for b in reversed(self.bounds):
+            cell, c = divmod(cell, len(b) - 1)
+            coords.append(c)
+        coords.reverse()
+        return (
+            tuple(b[c] for b, c in zip(self.bounds, coords, strict=True)),
+            tuple(b[c + 1] - b[c] for b, c in zip(self.bounds, coords, strict=True)),
+        )
+
+
+Part = tuple[torch.Tensor, "torch.Tensor | None", Layout]
+
+
+def _cut(t: torch.Tensor, offsets: tuple[int, ...], size: tuple[int, ...]) -> torch.Tensor:
+    return t[tuple(slice(o, o + s) for o, s in zip(offsets, size, strict=True))]
+
+
+def _part(block: torch.Tensor, flags: torch.Tensor | None, shard: Shard | None = None) -> KeyPart:
+    return KeyPart(block, lambda: block, lambda stride: block[::stride], flags, shard)
+
+
+def _keep_my_blocks(rank: int, size: int, parts: list[Part], k: int) -> tuple[list[torch.Tensor], int]:
+    """On one rank: its blocks' kept flags, and how many all-reduces it took."""
+    key_parts = []
+    for keys, eligible, layout in parts:
+        offsets, shape = layout.block(rank)
+        block = _cut(keys, offsets, shape).reshape(-1)
+        flags = None if eligible is None else _cut(eligible, offsets, shape).reshape(-1)
+        shard = Shard(tuple(keys.shape), offsets, shape, counted=rank < layout.cells)
+        key_parts.append(_part(block, flags, shard))
+    calls = 0
+    all_reduce = dist.all_reduce
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return all_reduce(*args, **kwargs)
+
+    dist.all_reduce = counting
+    try:
+        kept = keep_jointly(key_parts, k)
+    finally:
+        dist.all_reduce = all_reduce
+    return kept, calls
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    w = World(SIZE)
+    yield w
+    w.close()
+
+
+def _gathered(world: World, parts: list[Part], k: int) -> tuple[list[torch.Tensor], list[int]]:
+    """The whole kept flags assembled from the ranks' blocks (replicas checked equal)."""
+    assert all(layout.cells <= world.size for _, _, layout in parts)
+    answers = world.run(_keep_my_blocks, parts, k)
+    wholes = []
+    for i, (keys, _, layout) in enumerate(parts):
+        whole = torch.zeros(keys.shape, dtype=torch.bool)
+        for rank, (kept, _) in enumerate(answers):
+            offsets, shape = layout.block(rank)
+            block = kept[i].reshape(shape)
+            if rank < layout.cells:
+                _cut(whole, offsets, shape).copy_(block)
+            else:  # a replica decides exactly as its first holder
+                assert torch.equal(block, answers[rank % layout.cells][0][i].reshape(shape))
+        wholes.append(whole)
+    return wholes, [calls for _, calls in answers]
+
+
+def _expected(parts: list[Part], k: int) -> list[torch.Tensor]:
+    keys = torch.cat([p[0].reshape(-1) for p in parts])
+    eligible = torch.cat([torch.ones(p[0].numel(), dtype=torch.bool) if p[1] is None else p[1].reshape(-1) for p in parts])
+    flat = keep(keys, k, eligible)
+    return [f.reshape(p[0].shape) for f, p in zip(torch.split(flat, [p[0].numel() for p in parts]), parts, strict=True)]
+
+
+def _bound(dtype: torch.dtype, positions: int) -> int:
+    """All-reduces allowed: one per 12 bits of the keys, then of the positions."""
+    return -(-torch.finfo(dtype).bits // 12) + -(-max(positions - 1, 1).bit_length() // 12)
+
+
+@st.composite
+def _layouts(draw: st.DrawFn, shape: tuple[int, ...]) -> Layout:
+    bounds = []
+    cells = 1
+    for n in shape:
+        pieces = draw(st.integers(1, max(1, SIZE // cells)))
+        cells *= pieces
+        inner = sorted(draw(st.lists(st.integers(0, n), min_size=pieces - 1, max_size=pieces - 1)))
+        bounds.append((0, *inner, n))
+    return Layout(tuple(bounds))
+
+
+@st.composite
+def _examples(draw: st.DrawFn) -> tuple[list[Part], int]:
+    dtype = draw(st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.float64]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    parts: list[Part] = []
+    for _ in range(draw(st.integers(1, 3))):
+        shape = tuple(draw(st.lists(st.integers(0, 6), min_size=0, max_size=3)))
+        kind = draw(st.sampled_from(["normal", "ties", "specials"]))
+        if kind == "normal":
+            keys = torch.randn(shape, generator=g).to(dtype)
+        elif kind == "ties":
+            keys = torch.randint(-2, draw(st.integers(-1, 4)), shape, generator=g).to(dtype)
+        else:
+            pool = torch.tensor([float("nan"), -float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0])
+            keys = pool[torch.randint(0, len(pool), shape, generator=g)].to(dtype)
+        eligible = torch.rand(shape, generator=g) < draw(st.floats(0.0, 1.0)) if draw(st.booleans()) else None
+        parts.append((keys, eligible, draw(_layouts(shape))))
+    total = sum(p[0].numel() for p in parts)
+    return parts, draw(st.integers(0, total + 2))
+
+
+@settings(max_examples=40)
+@given(example=_examples())
+def test_shards_select_exactly_what_the_whole_selects(world: World, example: tuple[list[Part], int]) -> None:
+    parts, k = example
+    gathered, calls = _gathered(world, parts, k)
+    for got, want in zip(gathered, _expected(parts, k), strict=True):
+        assert torch.equal(got, want)
+    total = sum(p[0].numel() for p in parts)
+    assert max(calls) <= _bound(parts[0][0].dtype, total)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_large_spread_keys_take_few_fixed_size_rounds_whatever_k(world: World, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randn(300, 700, generator=g, dtype=dtype).abs()
+    keys[::7, ::5] = keys[0, 0]  # many ties at one value
+    parts: list[Part] = [
+        (keys, None, Layout(((0, 300), (0, 100, 450, 700)))),  # split along dim 1
+        (torch.randn(90_000, generator=g, dtype=dtype), None, Layout(((0, 0, 40_000, 90_000),))),
+    ]
+    for k in (1, 77, 6001, 105_000, 300 * 700 + 90_000):
+        gathered, calls = _gathered(world, parts, k)
+        for got, want in zip(gathered, _expected(parts, k), strict=True):
+            assert torch.equal(got, want)
+        assert max(calls) <= _bound(dtype, 300 * 700 + 90_000)
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [((0, 2, 5), (0, 3, 7)), ((0, 5), (0, 1, 4, 7)), ((0, 1, 3, 5), (0, 7)), ((0, 4, 5), (0, 0, 7))],
+    ids=["2x2", "columns", "rows", "empty"],
+)
+def test_ties_go_in_global_index_order_across_blocks(world: World, bounds: tuple[tuple[int, ...], ...]) -> None:
+    keys = torch.ones(5, 7)
+    keys[4, 6] = 0.0
+    parts: list[Part] = [(torch.full((3,), 1.0), None, Layout(((0, 1, 3),))), (keys, None, Layout(bounds))]
+    for k in (2, 4, 9, 20, 37):
+        gathered, _ = _gathered(world, parts, k)
+        flat = torch.cat([g.reshape(-1) for g in gathered])
+        assert not flat[-1]  # the one lower key goes first
+        assert torch.equal(flat[:-1], torch.arange(37) >= k - 1)  # then the lowest global indices
+
+
+def test_keep_with_a_shard_group_selects_over_the_whole_tensor(world: World) -> None:
+    keys = torch.tensor([[3.0, 1.0, 1.0, 2.0], [1.0, 0.5, 4.0, 1.0]])
+    answers = world.run(_keep_a_column_block, keys, 3)
+    whole = torch.cat([a for a in answers if a.numel()], dim=1)
+    assert torch.equal(whole, keep(keys, 3))  # 0.5, then the 1.0s at flat indices 1 and 2
+
+
+def _keep_a_column_block(rank: int, size: int, keys: torch.Tensor, k: int) -> torch.Tensor:
+    cuts = [0, 1, 3, 4][: size + 1] + [4] * max(0, size - 3)
+    lo, hi = cuts[rank], cuts[rank + 1]
+    block = keys[:, lo:hi].contiguous()
+    return keep(block, k, group=Shard((2, 4), (0, lo), (2, hi - lo)))
+
+
+def test_a_shard_is_checked_against_its_tensor() -> None:
+    with pytest.raises(ValueError, match=r"along dim 1 a block of 3 entries at offset 2 does not fit in the whole length 4"):
+        Shard((2, 4), (0, 2), (2, 3))
+    with pytest.raises(ValueError, match="one entry per dim"):
+        Shard((2, 4), (0,), (2, 4))
+    with pytest.raises(ValueError, match=r"a block of 6 keys does not match its shard's size \(2, 2\)"):
+        keep(torch.ones(2, 3), 1, group=Shard((2, 4), (0, 0), (2, 2)))
+
+
+def test_shards_and_whole_parts_do_not_mix_and_need_an_int_count() -> None:
+    shard = Shard((4,), (0,), (4,))
+    keys = torch.ones(4)
+    part, whole = _part(keys, None, shard), _part(keys, None)
+    with pytest.raises(ValueError, match="must all be shards, with a Python int count; got 1 shards among 2 parts"):
+        keep_jointly([part, whole], 1)
+    with pytest.raises(ValueError, match="count of type Tensor"):
+        keep_jointly([part], torch.tensor(1))
+
+
+def test_selection_over_shards_refuses_transforms_before_communicating() -> None:
+    shard = Shard((4,), (0,), (4,))
+    with pytest.raises(RuntimeError, match="runs eagerly only"):
+        vmap(lambda t: keep(t, 1, group=shard))(torch.ones(2, 4))
