@@ -98,7 +98,7 @@ def _unstructured(keys_of: KeysOf, amount: Amount, scores: Tensor, default_mask:
 
 def l1_unstructured(amount: Amount, scores: Tensor, default_mask: Mask) -> Tensor:
     """Prune the ``amount`` unpruned entries of smallest ``|scores|``."""
-    return _unstructured(lambda s, e, c: s.abs().reshape(-1), amount, scores, default_mask)
+    return l1_unstructured_jointly(amount, [scores], [default_mask])[0]
 
 
 def l1_unstructured_jointly(
@@ -124,13 +124,11 @@ def l1_unstructured_jointly(
 
 
 def _l1_part(scores: Tensor, default: Mask, dtype: torch.dtype) -> KeyPart:
-    flat = scores.detach().reshape(-1)
-
     def magnitudes(t: Tensor) -> Tensor:
         return t.abs().to(dtype)  # |x| is exact in any dtype; so is widening
 
     eligible = None if default is None else default.reshape(-1)
-    return KeyPart(flat, lambda: magnitudes(flat), lambda stride: magnitudes(flat[::stride]), eligible)
+    return KeyPart(scores.detach().reshape(-1), magnitudes, eligible)
 
 
 def random_unstructured(

@@ -38,6 +38,7 @@ bracket path, which runs only on concrete (eager) tensors.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -136,21 +137,19 @@ def keep(keys: Tensor, k: Count, eligible: Mask = None, *, group: Group = WHOLE)
     if isinstance(group, Whole):
         return _keep_flat(keys.reshape(-1), k, flat).reshape(keys.shape)
     if isinstance(group, Shard):
-        part = KeyPart(keys, lambda: keys.reshape(-1), lambda stride: keys.reshape(-1)[::stride], flat, group)
-        return keep_jointly([part], k)[0].reshape(keys.shape)
+        return keep_jointly([KeyPart(keys.reshape(-1), eligible=flat, shard=group)], k)[0].reshape(keys.shape)
     rows, restore = _as_rows(keys, group)
     eligible_rows = None if eligible is None else _as_rows(eligible, group)[0]
     return restore(_keep_rows(rows, k, eligible_rows))
 
 
 def _keep_flat(keys: Tensor, k: Count, eligible: Mask) -> Tensor:
-    """:func:`keep` over one 1-D group: the path is chosen here."""
-    concrete = is_concrete(keys) and (eligible is None or is_concrete(eligible))
-    if isinstance(k, int) and keys.numel() >= FAST_MIN_KEYS and concrete:
-        part = KeyPart(keys, lambda: keys, lambda stride: keys[::stride], eligible)
-        bracketed = _keep_by_bracket([part], k)
-        if bracketed is not None:
-            return bracketed[0]
+    """:func:`keep` over one 1-D group."""
+    return keep_jointly([KeyPart(keys, eligible=eligible)], k)[0]
+
+
+def _keep_sorted(keys: Tensor, k: Count, eligible: Mask) -> Tensor:
+    """:func:`keep` over one 1-D group by the threshold or the sort path."""
     if eligible is None and isinstance(k, int):
         return _keep_by_threshold(keys, k)
     return _keep_rows(keys[None], k, None if eligible is None else eligible[None])[0]
@@ -200,24 +199,28 @@ def _keep_by_threshold(keys: Tensor, k: int) -> Tensor:
 # --- several parts ranked as one: the bracket ---------------------------------
 
 
+def _identity(t: Tensor) -> Tensor:
+    return t
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class KeyPart:
-    """One part of keys ranked jointly, computed on demand (never all at once).
+    """One part of keys ranked jointly, computed slice by slice (never all at once).
 
     Attributes:
-        source: the tensor the keys come from (its size, device, and whether
-            its values can be read: eager or traced).
-        keys: computes the part's 1-D keys (in the group's common dtype).
-        sample: the keys of every ``stride``-th entry, for the bracket.
+        source: the 1-D tensor the keys come from (its size, device, and
+            whether its values can be read: eager or traced).
+        key: maps any slice of ``source`` to the slice's keys, entry by
+            entry, in the group's common dtype (the identity where
+            ``source`` holds the keys).
         eligible: 1-D ``torch.bool`` flags; ``None`` means all.
         shard: where the part sits in a larger tensor whose other blocks
             other processes hold; ``None`` when this process holds it all.
     """
 
     source: Tensor
-    keys: Callable[[], Tensor]
-    sample: Callable[[int], Tensor]
+    key: Callable[[Tensor], Tensor] = _identity
     eligible: Mask = None
     shard: Shard | None = None
 
@@ -226,9 +229,13 @@ class KeyPart:
         """How many keys the part has."""
         return self.source.numel()
 
+    def keys(self) -> Tensor:
+        """All the part's keys."""
+        return self.key(self.source)
+
 
 def keep_jointly(parts: Sequence[KeyPart], k: Count) -> list[Tensor]:
-    """Per part, kept flags: the ``k`` lowest eligible keys of all parts go.
+    """Per part, 1-D kept flags: the ``k`` lowest eligible keys of all parts go.
 
     Equal to :func:`keep` on the concatenated keys and eligibility, split
     back. Eager parts from :data:`FAST_MIN_KEYS` keys in all are bracketed
@@ -251,11 +258,13 @@ def keep_jointly(parts: Sequence[KeyPart], k: Count) -> list[Tensor]:
         bracketed = _keep_by_bracket(parts, k)
         if bracketed is not None:
             return bracketed
+    if len(parts) == 1:
+        return [_keep_sorted(parts[0].keys(), k, parts[0].eligible)]
     keys = torch.cat([p.keys() for p in parts])
     eligible = None
     if any(p.eligible is not None for p in parts):
         eligible = torch.cat([_flags(p) for p in parts])
-    return list(torch.split(keep(keys, k, eligible), [p.numel for p in parts]))
+    return list(torch.split(_keep_sorted(keys, k, eligible), [p.numel for p in parts]))
 
 
 def _flags(part: KeyPart) -> Tensor:
@@ -265,56 +274,118 @@ def _flags(part: KeyPart) -> Tensor:
 
 
 def _keep_by_bracket(parts: Sequence[KeyPart], k: int) -> list[Tensor] | None:
-    """The bracket path; ``None`` where it cannot answer (then the caller sorts)."""
+    """The bracket path; ``None`` where it cannot answer (then the caller sorts).
+
+    One scan over each part, chunk by chunk (the chunk's keys stay in cache):
+    count the keys below the bracket, collect the few inside. A ``kthvalue``
+    over those finds the threshold; one comparison per entry, again chunk by
+    chunk, writes the mask.
+    """
     total = sum(p.numel for p in parts)
     if not 0 < k <= total:
         return None
-    stride = max(16, total // _SAMPLE)  # a sample of 1/16 of the keys at most
-    lo, hi = _bounds(torch.cat([_sample(p, stride) for p in parts]), k / total)
-    below, candidates = 0, []
+    lo, hi = _bounds(torch.cat([_sample(p, _stride(total)) for p in parts]), k / total)
+    below: list[Tensor] = []
+    found: list[Tensor] = []  # per part, the keys inside the bracket in index order
     for part in parts:
-        keys = _eligible_keys(part)
-        under_lo = keys < lo  # NaN is neither below nor inside
-        below += int(torch.count_nonzero(under_lo))
-        candidates.append(keys[(keys <= hi).logical_and_(under_lo.logical_not_())])
-    inside = torch.cat(candidates)
-    if not below < k <= below + inside.numel():
+        collected = []
+        for start in range(0, part.numel, _CHUNK):
+            count, keys = _scan(_eligible_keys(part, start, start + _CHUNK), lo, hi)
+            below.append(count)
+            collected.append(keys)
+        found.append(torch.cat(collected))
+    n_below = int(torch.stack(below).sum(dtype=torch.float64))
+    n_inside = sum(f.numel() for f in found)
+    if not n_below < k <= n_below + n_inside:
         return None
-    v = torch.kthvalue(inside, k - below).values
+    v = torch.kthvalue(torch.cat(found), k - n_below).values
     if not bool(torch.isfinite(v)):
         return None
-    ties_to_prune = k - below - int(torch.count_nonzero(inside < v))
+    ties_to_prune = k - n_below
+    for f in found:
+        ties_to_prune -= int(torch.count_nonzero(f < v))
     kept = []
-    for part, c in zip(parts, candidates, strict=True):
-        ties = int(torch.count_nonzero(c == v))
+    for part, candidates in zip(parts, found, strict=True):
+        ties = int(torch.count_nonzero(candidates == v))
         take = min(ties, ties_to_prune)
         ties_to_prune -= take
-        survivors = _survivors(_eligible_keys(part), v, ties, take)
-        kept.append(survivors if part.eligible is None else survivors.logical_and_(part.eligible))
+        kept.append(_survivors(part, v, ties, take))
     return kept
 
 
-def _eligible_keys(part: KeyPart) -> Tensor:
-    """The part's keys with ``+inf`` at ineligible entries (never picked here)."""
-    keys = part.keys()
-    return keys if part.eligible is None else keys.masked_fill(part.eligible.logical_not(), torch.inf)
+#: Entries scanned at a time: their keys and flags stay in cache.
+_CHUNK = 1 << 16
+_EIGHT = 8
+
+
+def _stride(total: int) -> int:
+    """The sample's stride: about ``4 * total ** (2/3)`` keys, at most 1/16 of them.
+
+    A sample of ``m`` keys costs two ``kthvalue`` over ``m``; the bracket it
+    gives holds about ``4 / sqrt(m)`` of the keys, to collect and to rank
+    with one more ``kthvalue``: this balances the two (measured).
+    """
+    return max(16, total // min(_SAMPLE, 4 * round(math.pow(total, 2 / 3))))
+
+
+def _eligible_keys(part: KeyPart, start: int, stop: int) -> Tensor:
+    """The keys of ``part.source[start:stop]``, ``+inf`` where ineligible (never picked)."""
+    keys = part.key(part.source[start:stop])
+    if part.eligible is None:
+        return keys
+    return keys.masked_fill(part.eligible[start:stop].logical_not(), torch.inf)
+
+
+def _scan(keys: Tensor, lo: float, hi: float) -> tuple[Tensor, Tensor]:
+    """How many ``keys`` lie below the bracket, and those inside (in index order).
+
+    The count is a 0-d float tensor (exact: a chunk is far below 2**24 keys).
+    NaN is neither below nor inside. A finite bracket is tested on one
+    shifted copy ``d = keys - mid``: ``d < -half`` below, ``|d| <= half``
+    inside. Rounding is monotone, so these are consecutive ranges of the
+    keys' order whatever the rounding, and a comparison written as floats
+    runs vectorized where a ``torch.bool`` output does not. The keys inside
+    are found 8 flags (one int64 word) at a time.
+    """
+    flags = torch.empty(keys.shape, dtype=torch.float32, device=keys.device)
+    if math.isfinite(lo) and math.isfinite(hi):
+        mid, half = (lo + hi) / 2, (hi - lo) / 2
+        d = keys - mid
+        below = torch.lt(d, -half, out=flags).sum()
+        inside = d.abs_() <= half
+    else:
+        below = torch.lt(keys, lo, out=flags).sum()
+        inside = (keys >= lo).logical_and_(keys <= hi)
+    if keys.numel() % _EIGHT:
+        return below, keys[inside]
+    words = inside.view(torch.int64).nonzero().squeeze(1)
+    rows = inside.view(-1, _EIGHT).index_select(0, words)
+    return below, keys.view(-1, _EIGHT).index_select(0, words)[rows]
 
 
 def _sample(part: KeyPart, stride: int) -> Tensor:
-    sample = part.sample(stride)
+    sample = part.key(part.source[::stride])
     if part.eligible is None:
         return sample
     return sample.masked_fill(part.eligible[::stride].logical_not(), torch.inf)
 
 
-def _survivors(keys: Tensor, v: Tensor, ties: int, take: int) -> Tensor:
+def _survivors(part: KeyPart, v: Tensor, ties: int, take: int) -> Tensor:
     """Kept flags when every key below ``v`` and the first ``take`` of ``ties`` go."""
-    if take == ties:
-        return (keys <= v).logical_not_()
+    if take == ties:  # chunk by chunk: written while the chunk's keys are in cache
+        kept = torch.empty(part.numel, dtype=torch.bool, device=part.source.device)
+        for start in range(0, part.numel, _CHUNK):
+            stop = start + _CHUNK
+            flags = torch.le(part.key(part.source[start:stop]), v, out=kept[start:stop]).logical_not_()
+            if part.eligible is not None:
+                flags.logical_and_(part.eligible[start:stop])
+        return kept
+    keys = _eligible_keys(part, 0, part.numel)
     pruned = keys < v
     if take:
         pruned.index_fill_(0, (keys == v).nonzero().squeeze(1)[:take], True)
-    return pruned.logical_not_()
+    kept = pruned.logical_not_()
+    return kept if part.eligible is None else kept.logical_and_(part.eligible)
 
 
 def _bounds(sample: Tensor, q: float) -> tuple[float, float]:

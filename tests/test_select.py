@@ -52,7 +52,7 @@ def test_the_bracket_and_threshold_paths_equal_the_sort_path(
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_select, "FAST_MIN_KEYS", 1)
         mp.setattr(_select, "_SAMPLE", sample)
-        bracketed = _select._keep_by_bracket([_select.KeyPart(keys, lambda: keys, lambda s: keys[::s], eligible)], k)
+        bracketed = _select._keep_by_bracket([_select.KeyPart(keys, eligible=eligible)], k)
         assert torch.equal(keep(keys, k, eligible), expected)  # the bracket, or the sort where it steps aside
     assert bracketed is None or torch.equal(bracketed[0], expected)
     assert torch.equal(keep(keys, k, eligible), expected)  # the threshold path, where it applies

@@ -64,7 +64,7 @@ def _cut(t: torch.Tensor, offsets: tuple[int, ...], size: tuple[int, ...]) -> to
 
 
 def _part(block: torch.Tensor, flags: torch.Tensor | None, shard: Shard | None = None) -> KeyPart:
-    return KeyPart(block, lambda: block, lambda stride: block[::stride], flags, shard)
+    return KeyPart(block, eligible=flags, shard=shard)
 
 
 def _keep_my_blocks(rank: int, size: int, parts: list[Part], k: int) -> tuple[list[torch.Tensor], int]:
