@@ -46,6 +46,9 @@ from typing import Union, final
 
 import torch
 
+from torch._C._functorch import is_batchedtensor
+
+from ._batched import make_keep_lowest
 from ._sharded import Shard, keep_over_shards
 from ._types import Amount, Count, Mask, Tensor
 from ._validate import count_to_prune, is_concrete, validate_count
@@ -149,8 +152,15 @@ def _keep_flat(keys: Tensor, k: Count, eligible: Mask) -> Tensor:
 
 
 def _keep_sorted(keys: Tensor, k: Count, eligible: Mask) -> Tensor:
-    """:func:`keep` over one 1-D group by the threshold or the sort path."""
+    """:func:`keep` over one 1-D group by the threshold or the sort path.
+
+    Keys batched by ``vmap`` (a Python ``int`` count, all eligible) go to
+    the ``funcprune::keep_lowest`` op instead, whose vmap rule selects row
+    by row eagerly; under ``torch.compile`` the traced path stays.
+    """
     if eligible is None and isinstance(k, int):
+        if _keep_lowest is not None and is_batchedtensor(keys) and not torch.compiler.is_compiling():
+            return _keep_lowest(keys, k)
         return _keep_by_threshold(keys, k)
     return _keep_rows(keys[None], k, None if eligible is None else eligible[None])[0]
 
@@ -185,15 +195,15 @@ def _keep_rows(rows: Tensor, k: Count, eligible: Mask) -> Tensor:
 
 
 def _keep_by_threshold(keys: Tensor, k: int) -> Tensor:
-    """:func:`keep` for ``0 <= k <= keys.numel()``, all eligible, via the k-th key."""
+    """:func:`keep` along the last dim for ``0 <= k <= n``, all eligible, via the k-th key."""
     if k <= 0:
         return torch.ones_like(keys, dtype=torch.bool)
-    v = torch.kthvalue(keys, k).values  # NaN ranks last here too
+    v = torch.kthvalue(keys, k, dim=-1, keepdim=True).values  # NaN ranks last here too
     nan = keys.isnan()
     below = (keys < v) | (v.isnan() & ~nan)
     ties = (keys == v) | (nan & v.isnan())
-    ties_to_prune = k - below.sum()
-    return ~(below | (ties & (torch.cumsum(ties, 0) <= ties_to_prune)))
+    ties_to_prune = k - below.sum(-1, keepdim=True)
+    return ~(below | (ties & (torch.cumsum(ties, -1) <= ties_to_prune)))
 
 
 # --- several parts ranked as one: the bracket ---------------------------------
@@ -396,3 +406,13 @@ def _bounds(sample: Tensor, q: float) -> tuple[float, float]:
     lo = float(torch.kthvalue(sample, r_lo).values) if r_lo >= 1 else -torch.inf
     hi = float(torch.kthvalue(sample, r_hi).values) if r_hi <= m else torch.inf
     return lo, hi
+
+
+def _keep_lowest_eagerly(rows: Tensor, k: int) -> Tensor:
+    """Per row of eager 2-D keys, by the bracket for long rows, else at once."""
+    if rows.shape[1] < FAST_MIN_KEYS:
+        return _keep_by_threshold(rows, k)
+    return torch.stack([_keep_flat(row, k, None) for row in rows])
+
+
+_keep_lowest = make_keep_lowest(_keep_lowest_eagerly)

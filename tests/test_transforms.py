@@ -113,3 +113,59 @@ def test_grad_through_prune_is_zero_where_pruned(spec: fp.Spec) -> None:
     mask = fp.compute_mask(spec, w)
     assert torch.equal(g, 2 * w * mask)
     assert (g[~mask] == 0).all()
+
+
+@pytest.fixture(params=["op", "traced"])
+def vmap_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways selection runs under vmap: the custom op's eager rule, and traced."""
+    from funcprune import _select
+
+    if request.param == "traced":
+        monkeypatch.setattr(_select, "_keep_lowest", None)
+    elif _select._keep_lowest is None:  # pragma: no cover (torch < 2.4)
+        pytest.skip("torch.library cannot register the op here")
+    return str(request.param)
+
+
+@pytest.mark.parametrize("n", [7, 1000, 70_000])
+def test_vmap_rows_long_and_short_equal_a_loop_on_both_paths(vmap_path: str, n: int) -> None:
+    g = torch.Generator().manual_seed(n)
+    scores = torch.randn(3, n, generator=g)
+    scores[1] = torch.randint(0, 4, (n,), generator=g).float()  # heavy ties
+    scores[2, ::5] = float("nan")
+    for spec in (fp.L1Unstructured(0.5), fp.L1Unstructured(n // 3), fp.RandomUnstructured(0.0)):
+        batched = vmap(lambda s: fp.compute_mask(spec, s))(scores)
+        assert torch.equal(batched, torch.stack([fp.compute_mask(spec, s) for s in scores]))
+
+
+def test_nested_vmap_equals_a_loop_on_both_paths(vmap_path: str) -> None:
+    scores = torch.randn(2, 3, 70_000, generator=torch.Generator().manual_seed(0))
+    spec = fp.L1Unstructured(0.3)
+    nested = vmap(vmap(lambda s: fp.compute_mask(spec, s)))(scores)
+    assert torch.equal(nested, torch.stack([torch.stack([fp.compute_mask(spec, s) for s in row]) for row in scores]))
+
+
+def test_a_vmapped_plan_takes_the_op_and_compile_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    from funcprune import _select
+
+    if _select._keep_lowest is None:  # pragma: no cover (torch < 2.4)
+        pytest.skip("torch.library cannot register the op here")
+    calls = []
+    op = _select._keep_lowest
+
+    def spy(keys: torch.Tensor, k: int) -> torch.Tensor:
+        calls.append(k)
+        return op(keys, k)
+
+    monkeypatch.setattr(_select, "_keep_lowest", spy)
+    stacked = {"w": torch.randn(4, 30, 20), "v": torch.randn(4, 10)}
+    plan = fp.Plan({"w": fp.L1Unstructured(0.5), "v": fp.L1Unstructured(3)})
+    batched = vmap(plan)(stacked)
+    assert sorted(calls) == [3, 300]
+    for i in range(4):
+        single = plan({n: t[i] for n, t in stacked.items()})
+        assert all(torch.equal(batched[n][i], single[n]) for n in single)
+    calls.clear()
+    compiled = torch.compile(lambda s: fp.compute_mask(fp.L1Unstructured(0.5), s), fullgraph=True)
+    assert torch.equal(compiled(stacked["w"][3]), single["w"])
+    assert calls == []
