@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ._select import KeyPart, keep, keep_jointly, resolve_count
+from ._select import KeyPart, keep, keep_jointly, magnitude_of, resolve_count
 from ._types import Amount, Count, Mask, NormOrder, Tensor
 from ._validate import is_concrete, validate_dim_range, validate_structured
 
@@ -128,7 +128,8 @@ def _l1_part(scores: Tensor, default: Mask, dtype: torch.dtype) -> KeyPart:
         return t.abs().to(dtype)  # |x| is exact in any dtype; so is widening
 
     eligible = None if default is None else default.reshape(-1)
-    return KeyPart(scores.detach().reshape(-1), magnitudes, eligible)
+    key = magnitude_of if scores.dtype == dtype else magnitudes
+    return KeyPart(scores.detach().reshape(-1), key, eligible)
 
 
 def random_unstructured(

@@ -64,6 +64,7 @@ __all__ = [
     "Whole",
     "keep",
     "keep_jointly",
+    "magnitude_of",
     "resolve_count",
 ]
 
@@ -152,15 +153,8 @@ def _keep_flat(keys: Tensor, k: Count, eligible: Mask) -> Tensor:
 
 
 def _keep_sorted(keys: Tensor, k: Count, eligible: Mask) -> Tensor:
-    """:func:`keep` over one 1-D group by the threshold or the sort path.
-
-    Keys batched by ``vmap`` (a Python ``int`` count, all eligible) go to
-    the ``funcprune::keep_lowest`` op instead, whose vmap rule selects row
-    by row eagerly; under ``torch.compile`` the traced path stays.
-    """
+    """:func:`keep` over one 1-D group by the threshold or the sort path."""
     if eligible is None and isinstance(k, int):
-        if _keep_lowest is not None and is_batchedtensor(keys) and not torch.compiler.is_compiling():
-            return _keep_lowest(keys, k)
         return _keep_by_threshold(keys, k)
     return _keep_rows(keys[None], k, None if eligible is None else eligible[None])[0]
 
@@ -211,6 +205,11 @@ def _keep_by_threshold(keys: Tensor, k: int) -> Tensor:
 
 def _identity(t: Tensor) -> Tensor:
     return t
+
+
+def magnitude_of(t: Tensor) -> Tensor:
+    """``|t|``: as a :class:`KeyPart`'s key, the part's keys are its magnitudes."""
+    return t.abs()
 
 
 @final
@@ -269,12 +268,29 @@ def keep_jointly(parts: Sequence[KeyPart], k: Count) -> list[Tensor]:
         if bracketed is not None:
             return bracketed
     if len(parts) == 1:
-        return [_keep_sorted(parts[0].keys(), k, parts[0].eligible)]
+        part = parts[0]
+        if isinstance(k, int) and _batched(part) and _keep_lowest is not None:
+            magnitude = part.key is magnitude_of
+            return [_keep_lowest(part.source if magnitude else part.keys(), k, magnitude)]
+        return [_keep_sorted(part.keys(), k, part.eligible)]
     keys = torch.cat([p.keys() for p in parts])
     eligible = None
     if any(p.eligible is not None for p in parts):
         eligible = torch.cat([_flags(p) for p in parts])
     return list(torch.split(_keep_sorted(keys, k, eligible), [p.numel for p in parts]))
+
+
+def _batched(part: KeyPart) -> bool:
+    """Whether a part (with an int count) goes to ``funcprune::keep_lowest``: batched by vmap, not compiled.
+
+    Its vmap rule selects row by row eagerly, as a loop of eager calls would,
+    instead of tracing a full-row ``kthvalue`` and ``cumsum`` per row.
+    """
+    return (
+        part.eligible is None
+        and is_batchedtensor(part.source)
+        and not torch.compiler.is_compiling()
+    )
 
 
 def _flags(part: KeyPart) -> Tensor:
@@ -295,12 +311,13 @@ def _keep_by_bracket(parts: Sequence[KeyPart], k: int) -> list[Tensor] | None:
     if not 0 < k <= total:
         return None
     lo, hi = _bounds(torch.cat([_sample(p, _stride(total)) for p in parts]), k / total)
+    chunk = _CHUNK * min(torch.get_num_threads(), 64)  # each thread's share stays in its cache
     below: list[Tensor] = []
     found: list[Tensor] = []  # per part, the keys inside the bracket in index order
     for part in parts:
         collected = []
-        for start in range(0, part.numel, _CHUNK):
-            count, keys = _scan(_eligible_keys(part, start, start + _CHUNK), lo, hi)
+        for start in range(0, part.numel, chunk):
+            count, keys = _scan(_eligible_keys(part, start, start + chunk), lo, hi)
             below.append(count)
             collected.append(keys)
         found.append(torch.cat(collected))
@@ -319,11 +336,11 @@ def _keep_by_bracket(parts: Sequence[KeyPart], k: int) -> list[Tensor] | None:
         ties = int(torch.count_nonzero(candidates == v))
         take = min(ties, ties_to_prune)
         ties_to_prune -= take
-        kept.append(_survivors(part, v, ties, take))
+        kept.append(_survivors(part, v, ties, take, chunk))
     return kept
 
 
-#: Entries scanned at a time: their keys and flags stay in cache.
+#: Entries scanned at a time, per thread: their keys and flags stay in cache.
 _CHUNK = 1 << 16
 _EIGHT = 8
 
@@ -391,12 +408,12 @@ def _sample(part: KeyPart, stride: int) -> Tensor:
     return sample.masked_fill(part.eligible[::stride].logical_not(), torch.inf)
 
 
-def _survivors(part: KeyPart, v: Tensor, ties: int, take: int) -> Tensor:
+def _survivors(part: KeyPart, v: Tensor, ties: int, take: int, chunk: int) -> Tensor:
     """Kept flags when every key below ``v`` and the first ``take`` of ``ties`` go."""
     if take == ties:  # chunk by chunk: written while the chunk's keys are in cache
         kept = torch.empty(part.numel, dtype=torch.int8, device=part.source.device)
-        for start in range(0, part.numel, _CHUNK):
-            stop = start + _CHUNK
+        for start in range(0, part.numel, chunk):
+            stop = start + chunk
             flags = _at_most(part.key(part.source[start:stop]), v, kept[start:stop]).logical_not_()
             if part.eligible is not None:
                 flags.logical_and_(part.eligible[start:stop])
@@ -419,11 +436,17 @@ def _bounds(sample: Tensor, q: float) -> tuple[float, float]:
     return lo, hi
 
 
-def _keep_lowest_eagerly(rows: Tensor, k: int) -> Tensor:
-    """Per row of eager 2-D keys, by the bracket for long rows, else at once."""
-    if rows.shape[1] < FAST_MIN_KEYS:
-        return _keep_by_threshold(rows, k)
-    return torch.stack([_keep_flat(row, k, None) for row in rows])
+#: Rows shorter than this are selected at once; longer ones one by one, as
+#: eager calls would (a batched ``kthvalue`` is the slower from there, on CPU).
+_SHORT_ROWS = 1 << 12
+
+
+def _keep_lowest_eagerly(rows: Tensor, k: int, magnitude: bool) -> Tensor:
+    """Per row of eager 2-D values: kept flags once the ``k`` lowest keys go."""
+    key = magnitude_of if magnitude else _identity
+    if rows.shape[1] < _SHORT_ROWS:
+        return _keep_by_threshold(key(rows), k)
+    return torch.stack([keep_jointly([KeyPart(row, key)], k)[0] for row in rows])
 
 
 _keep_lowest = make_keep_lowest(_keep_lowest_eagerly)

@@ -153,9 +153,9 @@ def test_a_vmapped_plan_takes_the_op_and_compile_does_not(monkeypatch: pytest.Mo
     calls = []
     op = _select._keep_lowest
 
-    def spy(keys: torch.Tensor, k: int) -> torch.Tensor:
+    def spy(values: torch.Tensor, k: int, magnitude: bool) -> torch.Tensor:
         calls.append(k)
-        return op(keys, k)
+        return op(values, k, magnitude)
 
     monkeypatch.setattr(_select, "_keep_lowest", spy)
     stacked = {"w": torch.randn(4, 30, 20), "v": torch.randn(4, 10)}
