@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ._select import KeyPart, keep, keep_jointly, magnitude_of, resolve_count
-from ._types import Amount, Count, Mask, NormOrder, Tensor
+from ._select import KeyPart, Target, keep, keep_jointly, magnitude_of, resolve_count
+from ._types import Count, Mask, NormOrder, Tensor
 from ._validate import is_concrete, validate_dim_range, validate_structured
 
 __all__ = [
@@ -84,25 +84,25 @@ def keep_all(scores: Tensor, default_mask: Mask) -> Tensor:
 KeysOf = Callable[[Tensor, Mask, Count], Tensor]
 
 
-def _unstructured(keys_of: KeysOf, amount: Amount, scores: Tensor, default_mask: Mask) -> Tensor:
+def _unstructured(keys_of: KeysOf, amount: Target, scores: Tensor, default_mask: Mask) -> Tensor:
     """Prune the ``amount`` lowest keys among the unpruned entries."""
     default_mask = _as_bool(default_mask)
     eligible = None if default_mask is None else default_mask.reshape(-1)  # the kept entries
     unpruned = _unpruned_count(scores, eligible, scores.numel())
-    k = resolve_count(amount, unpruned)
+    k = resolve_count(amount, unpruned, scores.numel())
     if isinstance(k, int) and k == 0:  # torch draws nothing then either
         return keep_all(scores, default_mask)
     keys = keys_of(scores, eligible, unpruned)
     return keep(keys, k, eligible).reshape(scores.shape)
 
 
-def l1_unstructured(amount: Amount, scores: Tensor, default_mask: Mask) -> Tensor:
+def l1_unstructured(amount: Target, scores: Tensor, default_mask: Mask) -> Tensor:
     """Prune the ``amount`` unpruned entries of smallest ``|scores|``."""
     return l1_unstructured_jointly(amount, [scores], [default_mask])[0]
 
 
 def l1_unstructured_jointly(
-    amount: Amount, scores: Sequence[Tensor], default_masks: Sequence[Mask]
+    amount: Target, scores: Sequence[Tensor], default_masks: Sequence[Mask]
 ) -> list[Tensor]:
     """:func:`l1_unstructured` over several tensors ranked as if concatenated.
 
@@ -116,7 +116,7 @@ def l1_unstructured_jointly(
     unpruned: Count = 0
     for s, d in zip(scores, defaults, strict=True):
         unpruned = unpruned + _unpruned_count(s, None if d is None else d.reshape(-1), s.numel())
-    k = resolve_count(amount, unpruned)
+    k = resolve_count(amount, unpruned, sum(s.numel() for s in scores))
     if isinstance(k, int) and k == 0:
         return [keep_all(s, d) for s, d in zip(scores, defaults, strict=True)]
     kept = keep_jointly(parts, k)
@@ -133,7 +133,7 @@ def _l1_part(scores: Tensor, default: Mask, dtype: torch.dtype) -> KeyPart:
 
 
 def random_unstructured(
-    amount: Amount, scores: Tensor, default_mask: Mask, generator: torch.Generator | None
+    amount: Target, scores: Tensor, default_mask: Mask, generator: torch.Generator | None
 ) -> Tensor:
     """Prune ``amount`` random unpruned entries, drawing as torch draws."""
 
@@ -162,7 +162,7 @@ def _channels(scores: Tensor, dim: int) -> tuple[int, list[int]]:
 
 
 def _structured(
-    keys_of: ChannelKeysOf, amount: Amount, dim: int, scores: Tensor, default_mask: Mask
+    keys_of: ChannelKeysOf, amount: Target, dim: int, scores: Tensor, default_mask: Mask
 ) -> Tensor:
     """Prune the ``amount`` lowest-key channels among those not all pruned."""
     default_mask = _as_bool(default_mask)
@@ -172,7 +172,7 @@ def _structured(
     if default_mask is not None:
         eligible = unpruned_units("structured", default_mask, d)
     unpruned = _unpruned_count(scores, eligible, n_channels)
-    k = resolve_count(amount, unpruned)
+    k = resolve_count(amount, unpruned, n_channels)
     if isinstance(k, int) and k == 0:  # torch draws nothing then either
         return keep_all(scores, default_mask)
     kept = keep(keys_of(scores, d, others, eligible, unpruned), k, eligible)
@@ -195,7 +195,7 @@ def _check_matrix_norm(n: object, scores: Tensor) -> None:
 
 
 def ln_structured(
-    amount: Amount, n: NormOrder, dim: int, scores: Tensor, default_mask: Mask
+    amount: Target, n: NormOrder, dim: int, scores: Tensor, default_mask: Mask
 ) -> Tensor:
     """Prune the ``amount`` remaining channels along ``dim`` of smallest L``n`` norm."""
     _channels(scores, dim)
@@ -209,7 +209,7 @@ def ln_structured(
 
 
 def random_structured(
-    amount: Amount, dim: int, scores: Tensor, default_mask: Mask,
+    amount: Target, dim: int, scores: Tensor, default_mask: Mask,
     generator: torch.Generator | None,
 ) -> Tensor:  # fmt: skip
     """Prune ``amount`` random remaining channels along ``dim``, drawing as torch."""
@@ -285,7 +285,7 @@ def unpruned_units(
 
 
 def structured_by_keys(
-    amount: Amount, dim: int, keys: Tensor, scores: Tensor, default_mask: Mask
+    amount: Target, dim: int, keys: Tensor, scores: Tensor, default_mask: Mask
 ) -> Tensor:
     """Prune the ``amount`` remaining channels along ``dim`` of lowest ``keys``.
 

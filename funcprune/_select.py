@@ -61,6 +61,8 @@ __all__ = [
     "KeyPart",
     "Shard",
     "Slices",
+    "Sparsity",
+    "Target",
     "Whole",
     "keep",
     "keep_jointly",
@@ -104,16 +106,36 @@ Group = Union[Whole, Slices, Blocks, Shard]
 WHOLE = Whole()
 
 
-def resolve_count(amount: Amount, available: Count) -> Count:
-    """The number of units to prune out of ``available`` ones.
+@final
+@dataclass(frozen=True, slots=True)
+class Sparsity:
+    """A cumulative target: this fraction of all units pruned after the call."""
+
+    value: float
+
+
+#: How much a spec prunes: an ``int`` count or a ``float`` fraction of what is
+#: left (torch's ``amount``), or a cumulative :class:`Sparsity`.
+Target = Union[Amount, Sparsity]
+
+
+def resolve_count(amount: Target, available: Count, total: int) -> Count:
+    """The number of units to prune out of ``available`` ones (of ``total`` in all).
 
     With a Python ``int`` for ``available``, torch's rule applies and an
     integer amount larger than ``available`` raises ``ValueError``. With a
     tensor (the per-element count under a transform), the fraction is rounded
     half to even in float64, exactly as Python's ``round`` does, and an
     integer amount is capped at ``available`` since no error can be raised
-    on a value there.
+    on a value there. A :class:`Sparsity` prunes what it takes for
+    ``round(value * total)`` units to be pruned, counting the
+    ``total - available`` pruned before, and nothing if that many already are.
     """
+    if isinstance(amount, Sparsity):
+        goal = total - round(amount.value * total)  # units left after the call
+        if isinstance(available, int):
+            return max(0, available - goal)
+        return torch.clamp(available - goal, min=0)
     if isinstance(available, int):
         validate_count(amount, available)
         return count_to_prune(amount, available)

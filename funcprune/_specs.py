@@ -15,11 +15,12 @@ import math
 import numbers
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import final
+from typing import ClassVar, final
 
 import torch
 
 from . import _kernels as kernels
+from ._select import Sparsity, Target
 from ._spec import Spec
 from ._types import Amount, Mask, NormOrder, PruningType, Tensor
 from ._validate import non_binary, validate_amount_init
@@ -47,6 +48,11 @@ def _named(spec: object) -> Iterator[None]:
 
 def _check_amount(amount: object) -> bool:
     """torch's amount rules, plus: no ``bool``, no NaN. Returns "is a count"."""
+    if amount is None:
+        raise TypeError(
+            "Invalid type for amount: None. Must be int or float "
+            "(or give sparsity=, the fraction pruned after the call)"
+        )
     if isinstance(amount, bool):
         raise TypeError(
             f"amount must be an int count or a float fraction, got the bool {amount!r}; "
@@ -58,6 +64,13 @@ def _check_amount(amount: object) -> bool:
     if isinstance(amount, numbers.Real) and math.isnan(float(amount)):
         raise ValueError("amount=nan should either be a float in the range [0, 1] or a non-negative integer")
     return isinstance(amount, numbers.Integral)
+
+
+def _check_sparsity(sparsity: object) -> None:
+    if isinstance(sparsity, bool) or not isinstance(sparsity, numbers.Real):
+        raise TypeError(f"sparsity must be a float in [0, 1], got {sparsity!r} of type {type(sparsity).__name__}")
+    if not 0.0 <= float(sparsity) <= 1.0:  # NaN fails too
+        raise ValueError(f"sparsity must be a float in [0, 1], got {sparsity!r}")
 
 
 def _check_dim(dim: object) -> None:
@@ -89,18 +102,48 @@ def _check_norm_order(n: object) -> None:
 
 @dataclass(frozen=True, slots=True)
 class _AmountSpec(Spec):
-    """Abstract base of the specs that prune an ``amount``: checks it.
+    """Abstract base of the specs that prune an ``amount`` or to a ``sparsity``.
 
-    A count and a fraction never compare equal (``1`` prunes one unit,
-    ``1.0`` all of them), though Python says ``1 == 1.0``.
+    Exactly one is given: ``amount`` (torch's: a count, or a fraction of what
+    is left) or ``sparsity=`` (keyword-only: the fraction of all units pruned
+    after the call, counting what was pruned before; nothing is pruned if
+    that many already are, nothing is ever revived). A count and a fraction
+    never compare equal (``1`` prunes one unit, ``1.0`` all of them), though
+    Python says ``1 == 1.0``.
     """
 
-    amount: Amount
+    amount: Amount | None = None
     _is_count: bool = field(init=False, repr=False)
+    sparsity: float | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         with _named(self):
-            object.__setattr__(self, "_is_count", _check_amount(self.amount))
+            if self.amount is not None and self.sparsity is not None:
+                raise TypeError(
+                    "give either amount (a count, or a fraction of what is left) or sparsity= "
+                    "(the fraction pruned after the call), not both"
+                )
+            if self.sparsity is not None:
+                _check_sparsity(self.sparsity)
+                object.__setattr__(self, "_is_count", False)
+            else:
+                object.__setattr__(self, "_is_count", _check_amount(self.amount))
+
+    @property
+    def target(self) -> Target:
+        """What the kernels prune: ``amount``, or a cumulative :class:`Sparsity`."""
+        if self.amount is None:
+            assert self.sparsity is not None
+            return Sparsity(float(self.sparsity))
+        return self.amount
+
+    def __repr__(self) -> str:
+        fields = [f"amount={self.amount!r}" if self.sparsity is None else f"sparsity={self.sparsity!r}"]
+        fields += [f"{name}={getattr(self, name)!r}" for name in self._extra_fields]
+        return f"{type(self).__name__}({', '.join(fields)})"
+
+    #: The fields after ``amount``, in the order the constructor takes them.
+    _extra_fields: ClassVar[tuple[str, ...]] = ()
 
 
 @final
@@ -123,13 +166,15 @@ class Identity(Spec):
 
 
 @final
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class RandomUnstructured(_AmountSpec):
     """Prunes ``amount`` of the unpruned entries, chosen at random.
 
     Args:
         amount: an ``int`` count, or a ``float`` fraction in [0, 1] of the
             entries still unpruned.
+        sparsity: keyword-only, instead of ``amount``: the fraction of all
+            units pruned after the call, counting those pruned before.
 
     Raises:
         TypeError: if ``amount`` is not a real number.
@@ -146,17 +191,19 @@ class RandomUnstructured(_AmountSpec):
     def compute_mask(
         self, scores: Tensor, default_mask: Mask = None, *, generator: torch.Generator | None = None
     ) -> Tensor:
-        return kernels.random_unstructured(self.amount, scores, default_mask, generator)
+        return kernels.random_unstructured(self.target, scores, default_mask, generator)
 
 
 @final
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class L1Unstructured(_AmountSpec):
     """Prunes the ``amount`` unpruned entries of smallest absolute score.
 
     Args:
         amount: an ``int`` count, or a ``float`` fraction in [0, 1] of the
             entries still unpruned.
+        sparsity: keyword-only, instead of ``amount``: the fraction of all
+            units pruned after the call, counting those pruned before.
 
     Raises:
         TypeError: if ``amount`` is not a real number.
@@ -173,7 +220,7 @@ class L1Unstructured(_AmountSpec):
     def compute_mask(
         self, scores: Tensor, default_mask: Mask = None, *, generator: torch.Generator | None = None
     ) -> Tensor:
-        return kernels.l1_unstructured(self.amount, scores, default_mask)
+        return kernels.l1_unstructured(self.target, scores, default_mask)
 
     def compute_joint_masks(
         self,
@@ -183,17 +230,19 @@ class L1Unstructured(_AmountSpec):
         generator: torch.Generator | None = None,
     ) -> list[Tensor]:
         """Ranks the group part by part, never concatenating it (eager, large)."""
-        return kernels.l1_unstructured_jointly(self.amount, scores, default_masks)
+        return kernels.l1_unstructured_jointly(self.target, scores, default_masks)
 
 
 @final
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class RandomStructured(_AmountSpec):
     """Prunes ``amount`` of the remaining channels along ``dim`` at random.
 
     Args:
         amount: an ``int`` count, or a ``float`` fraction in [0, 1] of the
             channels not yet entirely pruned.
+        sparsity: keyword-only, instead of ``amount``: the fraction of all
+            units pruned after the call, counting those pruned before.
         dim: the dimension whose slices are the channels (default ``-1``).
 
     Raises:
@@ -205,6 +254,7 @@ class RandomStructured(_AmountSpec):
     """
 
     dim: int = -1
+    _extra_fields: ClassVar[tuple[str, ...]] = ("dim",)
 
     def __post_init__(self) -> None:
         _AmountSpec.__post_init__(self)
@@ -218,17 +268,19 @@ class RandomStructured(_AmountSpec):
     def compute_mask(
         self, scores: Tensor, default_mask: Mask = None, *, generator: torch.Generator | None = None
     ) -> Tensor:
-        return kernels.random_structured(self.amount, self.dim, scores, default_mask, generator)
+        return kernels.random_structured(self.target, self.dim, scores, default_mask, generator)
 
 
 @final
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class LnStructured(_AmountSpec):
     """Prunes the ``amount`` remaining channels of smallest L``n`` norm.
 
     Args:
         amount: an ``int`` count, or a ``float`` fraction in [0, 1] of the
             channels not yet entirely pruned.
+        sparsity: keyword-only, instead of ``amount``: the fraction of all
+            units pruned after the call, counting those pruned before.
         n: the norm order, as ``p`` of :func:`torch.norm`: a number,
             ``inf``, ``-inf``, ``'fro'`` or ``'nuc'``.
         dim: the dimension whose slices are the channels (default ``-1``).
@@ -242,12 +294,15 @@ class LnStructured(_AmountSpec):
     LnStructured(amount=0.5, n=2, dim=0)
     """
 
-    n: NormOrder
+    n: NormOrder = None  # type: ignore[assignment]  # required: a default only so that amount may have one
     dim: int = -1
+    _extra_fields: ClassVar[tuple[str, ...]] = ("n", "dim")
 
     def __post_init__(self) -> None:
         _AmountSpec.__post_init__(self)
         with _named(self):
+            if self.n is None:
+                raise TypeError("n (the norm order: a number, inf, -inf, 'fro' or 'nuc') is required")
             _check_norm_order(self.n)
             _check_dim(self.dim)
 
@@ -258,7 +313,7 @@ class LnStructured(_AmountSpec):
     def compute_mask(
         self, scores: Tensor, default_mask: Mask = None, *, generator: torch.Generator | None = None
     ) -> Tensor:
-        return kernels.ln_structured(self.amount, self.n, self.dim, scores, default_mask)
+        return kernels.ln_structured(self.target, self.n, self.dim, scores, default_mask)
 
 
 @final

@@ -18,8 +18,11 @@ DESIGN_SIGNATURES = {
     fp.compute_mask: "(spec, scores, default_mask=None, *, generator=None)",
     fp.prune: "(spec, t, default_mask=None, importance_scores=None, *, generator=None)",
     fp.Plan.__call__: "(self, params, masks=None, scores=None, generator=None)",
-    fp.RandomStructured: "(amount, dim=-1)",
-    fp.LnStructured: "(amount, n, dim=-1)",
+    # the card's (amount, dim=-1) and (amount, n, dim=-1), with the card's
+    # sparsity= instead of amount: amount may be left out, n is still required
+    fp.RandomStructured: "(amount=None, dim=-1, *, sparsity=None)",
+    fp.LnStructured: "(amount=None, n=None, dim=-1, *, sparsity=None)",
+    fp.L1Unstructured: "(amount=None, *, sparsity=None)",
 }
 
 
