@@ -8,6 +8,11 @@ functions, usable under ``torch.func.vmap``, ``grad`` and ``torch.compile``:
   ``CustomFromMask``; ``chain(*specs)`` composes them. Your own spec is a
   frozen dataclass subclassing ``Spec`` (set ``pruning_type``, implement
   ``compute_mask``).
+- **Which weights**: ``prunable(module)`` names the weights to prune, as plan keys.
+- **How much per tensor**: ``uniform_sparsity`` and ``erk_sparsity`` split a
+  total sparsity across tensors (``dict[str, float]``, ready for a ``Plan``).
+- **When**: ``OneShot``, ``Polynomial``, ``Iterative`` (or your ``Schedule``
+  subclass) give ``schedule(step)``, the target sparsity at a training step.
 - **Masks**: ``compute_mask(spec, scores, default_mask)`` returns a
   ``torch.bool`` mask (``True`` = kept), ``compute_joint_masks`` ranks several
   tensors together, ``prune`` returns the pruned tensor.
@@ -36,6 +41,8 @@ with _warnings.catch_warnings():  # the first torch import, without NumPy instal
     _warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     import torch as _torch  # noqa: F401
 
+from ._allocate import erk_sparsity as erk_sparsity
+from ._allocate import uniform_sparsity as uniform_sparsity
 from ._apply import apply_masks as apply_masks
 from ._apply import apply_masks_ as apply_masks_
 from ._apply import functional_call_masked as functional_call_masked
@@ -53,9 +60,14 @@ from ._plan import AbstractPlan as AbstractPlan
 from ._plan import ComposedPlan as ComposedPlan
 from ._plan import Plan as Plan
 from ._plan import compose as compose
+from ._prunable import prunable as prunable
 from ._report import SparsityReport as SparsityReport
 from ._report import SparsityRow as SparsityRow
 from ._report import sparsity_report as sparsity_report
+from ._schedules import Iterative as Iterative
+from ._schedules import OneShot as OneShot
+from ._schedules import Polynomial as Polynomial
+from ._schedules import Schedule as Schedule
 from ._spec import Chain as Chain
 from ._spec import Spec as Spec
 from ._spec import chain as chain
@@ -83,17 +95,21 @@ __all__ = [
     "CustomFromMask",
     "GlobalPlan",
     "Identity",
+    "Iterative",
     "L1Unstructured",
     "LnStructured",
     "Masks",
     "Multipliers",
     "NormOrder",
+    "OneShot",
     "Params",
     "Plan",
+    "Polynomial",
     "PruningType",
     "RandomStructured",
     "RandomUnstructured",
     "Rule",
+    "Schedule",
     "Scores",
     "SparsityReport",
     "SparsityRow",
@@ -105,11 +121,14 @@ __all__ = [
     "compose",
     "compute_joint_masks",
     "compute_mask",
+    "erk_sparsity",
     "functional_call_masked",
     "global_unstructured",
     "mask_gradients",
     "mask_gradients_",
+    "prunable",
     "prune",
     "sparsity_report",
     "to_multipliers",
+    "uniform_sparsity",
 ]

@@ -23,7 +23,7 @@ from . import _kernels as kernels
 from ._select import Sparsity, Target
 from ._spec import Spec
 from ._types import Amount, Mask, NormOrder, PruningType, Tensor
-from ._validate import non_binary, validate_amount_init
+from ._validate import check_sparsity, non_binary, validate_amount_init
 
 __all__ = [
     "Identity",
@@ -64,13 +64,6 @@ def _check_amount(amount: object) -> bool:
     if isinstance(amount, numbers.Real) and math.isnan(float(amount)):
         raise ValueError("amount=nan should either be a float in the range [0, 1] or a non-negative integer")
     return isinstance(amount, numbers.Integral)
-
-
-def _check_sparsity(sparsity: object) -> None:
-    if isinstance(sparsity, bool) or not isinstance(sparsity, numbers.Real):
-        raise TypeError(f"sparsity must be a float in [0, 1], got {sparsity!r} of type {type(sparsity).__name__}")
-    if not 0.0 <= float(sparsity) <= 1.0:  # NaN fails too
-        raise ValueError(f"sparsity must be a float in [0, 1], got {sparsity!r}")
 
 
 def _check_dim(dim: object) -> None:
@@ -117,6 +110,8 @@ class _AmountSpec(Spec):
     sparsity: float | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
+        if self.sparsity is not None:
+            check_sparsity(type(self).__name__, "sparsity", self.sparsity)
         with _named(self):
             if self.amount is not None and self.sparsity is not None:
                 raise TypeError(
@@ -124,7 +119,6 @@ class _AmountSpec(Spec):
                     "(the fraction pruned after the call), not both"
                 )
             if self.sparsity is not None:
-                _check_sparsity(self.sparsity)
                 object.__setattr__(self, "_is_count", False)
             else:
                 object.__setattr__(self, "_is_count", _check_amount(self.amount))

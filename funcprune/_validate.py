@@ -121,3 +121,38 @@ def check_generator(fn: str, generator: object) -> None:
             f"{fn}: generator must be a torch.Generator or None, got {generator!r} of type "
             f"{type(generator).__name__}; make one with torch.Generator().manual_seed(seed)"
         )
+
+
+def _shown(value: object) -> str:
+    """A wrongly typed value for a message: ``the bool True``, ``'3' of type str``."""
+    if isinstance(value, bool):
+        return f"the bool {value!r}"
+    return f"{value!r} of type {type(value).__name__}"
+
+
+def check_sparsity(owner: str, argument: str, value: object) -> float:
+    """``value`` as a float, refusing anything but a real number in [0, 1].
+
+    Raises:
+        TypeError: if ``value`` is a ``bool`` or not a real number.
+        ValueError: if it is NaN or outside [0, 1].
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{owner}: {argument} must be a float in [0, 1], got {_shown(value)}")
+    if not 0.0 <= float(value) <= 1.0:  # NaN fails too
+        raise ValueError(f"{owner}: {argument} must be a float in [0, 1], got {value!r}")
+    return float(value)
+
+
+def check_count(owner: str, argument: str, value: object, *, least: int) -> int:
+    """``value`` as an int, refusing anything but an integer (not bool) >= ``least``.
+
+    Raises:
+        TypeError: if ``value`` is a ``bool`` or not an integer.
+        ValueError: if it is smaller than ``least``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{owner}: {argument} must be an int >= {least}, got {_shown(value)}")
+    if value < least:
+        raise ValueError(f"{owner}: {argument} must be an int >= {least}, got {value!r}")
+    return int(value)

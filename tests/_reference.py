@@ -16,13 +16,13 @@ def torch_method(spec: fp.Spec) -> tprune.BasePruningMethod:
     match spec:
         case fp.Identity():
             return tprune.Identity()
-        case fp.RandomUnstructured(amount=amount):
+        case fp.RandomUnstructured(amount=int() | float() as amount):
             return tprune.RandomUnstructured(amount)
-        case fp.L1Unstructured(amount=amount):
+        case fp.L1Unstructured(amount=int() | float() as amount):
             return tprune.L1Unstructured(amount)
-        case fp.RandomStructured(amount=amount, dim=dim):
+        case fp.RandomStructured(amount=int() | float() as amount, dim=dim):
             return tprune.RandomStructured(amount, dim)
-        case fp.LnStructured(amount=amount, n=n, dim=dim):
+        case fp.LnStructured(amount=int() | float() as amount, n=n, dim=dim):
             return tprune.LnStructured(amount, n, dim)
         case fp.CustomFromMask(mask=mask):
             return tprune.CustomFromMask(mask.float())
@@ -71,9 +71,9 @@ def _apply_kwargs(spec: fp.Spec) -> dict[str, Any]:
             return {}
         case fp.RandomUnstructured(amount=amount) | fp.L1Unstructured(amount=amount):
             return {"amount": amount}
-        case fp.RandomStructured(amount=amount, dim=dim):
+        case fp.RandomStructured(amount=int() | float() as amount, dim=dim):
             return {"amount": amount, "dim": dim}
-        case fp.LnStructured(amount=amount, n=n, dim=dim):
+        case fp.LnStructured(amount=int() | float() as amount, n=n, dim=dim):
             return {"amount": amount, "n": n, "dim": dim}
         case fp.CustomFromMask(mask=mask):
             return {"mask": mask.float()}

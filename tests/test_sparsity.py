@@ -109,7 +109,7 @@ def test_targets_are_checked_named_and_distinct_from_amounts() -> None:
         fp.RandomStructured(dim=0)
     with pytest.raises(ValueError, match=r"LnStructured: sparsity must be a float in \[0, 1\], got 1.5"):
         fp.LnStructured(sparsity=1.5, n=2)
-    with pytest.raises(TypeError, match="sparsity must be a float in \\[0, 1\\], got True of type bool"):
+    with pytest.raises(TypeError, match=r"L1Unstructured: sparsity must be a float in \[0, 1\], got the bool True"):
         fp.L1Unstructured(sparsity=True)
     with pytest.raises(TypeError, match="LnStructured: n .* is required"):
         fp.LnStructured(sparsity=0.5)
