@@ -1,210 +1,287 @@
-"""The demo run by ``python -m funcprune``: the pruning tutorial, functionally.
+"""The demo run by ``python -m funcprune``: pruning a CNN on real handwritten digits.
 
-It tells the story of the official ``torch.nn.utils.prune`` tutorial on its
-LeNet without touching a module: plans compute masks from parameter dicts,
-``torch.func`` runs the model on masked parameters. Then it trains with
-iterative magnitude pruning to about 90% sparsity and prunes an ensemble of
-8 LeNets in one ``vmap`` call. The data are synthetic (nothing is
-downloaded); the whole run takes a few seconds on 2 CPU cores.
+On scikit-learn's digits (1797 8x8 images shipped in its wheel; a synthetic
+stand-in without scikit-learn, and the output says so) it trains a small
+CNN densely, then shows: gradual (cubic) magnitude pruning while training,
+iterative magnitude pruning with rewinding (the lottery ticket) against
+random masks at the same sparsities, ERK against uniform allocation, an
+ensemble with its own masks per model trained in one ``vmap(grad(...))``,
+and the tutorial's steps in hook mode through ``funcprune.compat`` with the
+same masks as ``torch.nn.utils.prune``. All training is functional: a
+parameter dict, a mask dict, ``torch.func.grad`` and
+``functional_call_masked``. It saves the curves as a PNG with matplotlib.
 """
 
 from __future__ import annotations
 
-import copy
+import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
-import torch.nn.utils.prune as torch_prune
 from torch import nn
 
-from ._apply import functional_call_masked
+from ._allocate import erk_sparsity, uniform_sparsity
+from ._apply import apply_masks
+from ._digits import Adam, Data, DigitsCNN, accuracy, adam_step, load_data, loss_of, params_of, train_steps
 from ._global import global_unstructured
-from ._plan import Plan, compose
+from ._plan import Plan
+from ._prunable import prunable
 from ._report import sparsity_report
-from ._specs import CustomFromMask, L1Unstructured, LnStructured, RandomUnstructured
-from ._types import Masks, Params, Tensor
+from ._schedules import Iterative, Polynomial
+from ._specs import L1Unstructured, RandomUnstructured
+from ._tutorial import tutorial
+from ._types import Masks, Params
 
-WEIGHTS = ["conv*.weight", "fc*.weight"]
-WEIGHT_NAMES = ["conv1.weight", "conv2.weight", "fc1.weight", "fc2.weight", "fc3.weight"]
-
-
-class LeNet(nn.Module):
-    """The tutorial's LeNet (LeCun et al., 1998) for 1x28x28 images."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 6, 3)
-        self.conv2 = nn.Conv2d(6, 16, 3)
-        self.fc1 = nn.Linear(16 * 5 * 5, 120)
-        self.fc2 = nn.Linear(120, 84)
-        self.fc3 = nn.Linear(84, 10)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = F.max_pool2d(F.relu(self.conv1(x)), (2, 2))
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = x.flatten(1)
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
-        out: Tensor = self.fc3(x)
-        return out
+Allocate = Callable[[Params, float], dict[str, float]]
+FINAL = 0.95  # the target sparsity of the prunable weights
 
 
-def synthetic_data(n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """``n`` noisy 28x28 images of 10 smooth random prototypes, and labels."""
-    protos = torch.randn(10, 1, 28, 28, generator=torch.Generator().manual_seed(0))
-    protos = F.avg_pool2d(protos, 5, stride=1, padding=2) * 3
-    labels = torch.randint(0, 10, (n,), generator=generator)
-    noise = torch.randn(n, 1, 28, 28, generator=generator) * 3.0
-    return protos[labels] + noise, labels
+@dataclass(frozen=True)
+class Budget:
+    """Training steps of each part (``--quick`` divides them)."""
+
+    dense: int = 800
+    rewind: int = 50
+    gradual: int = 800
+    rounds: int = 5
+    round_steps: int = 400
+    finetune: int = 400
+    ensemble: int = 150
+
+    @staticmethod
+    def quick() -> Budget:
+        return Budget(dense=200, rewind=20, gradual=200, rounds=3, round_steps=120, finetune=100, ensemble=60)
 
 
-def _params(module: nn.Module) -> dict[str, Tensor]:
-    return {name: p.detach().clone() for name, p in module.named_parameters()}
+@dataclass
+class Clock:
+    """The demo's cumulative time, for the time columns."""
+
+    start: float = field(default_factory=time.perf_counter)
+
+    def __str__(self) -> str:
+        return f"{time.perf_counter() - self.start:5.1f} s"
 
 
-def _same_as_torch(masks: Masks, module: nn.Module) -> bool:
-    """Whether ``masks`` equal the ``<name>_mask`` buffers torch left."""
-    buffers = dict(module.named_buffers())
-    return all(bool((mask == buffers[f"{name}_mask"].bool()).all()) for name, mask in masks.items())
+def allocation_plan(
+    weights: Params, sparsity: float, spec: type[L1Unstructured | RandomUnstructured], allocate: Allocate
+) -> Plan:
+    """A plan pruning each weight to its share of ``sparsity`` (cumulative ``sparsity=`` specs)."""
+    return Plan({name: spec(sparsity=s) for name, s in allocate(weights, sparsity).items()})
 
 
-def _indent(text: str) -> str:
-    return "\n".join("     " + line for line in text.splitlines())
+def _weight_sparsity(masks: Masks, params: Params, names: list[str]) -> float:
+    return sparsity_report(masks, params={n: params[n] for n in names}).fraction
 
 
-def tutorial() -> None:
-    """Steps 1-4: the tutorial's pruning calls as plans, checked against torch."""
-    torch.manual_seed(0)
-    model = LeNet()
-    reference = copy.deepcopy(model)
-    params = _params(model)
-    print("1. Pruning conv1 (random 30% of the weight, the 3 smallest biases, then Ln on top)")
-    first = Plan({"conv1.weight": RandomUnstructured(0.3), "conv1.bias": L1Unstructured(3)})
-    torch.manual_seed(1)
-    masks = first(params)
-    print(f"   {first}\n{_indent(str(sparsity_report(masks)))}")
-    print(f"   conv1.bias kept: {masks['conv1.bias'].tolist()}")
-    second = Plan({"conv1.weight": LnStructured(0.5, n=2, dim=0)})
-    masks = second(params, masks)
-    kept = masks["conv1.weight"].flatten(1).any(1).tolist()
-    print(f"   then {second}: channels kept {kept}")
-    torch.manual_seed(1)
-    torch_prune.random_unstructured(reference.conv1, "weight", amount=0.3)
-    torch_prune.l1_unstructured(reference.conv1, "bias", amount=3)
-    torch_prune.ln_structured(reference.conv1, "weight", amount=0.5, n=2, dim=0)
-    print(f"   same masks as torch.nn.utils.prune: {_same_as_torch(masks, reference)}")
+@dataclass
+class Curves:
+    """What the PNG plots: (sparsity, accuracy) points and per-layer sparsities."""
 
-    print("2. Pruning many parameters: 20% of conv weights, 40% of linear weights")
-    per_layer = Plan({"conv*.weight": L1Unstructured(0.2), "fc*.weight": L1Unstructured(0.4)})
-    print(f"   {per_layer}\n{_indent(str(sparsity_report(per_layer(params))))}")
-
-    print("3. Global pruning: the 20% smallest weights of the whole model")
-    global20 = global_unstructured(WEIGHTS, L1Unstructured(0.2))
-    masks = global20(params)
-    print(f"   {global20}\n{_indent(str(sparsity_report(masks)))}")
-    reference = copy.deepcopy(model)
-    targets = [(reference.get_submodule(n.split(".")[0]), "weight") for n in WEIGHT_NAMES]
-    torch_prune.global_unstructured(targets, torch_prune.L1Unstructured, amount=0.2)
-    same = _same_as_torch(masks, reference)
-    print(f"   same masks as torch.nn.utils.prune.global_unstructured: {same}")
-
-    print("4. A custom spec: prune every other entry of fc3.bias")
-    every_other = torch.ones(10, dtype=torch.bool)
-    every_other[::2] = False
-    masks = Plan({"fc3.bias": CustomFromMask(every_other)})(params)
-    print(f"   fc3.bias kept: {masks['fc3.bias'].int().tolist()}")
+    gradual: list[tuple[float, float]] = field(default_factory=list)
+    rewind: list[tuple[float, float]] = field(default_factory=list)
+    random: list[tuple[float, float]] = field(default_factory=list)
+    layers: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def _evaluate(
-    model: nn.Module, params: Params, masks: Masks, data: tuple[Tensor, Tensor]
-) -> tuple[float, float]:
-    with torch.no_grad():
-        logits = functional_call_masked(model, params, masks, data[0])
-        loss = F.cross_entropy(logits, data[1])
-        return float(loss), float((logits.argmax(1) == data[1]).float().mean())
+def dense(model: nn.Module, train: Data, test: Data, budget: Budget, clock: Clock) -> tuple[Params, Params]:
+    """Part 1a: dense training; returns the weights at the rewind step and at the end."""
+    print(f"1. Dense training: {budget.dense} Adam steps (lr 3e-3, batch 64) with torch.func.grad")
+    params = params_of(model)
+    early, _ = train_steps(model, params, {}, train, budget.rewind, seed=1)
+    trained, _ = train_steps(model, early, {}, train, budget.dense - budget.rewind, seed=2)
+    print(f"   dense test accuracy: {accuracy(model, trained, {}, test):.1f}%   (time so far {clock})")
+    return early, trained
 
 
-def train(rounds: int = 5, steps: int = 60, lr: float = 0.05) -> tuple[float, float]:
-    """Step 5: functional SGD with iterative magnitude pruning.
+def gradual(
+    model: nn.Module, params: Params, data: tuple[Data, Data], budget: Budget, clock: Clock, curves: Curves
+) -> None:
+    """Part 1b: gradual (cubic) magnitude pruning of the trained model, with ERK allocation."""
+    train, test = data
+    names = prunable(model)
+    weights = {n: params[n] for n in names}
+    curves.gradual.append((0.0, accuracy(model, params, {}, test)))
+    ramp = budget.gradual * 2 // 3
+    schedule = Polynomial(FINAL, begin=0, end=ramp)
+    every = max(1, ramp // 8)
+    print(f"   then gradual pruning while training: {schedule} over {names},")
+    print(f"   L1Unstructured(sparsity=s) with erk_sparsity every {every} steps, then fine-tuning")
+    print("   (each row: the test accuracy after training at the sparsity reached so far)")
+    print(f"   {'step':>6}  {'weight sparsity':>15}  {'test accuracy':>13}  {'time (cumulative)':>17}")
 
-    Returns the final weight sparsity and test accuracy.
-    """
-    print(f"5. Training with iterative magnitude pruning to ~90% sparsity in {rounds} rounds")
-    g = torch.Generator().manual_seed(0)
-    train_x, train_y = synthetic_data(4096, g)
-    test = synthetic_data(1024, g)
-    torch.manual_seed(0)
-    model = LeNet()
-    params: dict[str, Tensor] = _params(model)
+    def prune_at(step: int, p: Params, masks: Masks) -> Masks:
+        if step % every or step > ramp:
+            return masks
+        if masks:
+            _report_gradual(model, step, p, masks, test, names, clock, curves)
+        return allocation_plan(weights, schedule(step), L1Unstructured, erk_sparsity)(p, masks)
+
+    params, masks = train_steps(model, params, {}, train, budget.gradual, seed=3, prune_at=prune_at)
+    _report_gradual(model, budget.gradual, params, masks, test, names, clock, curves)
+
+
+def _report_gradual(
+    model: nn.Module, step: int, params: Params, masks: Masks, test: Data,
+    names: list[str], clock: Clock, curves: Curves,
+) -> None:  # fmt: skip
+    sparsity = _weight_sparsity(masks, params, names)
+    acc = accuracy(model, params, masks, test)
+    curves.gradual.append((sparsity, acc))
+    print(f"   {step:>6}  {100 * sparsity:14.1f}%  {acc:12.1f}%  {clock!s:>17}", flush=True)
+
+
+def rewinding(
+    model: nn.Module, early: Params, trained: Params, data: tuple[Data, Data], budget: Budget,
+    clock: Clock, curves: Curves,
+) -> None:  # fmt: skip
+    """Parts 2 and 3: iterative magnitude pruning with rewinding, and random masks alike."""
+    train, test = data
+    names = prunable(model)
+    weights = {n: trained[n] for n in names}
+    schedule = Iterative(FINAL, rounds=budget.rounds, every=1)
+    print(f"2. Iterative magnitude pruning with rewinding (lottery ticket): {schedule};")
+    print("   each round prunes to the round's target with L1Unstructured(sparsity=s) per weight")
+    print(f"   (erk_sparsity), rewinds the unpruned weights to step {budget.rewind} of the dense run")
+    print(f"   (apply_masks(early_params, masks)) and retrains {budget.round_steps} steps;")
+    print("   the baseline: RandomUnstructured(sparsity=s) masks, the same rewinding and training")
+    dense_acc = accuracy(model, trained, {}, test)
+    curves.rewind.append((0.0, dense_acc))
+    curves.random.append((0.0, dense_acc))
+    rows = [("dense", 0.0, dense_acc, dense_acc)]
+    print(f"   {'round':>6}  {'target':>7}  {'IMP acc':>8}  {'rand acc':>8}  {'time (cumulative)':>17}")
+    params: Params = trained
     masks: Masks = {}
-    prune_round = global_unstructured(WEIGHTS, L1Unstructured(round(1 - 0.1 ** (1 / rounds), 3)))
-    print(f"   round 0 trains the dense model for {2 * steps} SGD steps (lr={lr}, batch 128);")
-    print(f"   each later round prunes with {prune_round}")
-    print(f"   on top of the masks so far, then fine-tunes for {steps} steps")
-
-    def loss_fn(p: Params, x: Tensor, y: Tensor) -> Tensor:
-        return F.cross_entropy(functional_call_masked(model, p, masks, x), y)
-
-    grad_fn = torch.func.grad(loss_fn)
-    start = time.perf_counter()
-    sparsity = accuracy = 0.0
-    print("   round  weight sparsity  accuracy once pruned  test loss  test accuracy    time")
-    for r in range(rounds + 1):
-        once_pruned = "-"
-        if r > 0:
-            masks = prune_round(params, masks)
-            once_pruned = f"{100 * _evaluate(model, params, masks, test)[1]:.1f}%"
-        for _ in range(2 * steps if r == 0 else steps):
-            idx = torch.randint(0, len(train_y), (128,), generator=g)
-            grads = grad_fn(params, train_x[idx], train_y[idx])  # 0 where pruned
-            params = {n: p - lr * grads[n] for n, p in params.items()}
-        loss, accuracy = _evaluate(model, params, masks, test)
-        sparsity = sparsity_report(masks, params={n: params[n] for n in WEIGHT_NAMES}).fraction
-        print(
-            f"   {r:>3}/{rounds}  {100 * sparsity:14.1f}%  {once_pruned:>20}  {loss:9.3f}"
-            f"  {100 * accuracy:12.1f}%  {time.perf_counter() - start:5.1f} s",
-            flush=True,
-        )
-    return sparsity, accuracy
+    for r, step in enumerate(schedule.steps, start=1):
+        target = schedule(step)
+        masks = allocation_plan(weights, target, L1Unstructured, erk_sparsity)(params, masks)
+        steps = budget.round_steps
+        params, _ = train_steps(model, apply_masks(early, masks), masks, train, steps, seed=10 + r)
+        random_masks = allocation_plan(weights, target, RandomUnstructured, erk_sparsity)(params)
+        rewound = apply_masks(early, random_masks)
+        random_params, _ = train_steps(model, rewound, random_masks, train, steps, seed=10 + r)
+        sparsity = _weight_sparsity(masks, params, names)
+        acc, rand = accuracy(model, params, masks, test), accuracy(model, random_params, random_masks, test)
+        curves.rewind.append((sparsity, acc))
+        curves.random.append((sparsity, rand))
+        label = "final" if r == budget.rounds else f"{r}/{budget.rounds}"
+        rows.append((f"round {label}", sparsity, acc, rand))
+        print(f"   {label:>6}  {100 * target:6.1f}%  {acc:7.1f}%  {rand:7.1f}%  {clock!s:>17}", flush=True)
+    print("3. Test accuracy against weight sparsity (held-out 25% of the digits)")
+    print(f"   {'model':<14} {'weight sparsity':>15}  {'IMP + rewinding':>15}  {'random masks':>12}")
+    for label, sparsity, acc, rand in rows:
+        print(f"   {label:<14} {100 * sparsity:14.1f}%  {acc:14.1f}%  {rand:11.1f}%")
+    gradual_sparsity, gradual_acc = curves.gradual[-1]
+    print(f"   {'gradual final':<14} {100 * gradual_sparsity:14.1f}%  {gradual_acc:14.1f}%  {'-':>12}")
 
 
-def ensemble(n_models: int = 8) -> None:
-    """Step 6: prune an ensemble of LeNets in one vmapped call, then run it."""
-    print(f"6. vmap: pruning an ensemble of {n_models} LeNets in one call")
+def allocations(
+    model: nn.Module, trained: Params, data: tuple[Data, Data], budget: Budget, clock: Clock,
+    curves: Curves,
+) -> None:  # fmt: skip
+    """Part 4: ERK against uniform allocation at the same total sparsity."""
+    train, test = data
+    names = prunable(model)
+    weights = {n: trained[n] for n in names}
+    print(f"4. ERK against uniform allocation at {100 * FINAL:.0f}% weight sparsity: one-shot")
+    print(f"   L1Unstructured(sparsity=s) from the dense model, then {budget.finetune} fine-tuning steps")
+    results = {}
+    for label, allocate in (("ERK", erk_sparsity), ("uniform", uniform_sparsity)):
+        curves.layers[label] = allocate(weights, FINAL)
+        masks = allocation_plan(weights, FINAL, L1Unstructured, allocate)(trained)
+        tuned, _ = train_steps(model, apply_masks(trained, masks), masks, train, budget.finetune, seed=20)
+        results[label] = (accuracy(model, tuned, masks, test), _weight_sparsity(masks, tuned, names))
+    print(f"   {'weight':<14} {'numel':>6}  {'ERK':>6}  {'uniform':>7}")
+    for name in names:
+        erk, uni = curves.layers["ERK"][name], curves.layers["uniform"][name]
+        print(f"   {name:<14} {weights[name].numel():>6}  {100 * erk:5.1f}%  {100 * uni:6.1f}%")
+    for label, (acc, sparsity) in results.items():
+        print(f"   {label:<8} test accuracy {acc:5.1f}% at {100 * sparsity:.1f}% weight sparsity")
+    print(f"   (time so far {clock})")
+
+
+def ensemble(
+    model: nn.Module, data: tuple[Data, Data], budget: Budget, clock: Clock, n_models: int = 4
+) -> None:
+    """Part 5: an ensemble, each model with its own random masks, trained in one vmap(grad(...))."""
+    train, test = data
+    print(f"5. vmap: {n_models} CNNs, each with its own random 80% masks (one vmapped plan call),")
+    print(f"   trained together for {budget.ensemble} steps with torch.func.vmap(torch.func.grad(loss))")
     torch.manual_seed(0)
-    models = [LeNet() for _ in range(n_models)]
-    stacked, buffers = torch.func.stack_module_state(models)
-    plan = compose(
-        Plan({"conv*.weight": RandomUnstructured(0.3), "fc*.weight": L1Unstructured(0.4)}),
-        global_unstructured(WEIGHTS, L1Unstructured(0.5)),
-    )
-    print(
-        f"   masks = torch.func.vmap(plan, randomness='different')(stacked) with\n   plan = {plan}"
-    )
-    masks = torch.func.vmap(lambda p: plan(p), randomness="different")(stacked)
-    reports = [sparsity_report({n: m[i] for n, m in masks.items()}) for i in range(n_models)]
-    print("   model           " + " ".join(f"{i:>6}" for i in range(n_models)))
-    for name in ("conv1.weight", "conv2.weight"):
-        print(f"   {name:<15} " + " ".join(f"{100 * r[name].fraction:5.1f}%" for r in reports))
-    print("   all weights     " + " ".join(f"{100 * r.fraction:5.1f}%" for r in reports))
-    x = synthetic_data(16, torch.Generator().manual_seed(1))[0]
-    logits = torch.func.vmap(lambda p, b, m: functional_call_masked(models[0], p, m, x, buffers=b))(
-        stacked, buffers, masks
-    )
-    print(
-        f"   the pruned ensemble's logits for 16 images, in one vmapped call: {tuple(logits.shape)}"
-    )
+    models = [DigitsCNN() for _ in range(n_models)]
+    params, buffers = torch.func.stack_module_state(models)
+    plan = global_unstructured(prunable(model), RandomUnstructured(sparsity=0.8))
+    masks = torch.func.vmap(lambda p: plan(p), randomness="different")(params)
+    grad_fn = torch.func.vmap(torch.func.grad(loss_of(model)), in_dims=(0, 0, None, None))
+    generator = torch.Generator().manual_seed(30)
+    zeros = {n: torch.zeros_like(p) for n, p in params.items()}
+    state: Adam = (zeros, dict(zeros), 0)
+    for _ in range(budget.ensemble):
+        idx = torch.randint(0, len(train[1]), (64,), generator=generator)
+        params, state = adam_step(params, grad_fn(params, masks, train[0][idx], train[1][idx]), state)
+    print(f"   {'model':<6} {'conv1.weight':>12}  {'all weights':>11}  {'test accuracy':>13}")
+    for i in range(n_models):
+        mine = {n: m[i] for n, m in masks.items()}
+        mine_params = {n: p[i] for n, p in params.items()}
+        report = sparsity_report(mine)
+        acc = accuracy(model, mine_params, mine, test)
+        conv1 = report["conv1.weight"].fraction
+        print(f"   {i:<6} {100 * conv1:11.1f}%  {100 * report.fraction:10.1f}%  {acc:12.1f}%")
+    print(f"   (time so far {clock})")
 
 
-def main() -> None:
-    """Run the demo: the tutorial's story, training, and an ensemble."""
-    start = time.perf_counter()
-    # LeNet's ops are too small to gain from a second thread, and they slow
-    # down badly when the other core is busy: one thread keeps the run steady.
+def save_png(path: str, curves: Curves, title: str) -> str:
+    """Plot the curves and per-layer sparsities into ``path``; says what it did."""
+    try:
+        import matplotlib
+    except ImportError:
+        return "PNG skipped: matplotlib is not installed (pip install \".[demo]\")"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for label, points, style in (
+        ("gradual (cubic, ERK)", curves.gradual, "-"),
+        ("IMP with rewinding", curves.rewind, "o-"),
+        ("random masks", curves.random, "s--"),
+    ):
+        left.plot([100 * s for s, _ in points], [a for _, a in points], style, label=label)
+    left.set(xlabel="weight sparsity (%)", ylabel="test accuracy (%)", title=title)
+    left.legend()
+    names = list(curves.layers.get("ERK", {}))
+    for k, label in enumerate(curves.layers):
+        xs = [i + 0.4 * k - 0.2 for i in range(len(names))]
+        right.bar(xs, [100 * curves.layers[label][n] for n in names], width=0.4, label=label)
+    right.set_xticks(range(len(names)), names)
+    right.set(ylabel="sparsity (%)", title=f"per-layer sparsity at {100 * FINAL:.0f}% overall")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"saved the curves and per-layer sparsities to {os.path.abspath(path)}"
+
+
+def main(*, quick: bool = False, png: str = "funcprune-demo.png") -> None:
+    """Run the demo (``quick``: fewer training steps) and save its figure to ``png``."""
+    clock = Clock()
+    # The CNN's ops are too small to gain from a second thread, and they slow
+    # down badly (tens of times) when another process keeps the other core
+    # busy: one thread keeps the run steady.
     torch.set_num_threads(1)
-    print("funcprune demo: the PyTorch pruning tutorial, functionally (masks = plan(params))")
+    budget = Budget.quick() if quick else Budget()
+    name, train, test = load_data()
+    print(f"funcprune demo{' (--quick)' if quick else ''}: pruning a small CNN, functionally")
+    print(f"data: {name}; {len(train[1])} train / {len(test[1])} held-out test images")
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    curves = Curves()
+    early, trained = dense(model, train, test, budget, clock)
+    gradual(model, trained, (train, test), budget, clock, curves)
+    rewinding(model, early, trained, (train, test), budget, clock, curves)
+    allocations(model, trained, (train, test), budget, clock, curves)
+    ensemble(model, (train, test), budget, clock)
     tutorial()
-    train()
-    ensemble()
-    print(f"done in {time.perf_counter() - start:.1f} s")
+    print(save_png(png, curves, "digits" if "scikit" in name else "synthetic digits"))
+    print(f"done in {time.perf_counter() - clock.start:.1f} s")
