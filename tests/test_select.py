@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from torch.func import vmap
 
 import funcprune as fp
-from funcprune import _kernels, _select
+from funcprune import _bracket, _kernels, _select
 from funcprune._select import keep
 from funcprune._validate import count_to_prune
 
@@ -51,8 +51,8 @@ def test_the_bracket_and_threshold_paths_equal_the_sort_path(
     expected = kept_by_sort(keys, k, eligible)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_select, "FAST_MIN_KEYS", 1)
-        mp.setattr(_select, "_SAMPLE", sample)
-        bracketed = _select._keep_by_bracket([_select.KeyPart(keys, eligible=eligible)], k)
+        mp.setattr(_bracket, "_SAMPLE", sample)
+        bracketed = _bracket.keep_by_bracket([_select.KeyPart(keys, eligible=eligible)], k)
         assert torch.equal(keep(keys, k, eligible), expected)  # the bracket, or the sort where it steps aside
     assert bracketed is None or torch.equal(bracketed[0], expected)
     assert torch.equal(keep(keys, k, eligible), expected)  # the threshold path, where it applies
@@ -97,7 +97,7 @@ def test_eager_fast_path_equals_the_transform_path(spec: fp.Spec, ties: bool) ->
 def spy_on_the_bracket(mp: pytest.MonkeyPatch) -> list[bool]:
     """Record, per bracket attempt, whether it answered (``False``: it stepped aside)."""
     answered: list[bool] = []
-    original = _select._keep_by_bracket
+    original = _bracket.keep_by_bracket
 
     def spy(parts: list[_select.KeyPart], k: int) -> list[torch.Tensor] | None:
         result = original(parts, k)
@@ -151,7 +151,7 @@ def test_joint_l1_equals_the_concatenated_mask(
     expected = torch.split(fp.compute_mask(fp.L1Unstructured(amount), flat, flat_default), [s.numel() for s in scores])
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_select, "FAST_MIN_KEYS", 1)
-        mp.setattr(_select, "_SAMPLE", sample)
+        mp.setattr(_bracket, "_SAMPLE", sample)
         answered = spy_on_the_bracket(mp)
         got = _kernels.l1_unstructured_jointly(amount, scores, defaults)
     assert [m.shape for m in got] == [s.shape for s in scores]
