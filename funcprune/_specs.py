@@ -23,7 +23,7 @@ from . import _kernels as kernels
 from ._select import Sparsity, Target
 from ._spec import Spec
 from ._types import Amount, Mask, NormOrder, PruningType, Tensor
-from ._validate import check_sparsity, non_binary, validate_amount_init
+from ._validate import check_dim, check_norm_order, check_sparsity, non_binary, validate_amount_init
 
 __all__ = [
     "Identity",
@@ -64,33 +64,6 @@ def _check_amount(amount: object) -> bool:
     if isinstance(amount, numbers.Real) and math.isnan(float(amount)):
         raise ValueError("amount=nan should either be a float in the range [0, 1] or a non-negative integer")
     return isinstance(amount, numbers.Integral)
-
-
-def _check_dim(dim: object) -> None:
-    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
-        raise TypeError(f"dim must be an int, got {dim!r} of type {type(dim).__name__}")
-
-
-def _check_norm_order(n: object) -> None:
-    if isinstance(n, str):
-        if n not in ("fro", "nuc"):
-            raise ValueError(
-                f"n={n!r} is not a norm order: expected a number, inf, -inf, "
-                "'fro' or 'nuc' (see torch.norm's p)"
-            )
-        return
-    if isinstance(n, bool) or not isinstance(n, numbers.Real):
-        raise TypeError(
-            f"n must be a number, inf, -inf, 'fro' or 'nuc' (see torch.norm's p), "
-            f"got {n!r} of type {type(n).__name__}"
-        )
-    if isinstance(n, numbers.Integral) and not -(2**63) <= int(n) < 2**63:
-        raise ValueError(
-            f"n={n} is too large for torch.norm (integers must fit in 64 bits); "
-            "use float('inf') for the largest entry's magnitude"
-        )
-    if math.isnan(float(n)):
-        raise ValueError("n=nan is not a norm order: expected a number, inf, -inf, 'fro' or 'nuc'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +226,7 @@ class RandomStructured(_AmountSpec):
     def __post_init__(self) -> None:
         _AmountSpec.__post_init__(self)
         with _named(self):
-            _check_dim(self.dim)
+            check_dim(self.dim)
 
     @property
     def pruning_type(self) -> PruningType:
@@ -297,8 +270,8 @@ class LnStructured(_AmountSpec):
         with _named(self):
             if self.n is None:
                 raise TypeError("n (the norm order: a number, inf, -inf, 'fro' or 'nuc') is required")
-            _check_norm_order(self.n)
-            _check_dim(self.dim)
+            check_norm_order(self.n)
+            check_dim(self.dim)
 
     @property
     def pruning_type(self) -> PruningType:

@@ -7,6 +7,7 @@ behaviour (including the exception types and message texts) follows
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -156,3 +157,30 @@ def check_count(owner: str, argument: str, value: object, *, least: int) -> int:
     if value < least:
         raise ValueError(f"{owner}: {argument} must be an int >= {least}, got {value!r}")
     return int(value)
+
+
+def check_dim(dim: object) -> None:
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+        raise TypeError(f"dim must be an int, got {dim!r} of type {type(dim).__name__}")
+
+
+def check_norm_order(n: object) -> None:
+    if isinstance(n, str):
+        if n not in ("fro", "nuc"):
+            raise ValueError(
+                f"n={n!r} is not a norm order: expected a number, inf, -inf, "
+                "'fro' or 'nuc' (see torch.norm's p)"
+            )
+        return
+    if isinstance(n, bool) or not isinstance(n, numbers.Real):
+        raise TypeError(
+            f"n must be a number, inf, -inf, 'fro' or 'nuc' (see torch.norm's p), "
+            f"got {n!r} of type {type(n).__name__}"
+        )
+    if isinstance(n, numbers.Integral) and not -(2**63) <= int(n) < 2**63:
+        raise ValueError(
+            f"n={n} is too large for torch.norm (integers must fit in 64 bits); "
+            "use float('inf') for the largest entry's magnitude"
+        )
+    if math.isnan(float(n)):
+        raise ValueError("n=nan is not a norm order: expected a number, inf, -inf, 'fro' or 'nuc'")
