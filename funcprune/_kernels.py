@@ -22,7 +22,7 @@ import torch
 
 from ._select import KeyPart, Target, keep, keep_jointly, magnitude_of, resolve_count
 from ._types import Count, Mask, NormOrder, Tensor
-from ._validate import is_concrete, validate_dim_range, validate_structured
+from ._validate import check_same_shape, is_concrete, validate_dim_range, validate_structured
 
 __all__ = [
     "custom_from_mask",
@@ -231,11 +231,9 @@ def random_structured(
 
 def custom_from_mask(mask: Tensor, scores: Tensor, default_mask: Mask) -> Tensor:
     """Prune where ``mask`` (``torch.bool``) is ``False``, on top of ``default_mask``."""
-    if mask.shape != scores.shape:
-        raise ValueError(
-            f"CustomFromMask: the spec's mask has shape {tuple(mask.shape)} but the "
-            f"scores have shape {tuple(scores.shape)}; they must be equal"
-        )
+    check_same_shape(
+        "CustomFromMask", "the spec's mask", mask.shape, "the scores", scores.shape, plural=True
+    )
     default_mask = _as_bool(default_mask)
     mask = mask.to(scores.device)
     return mask.clone() if default_mask is None else mask & default_mask

@@ -15,7 +15,7 @@ import torch
 from ._fold import checked_mask
 from ._spec import Spec
 from ._types import Mask, Tensor
-from ._validate import check_generator
+from ._validate import check_fits, check_generator, check_same_shape
 
 __all__ = ["compute_joint_masks", "compute_mask", "prune"]
 
@@ -38,16 +38,7 @@ def _check_scores(fn: str, name: str, scores: object) -> Tensor:
 
 def _check_mask(fn: str, name: str, mask: object, scores: Tensor) -> Tensor:
     mask = _check_tensor(fn, name, mask)
-    if mask.shape != scores.shape:
-        raise ValueError(
-            f"{fn}: {name} has shape {tuple(mask.shape)} but the scores have "
-            f"shape {tuple(scores.shape)}; they must be equal"
-        )
-    if mask.device != scores.device:
-        raise ValueError(
-            f"{fn}: {name} is on {mask.device} but the scores are on {scores.device}; "
-            f"move it with .to({str(scores.device)!r})"
-        )
+    check_fits(fn, name, mask, "the scores", scores, plural=True)
     return mask if mask.dtype == torch.bool else mask != 0
 
 
@@ -204,11 +195,7 @@ def prune(
         scores = t
     else:
         scores = _check_scores("prune", "importance_scores", importance_scores)
-        if scores.shape != t.shape:
-            raise ValueError(
-                f"prune: importance_scores has shape {tuple(scores.shape)} but t has "
-                f"shape {tuple(t.shape)}; they must be equal"
-            )
+        check_same_shape("prune", "importance_scores", scores.shape, "t", t.shape)
     spec = _check_spec("prune", spec)
     mask = None if default_mask is None else _check_mask("prune", "default_mask", default_mask, t)
     check_generator("prune", generator)

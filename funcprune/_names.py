@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ._types import Params, Tensor
-from ._validate import is_concrete, non_binary
+from ._validate import check_fits, is_concrete, non_binary
 
 
 __all__ = [
@@ -102,17 +102,7 @@ def _check_fits(fn: str, what: str, name: str, value: object, params: Params) ->
         raise unknown_name(fn, f"{what} {name!r} is not a parameter name", name, tuple(params))
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{fn}: the {what} {name!r} must be a tensor, got {type(value).__name__}")
-    param = params[name]
-    if value.shape != param.shape:
-        raise ValueError(
-            f"{fn}: the {what} {name!r} has shape {tuple(value.shape)} but the parameter has "
-            f"shape {tuple(param.shape)}; they must be equal"
-        )
-    if value.device != param.device:
-        raise ValueError(
-            f"{fn}: the {what} {name!r} is on {value.device} but the parameter is on "
-            f"{param.device}; move it with .to({str(param.device)!r})"
-        )
+    check_fits(fn, f"the {what} {name!r}", value, "the parameter", params[name])
     return value
 
 

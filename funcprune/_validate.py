@@ -1,8 +1,10 @@
 """Validation helpers with torch.nn.utils.prune's rules, messages and types.
 
-The compat layer re-exports these under torch's underscore names, so their
-behaviour (including the exception types and message texts) follows
-``torch.nn.utils.prune`` exactly; funcprune's own checks add to them.
+The compat layer re-exports the ``validate_*`` ones under torch's underscore
+names, so their behaviour (including the exception types and message texts)
+follows ``torch.nn.utils.prune`` exactly. funcprune's own ``check_*`` ones
+(values of specs and schedules, shapes and devices that must match) name the
+function or class, the argument and what was expected.
 """
 
 from __future__ import annotations
@@ -184,3 +186,28 @@ def check_norm_order(n: object) -> None:
         )
     if math.isnan(float(n)):
         raise ValueError("n=nan is not a norm order: expected a number, inf, -inf, 'fro' or 'nuc'")
+
+
+def check_same_shape(
+    fn: str, subject: str, shape: torch.Size, other: str, other_shape: torch.Size, *, plural: bool = False
+) -> None:
+    """Refuse unless ``subject``'s ``shape`` is ``other``'s (``plural``: "the scores have")."""
+    if shape != other_shape:
+        has = "have" if plural else "has"
+        raise ValueError(
+            f"{fn}: {subject} has shape {tuple(shape)} but {other} {has} shape "
+            f"{tuple(other_shape)}; they must be equal"
+        )
+
+
+def check_fits(fn: str, subject: str, value: torch.Tensor, other: str, target: torch.Tensor, *,
+               plural: bool = False) -> None:  # fmt: skip
+    """Refuse ``value`` unless it has ``target``'s shape and device; messages name both."""
+    check_same_shape(fn, subject, value.shape, other, target.shape, plural=plural)
+    if value.device != target.device:
+        are = "are" if plural else "is"
+        raise ValueError(
+            f"{fn}: {subject} is on {value.device} but {other} {are} on {target.device}; "
+            f"move it with .to({str(target.device)!r})"
+        )
+

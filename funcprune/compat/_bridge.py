@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from .._types import Masks
-from .._validate import non_binary
+from .._validate import check_same_shape, non_binary
 from ._base import parents_to_sync
 from ._methods import CustomFromMask
 from ._reparam import unreparametrize
@@ -247,11 +247,7 @@ def _check_mask(key: str, mask: object, shape: torch.Size) -> None:
             f"install_masks_: masks[{key!r}] must be a torch.bool tensor, got {got}; "
             "convert it with `mask != 0` if nonzero means kept"
         )
-    if mask.shape != shape:
-        raise ValueError(
-            f"install_masks_: masks[{key!r}] has shape {tuple(mask.shape)} but the "
-            f"parameter has shape {tuple(shape)}; they must be equal"
-        )
+    check_same_shape("install_masks_", f"masks[{key!r}]", mask.shape, "the parameter", shape)
 
 
 def _check_tied_installed(users: list[User]) -> None:
