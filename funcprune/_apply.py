@@ -122,15 +122,8 @@ def to_multipliers(params: Params, masks: Mapping[str, Tensor]) -> Multipliers:
     check_params("to_multipliers", params)
     checked = check_masks("to_multipliers", params, masks)
     return Multipliers(
-        {name: _copy_as(m, params[name].dtype) for name, m in checked.items()}, _CHECKED
+        {name: as_multiplier(m, params[name].dtype, copy=True) for name, m in checked.items()}, _CHECKED
     )
-
-
-def _copy_as(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """``mask.to(dtype, copy=True)``; a bool mask goes through ``uint8`` (faster)."""
-    if mask.dtype == torch.bool and dtype != torch.bool:
-        mask = mask.view(torch.uint8)
-    return mask.to(dtype, copy=True)
 
 
 def _checked(

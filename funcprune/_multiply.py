@@ -40,16 +40,16 @@ __all__ = ["as_multiplier", "masked_multiply"]
 _CHUNK_BYTES = 1 << 20
 
 
-def as_multiplier(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """``mask.to(dtype)``, the same values, through ``uint8`` for a bool mask.
+def as_multiplier(mask: Tensor, dtype: torch.dtype, *, copy: bool = False) -> Tensor:
+    """``mask.to(dtype, copy=copy)``, the same values, through ``uint8`` for a bool mask.
 
     torch's CPU ``bool -> float`` copy is scalar code while ``uint8 -> float``
     is vectorized; ``view(torch.uint8)`` reinterprets the same bytes (no copy).
-    A mask already in ``dtype`` is returned as it is.
+    A mask already in ``dtype`` is returned as it is unless ``copy``.
     """
     if mask.dtype == torch.bool and dtype != torch.bool:
-        return mask.view(torch.uint8).to(dtype)
-    return mask.to(dtype)
+        mask = mask.view(torch.uint8)
+    return mask.to(dtype, copy=copy)
 
 
 def _plain(t: Tensor) -> bool:
