@@ -96,10 +96,11 @@ class Shard:
 class _Part:
     """One process's view of a part while the cut is searched."""
 
-    keys: Callable[[], Tensor]
+    block: Tensor  # this process's keys of the part
     eligible: Mask
     shard: Shard
     base: int  # global position of the part's first entry in the concatenation
+    block_codes: Tensor  # the codes of the whole block
     codes: Tensor  # codes of the candidates still in play (counted parts only)
     where: Tensor  # their local flat indices
 
@@ -121,36 +122,41 @@ def keep_over_shards(
         k: how many entries to prune in all (capped at the number eligible).
     """
     group = _common_group(shards)
-    parts, base = [], 0
-    for make, flags, shard in zip(keys, eligible, shards, strict=True):
-        parts.append(_Part(make, flags, shard, base, torch.empty(0), torch.empty(0)))
-        base += shard.numel
-    blocks = [p.keys() for p in parts]
+    blocks = [make() for make in keys]
     if not all(map(is_concrete, [*blocks, *(e for e in eligible if e is not None)])):
         raise RuntimeError(
             "selection over shards runs eagerly only: it communicates between processes, "
             "which vmap, grad and torch.compile cannot trace"
         )
-    for part, block in zip(parts, blocks, strict=True):
-        _check_block(block, part)
+    parts, base = [], 0
+    for block, flags, shard in zip(blocks, eligible, shards, strict=True):
+        parts.append(_part(block, flags, shard, base))
+        base += shard.numel
     bits = max(torch.finfo(b.dtype).bits for b in blocks)
     device = blocks[0].device
-    for part, block in zip(parts, blocks, strict=True):
-        candidate = part.eligible if part.shard.counted else torch.zeros_like(block, dtype=torch.bool)
-        where = (
-            torch.arange(block.numel(), device=device) if candidate is None else candidate.nonzero().squeeze(1)
-        )
-        part.codes, part.where = _codes(block)[where], where
-
     cut, need, ties = _radix_select(parts, -(1 << (bits - 1)), (1 << (bits - 1)) - 1, k, group, device)
     if cut is None:  # k == 0 or nothing eligible anywhere
-        return [_flags(b, p.eligible) for b, p in zip(blocks, parts, strict=True)]
+        return [_flags(p.block, p.eligible) for p in parts]
     last = None  # every tie goes
     if need < ties:
         for p in parts:
             p.codes = p.base + p.shard.positions(p.where)
         last, _, _ = _radix_select(parts, 0, max(base - 1, 0), need, group, device)
-    return [_survivors(b, p, cut, last) for b, p in zip(blocks, parts, strict=True)]
+    return [_survivors(p, cut, last) for p in parts]
+
+
+def _part(block: Tensor, eligible: Mask, shard: Shard, base: int) -> _Part:
+    """A checked part, its candidates the eligible entries (none where another process counts)."""
+    _check_block(block, eligible, shard)
+    codes = _codes(block)
+    if not shard.counted:
+        where = torch.empty(0, dtype=torch.int64, device=block.device)
+    elif eligible is None:  # every entry: the block's codes as they are, no copy
+        where = torch.arange(block.numel(), device=block.device)
+        return _Part(block, eligible, shard, base, codes, codes, where)
+    else:
+        where = eligible.nonzero().squeeze(1)
+    return _Part(block, eligible, shard, base, codes, codes[where], where)
 
 
 def _radix_select(
@@ -207,31 +213,32 @@ def _codes(keys: Tensor) -> Tensor:
     return codes.masked_fill_(keys.isnan(), int(inf) + 1)
 
 
-def _survivors(block: Tensor, part: _Part, cut: int, last: int | None) -> Tensor:
+def _survivors(part: _Part, cut: int, last: int | None) -> Tensor:
     """Kept flags of a block: pruned below ``cut``, and at it up to position ``last``."""
-    codes = _codes(block)
+    codes = part.block_codes
     pruned = codes < cut
     at_cut = (codes == cut).nonzero().squeeze(1)
     if last is not None:
         at_cut = at_cut[part.base + part.shard.positions(at_cut) <= last]
     pruned[at_cut] = True
-    return _flags(block, part.eligible).logical_and_(pruned.logical_not_())
+    return _flags(part.block, part.eligible).logical_and_(pruned.logical_not_())
 
 
 def _flags(block: Tensor, eligible: Mask) -> Tensor:
     return torch.ones_like(block, dtype=torch.bool) if eligible is None else eligible.clone()
 
 
-def _check_block(block: Tensor, part: _Part) -> None:
+def _check_block(block: Tensor, eligible: Mask, shard: Shard) -> None:
     if not block.is_floating_point() or block.dim() != 1:
-        raise TypeError(f"keys over shards must be 1-D floating tensors, got {block.dtype} of shape {tuple(block.shape)}")
-    if block.numel() != math.prod(part.shard.size):
-        raise ValueError(
-            f"a block of {block.numel()} keys does not match its shard's size {part.shard.size}"
+        raise TypeError(
+            f"keys over shards must be 1-D floating tensors, got {block.dtype} of shape {tuple(block.shape)}"
         )
-    if part.eligible is not None and part.eligible.shape != block.shape:
+    if block.numel() != math.prod(shard.size):
+        raise ValueError(f"a block of {block.numel()} keys does not match its shard's size {shard.size}")
+    if eligible is not None and eligible.shape != block.shape:
         raise ValueError(
-            f"eligible flags of shape {tuple(part.eligible.shape)} do not match keys of shape {tuple(block.shape)}"
+            f"eligible flags of shape {tuple(eligible.shape)} do not match keys of shape "
+            f"{tuple(block.shape)}"
         )
 
 
