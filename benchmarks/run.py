@@ -174,8 +174,9 @@ class Bench:
         contenders = {
             "torch": Contender(lambda: theirs(holders), fresh),
             "funcprune": Contender(lambda: result.append(ours())),
-            "floor": self.floor,
         }
+        if floor_ratio is not None:
+            contenders["floor"] = self.floor
         times = interleaved(contenders, self.repeats)
         masks = result[-1]
         self._record(masks)
