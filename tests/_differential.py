@@ -315,15 +315,6 @@ def selection_of(
     scores, ``rand`` of the eligible channel count), redrawn here from
     ``rng_state``, the global RNG state the call started from.
 
-    Args:
-        kind: the method.
-        scores: the importance scores the call used (the parameter as it
-            was, or the ``importance_scores`` given).
-        default: the mask before the call (ones for a first pruning).
-        dim: the channel dimension of a structured call.
-        n: the norm order of an Ln call.
-        rng_state: the CPU RNG state before a random call.
-
     One quirk is modelled too: torch refuses a structured method on a 1-D
     tensor, but not when re-pruning it: its container then indexes the tensor
     with a 0-dim bool (``t[True]``, a ``(1, n)`` view), so with ``dim=-1``
