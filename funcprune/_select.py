@@ -66,6 +66,7 @@ __all__ = [
     "Target",
     "Whole",
     "keep",
+    "eligible_per_group",
     "keep_jointly",
     "magnitude_of",
     "resolve_count",
@@ -164,8 +165,18 @@ def keep(keys: Tensor, k: Count, eligible: Mask = None, *, group: Group = WHOLE)
     if isinstance(group, Shard):
         return keep_jointly([KeyPart(keys.reshape(-1), eligible=flat, shard=group)], k)[0].reshape(keys.shape)
     rows, restore = _as_rows(keys, group)
+    if eligible is None and isinstance(k, int):  # one count for every row: no sort
+        return restore(_keep_lowest_eagerly(rows, k, False) if is_concrete(rows) else _keep_by_threshold(rows, k))
     eligible_rows = None if eligible is None else _as_rows(eligible, group)[0]
     return restore(_keep_rows(rows, k, eligible_rows))
+
+
+def eligible_per_group(eligible: Tensor, group: Slices | Blocks) -> Tensor:
+    """How many entries of each group are eligible, as :func:`keep` orders the groups.
+
+    The per-group counts that :func:`keep` takes for ``k`` are computed from these.
+    """
+    return _as_rows(eligible, group)[0].sum(1)
 
 
 def _keep_flat(keys: Tensor, k: Count, eligible: Mask) -> Tensor:

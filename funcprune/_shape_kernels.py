@@ -1,0 +1,172 @@
+"""Kernels for mask shapes: N:M groups, blocks, and a spec applied per slice.
+
+Like :mod:`funcprune._kernels`, each kernel is a pure function of the
+method's hyper-parameters, the ``scores`` and an optional ``default_mask``,
+returning a new ``torch.bool`` mask of the scores' shape that never keeps an
+entry ``default_mask`` pruned. These act on the whole tensor and respect the
+earlier mask themselves (their specs' ``pruning_type`` is ``"global"``):
+
+- :func:`n_m`: in every run of ``m`` consecutive entries along a dim, the
+  ``n`` of largest ``|score|`` are kept; entries pruned before count among
+  a group's pruned;
+- :func:`blocks`: whole blocks go, those of smallest L2 norm, counted in
+  blocks (a block pruned before is one with no entry left);
+- :func:`per_slice_unstructured` and :func:`per_slice`: a method applied
+  independently within each slice along a dim, each slice with its own
+  exact count.
+
+Which entries go is decided by :mod:`funcprune._select`, with its groups
+(:class:`~._select.Blocks`, :class:`~._select.Slices`); ties go to the
+lower index and NaN last, as everywhere.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+
+import torch
+
+from ._kernels import keep_all
+from ._select import Blocks, Slices, Target, eligible_per_group, keep, resolve_count
+from ._types import Count, Mask, Tensor
+from ._validate import is_concrete, validate_count, validate_dim_range
+
+__all__ = ["blocks", "n_m", "per_slice", "per_slice_unstructured"]
+
+
+def _as_bool(mask: Mask) -> Mask:
+    return mask if mask is None or mask.dtype == torch.bool else mask != 0
+
+
+def _counts(target: Target, available: Count, total: int) -> Count:
+    """Per group: how many of ``available`` go, out of ``total`` units in a group.
+
+    An ``int`` amount larger than some group's remaining units is refused
+    eagerly, as torch refuses it for a whole tensor.
+    """
+    if isinstance(available, torch.Tensor) and is_concrete(available) and isinstance(target, numbers.Integral):
+        validate_count(target, int(available.min()))
+    return resolve_count(target, available, total)
+
+
+# --- N:M --------------------------------------------------------------------
+
+
+def n_m(n: int, m: int, dim: int, scores: Tensor, default_mask: Mask) -> Tensor:
+    """Keep the ``n`` largest ``|scores|`` of every ``m`` consecutive entries along ``dim``.
+
+    A group holding entries pruned before keeps ``min(n, still kept)``: the
+    earlier pruned count among its ``m - n``.
+    """
+    validate_dim_range(scores, dim)
+    length = scores.shape[dim] if scores.dim() else 1
+    if length % m:
+        raise ValueError(
+            f"NM: the length along dim={dim} is {length}, not a multiple of m={m} "
+            f"(scores of shape {tuple(scores.shape)}); choose a dim whose length m divides"
+        )
+    default_mask = _as_bool(default_mask)
+    group = Blocks(m, dim)
+    if default_mask is None:
+        if n == m:
+            return keep_all(scores, None)
+        return keep(scores.abs(), m - n, group=group)
+    k = torch.clamp(eligible_per_group(default_mask, group) - n, min=0)
+    return keep(scores.abs(), k, default_mask, group=group)
+
+
+# --- blocks -------------------------------------------------------------------
+
+
+def _block_view(shape: tuple[int, ...], scores: Tensor) -> tuple[list[int], list[int]]:
+    """The scores' shape split into (blocks, within a block) pairs, and the inner dims."""
+    if len(shape) > scores.dim():
+        raise ValueError(
+            f"Block: shape={shape} has {len(shape)} dims, more than the scores' "
+            f"{scores.dim()} (shape {tuple(scores.shape)}); blocks tile the last dims"
+        )
+    lead = list(scores.shape[: scores.dim() - len(shape)])
+    view, inner = lead[:], []
+    for i, (length, size) in enumerate(zip(scores.shape[len(lead) :], shape, strict=True)):
+        if length % size:
+            raise ValueError(
+                f"Block: shape={shape} does not tile scores of shape {tuple(scores.shape)}: "
+                f"dim {len(lead) + i} has length {length}, not a multiple of {size}"
+            )
+        view += [length // size, size]
+        inner.append(len(lead) + 2 * i + 1)
+    return view, inner
+
+
+def blocks(amount: Target, shape: tuple[int, ...], scores: Tensor, default_mask: Mask) -> Tensor:
+    """Prune the ``amount`` remaining blocks of ``shape`` of smallest L2 norm.
+
+    Blocks tile the last ``len(shape)`` dims; every index of the dims before
+    is a row of blocks of its own. A block is remaining while one of its
+    entries is kept; ``amount`` and :class:`~._select.Sparsity` count blocks.
+    Ties go to the lower block index (row-major over the grid of blocks).
+    """
+    view, inner = _block_view(shape, scores)
+    default_mask = _as_bool(default_mask)
+    norms = torch.linalg.vector_norm(scores.reshape(view), dim=inner)
+    eligible = None if default_mask is None else default_mask.reshape(view).any(dim=inner)
+    available: Count = norms.numel()
+    if eligible is not None:
+        available = int(eligible.sum()) if is_concrete(eligible) else eligible.sum()
+    k = resolve_count(amount, available, norms.numel())
+    if isinstance(k, int) and k == 0:
+        return keep_all(scores, default_mask)
+    kept = keep(norms, k, eligible)
+    for d in inner:
+        kept = kept.unsqueeze(d)
+    kept = kept.expand(view).reshape(scores.shape)
+    return kept if default_mask is None else kept & default_mask
+
+
+# --- per slice ------------------------------------------------------------------
+
+
+def per_slice_unstructured(
+    amount: Target, dim: int, keys: Tensor, scores: Tensor, default_mask: Mask
+) -> Tensor:
+    """Prune ``amount`` of each slice's remaining entries along ``dim``, lowest ``keys`` first.
+
+    Each slice (``scores.select(dim, i)``) prunes its own exact count: an
+    ``int`` amount, or a fraction of its unpruned entries, or what its
+    :class:`~._select.Sparsity` target takes; ties go to the lower index
+    within the slice. ``keys`` has the scores' shape.
+    """
+    validate_dim_range(scores, dim)
+    default_mask = _as_bool(default_mask)
+    if scores.shape[dim] == 0:
+        return keep_all(scores, default_mask)
+    size = scores.numel() // scores.shape[dim]
+    group = Slices(dim)
+    available: Count = size if default_mask is None else eligible_per_group(default_mask, group)
+    k = _counts(amount, available, size)
+    if isinstance(k, int) and k == 0:
+        return keep_all(scores, default_mask)
+    return keep(keys, k, default_mask, group=group)
+
+
+MaskOf = Callable[[Tensor, Mask], Tensor]
+
+
+def per_slice(mask_of: MaskOf, dim: int, scores: Tensor, default_mask: Mask) -> Tensor:
+    """``mask_of`` (a spec's mask) applied to each slice along ``dim``, stacked back.
+
+    The slices go through :func:`torch.func.vmap` (``randomness="different"``:
+    each slice draws its own numbers), so ``mask_of`` must run under it, as
+    every built-in spec does.
+    """
+    validate_dim_range(scores, dim)
+    d = dim % scores.dim()
+    if scores.shape[d] == 0:
+        return keep_all(scores, default_mask)
+    default_mask = _as_bool(default_mask)
+    batched = torch.func.vmap(
+        mask_of, in_dims=(d, None if default_mask is None else d), out_dims=d, randomness="different"
+    )
+    mask: Tensor = batched(scores, default_mask)
+    return mask
