@@ -5,7 +5,8 @@ functions, usable under ``torch.func.vmap``, ``grad`` and ``torch.compile``:
 
 - **Specs** say what to prune: ``Identity``, ``RandomUnstructured``,
   ``L1Unstructured``, ``RandomStructured``, ``LnStructured``,
-  ``CustomFromMask``; ``chain(*specs)`` composes them. Your own spec is a
+  ``CustomFromMask``; for mask shapes, ``NM`` (N:M, such as 2:4), ``Block``
+  and ``PerSlice`` (a spec within each slice); ``chain(*specs)`` composes them. Your own spec is a
   frozen dataclass subclassing ``Spec`` (set ``pruning_type``, implement
   ``compute_mask``).
 - **Which weights**: ``prunable(module)`` names the weights to prune, as plan keys.
@@ -13,6 +14,8 @@ functions, usable under ``torch.func.vmap``, ``grad`` and ``torch.compile``:
   total sparsity across tensors (``dict[str, float]``, ready for a ``Plan``).
 - **When**: ``OneShot``, ``Polynomial``, ``Iterative`` (or your ``Schedule``
   subclass) give ``schedule(step)``, the target sparsity at a training step.
+- **Scores**: ``saliency`` and ``taylor`` (from gradients), ``wanda`` (from the
+  ``input_norms`` of calibration batches) give a plan's ``scores=``.
 - **Masks**: ``compute_mask(spec, scores, default_mask)`` returns a
   ``torch.bool`` mask (``True`` = kept), ``compute_joint_masks`` ranks several
   tensors together, ``prune`` returns the pruned tensor.
@@ -41,6 +44,7 @@ with _warnings.catch_warnings():  # the first torch import, without NumPy instal
     _warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     import torch as _torch  # noqa: F401
 
+from ._activations import input_norms as input_norms
 from ._allocate import erk_sparsity as erk_sparsity
 from ._allocate import uniform_sparsity as uniform_sparsity
 from ._apply import apply_masks as apply_masks
@@ -68,6 +72,12 @@ from ._schedules import Iterative as Iterative
 from ._schedules import OneShot as OneShot
 from ._schedules import Polynomial as Polynomial
 from ._schedules import Schedule as Schedule
+from ._scores import saliency as saliency
+from ._scores import taylor as taylor
+from ._scores import wanda as wanda
+from ._shape_specs import Block as Block
+from ._shape_specs import NM as NM
+from ._shape_specs import PerSlice as PerSlice
 from ._spec import Chain as Chain
 from ._spec import Spec as Spec
 from ._spec import chain as chain
@@ -90,6 +100,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AbstractPlan",
     "Amount",
+    "Block",
     "Chain",
     "ComposedPlan",
     "CustomFromMask",
@@ -100,9 +111,11 @@ __all__ = [
     "LnStructured",
     "Masks",
     "Multipliers",
+    "NM",
     "NormOrder",
     "OneShot",
     "Params",
+    "PerSlice",
     "Plan",
     "Polynomial",
     "PruningType",
@@ -124,11 +137,15 @@ __all__ = [
     "erk_sparsity",
     "functional_call_masked",
     "global_unstructured",
+    "input_norms",
     "mask_gradients",
     "mask_gradients_",
     "prunable",
     "prune",
+    "saliency",
     "sparsity_report",
+    "taylor",
     "to_multipliers",
     "uniform_sparsity",
+    "wanda",
 ]

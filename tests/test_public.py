@@ -13,6 +13,7 @@ DESIGN_NAMES = [
     "Identity", "RandomUnstructured", "L1Unstructured", "RandomStructured",
     "LnStructured", "CustomFromMask", "Chain", "chain", "compute_mask", "prune",
     "Plan", "global_unstructured", "apply_masks",
+    "saliency", "taylor", "wanda", "input_norms",
 ]  # fmt: skip
 DESIGN_SIGNATURES = {
     fp.compute_mask: "(spec, scores, default_mask=None, *, generator=None)",
@@ -23,6 +24,10 @@ DESIGN_SIGNATURES = {
     fp.RandomStructured: "(amount=None, dim=-1, *, sparsity=None)",
     fp.LnStructured: "(amount=None, n=None, dim=-1, *, sparsity=None)",
     fp.L1Unstructured: "(amount=None, *, sparsity=None)",
+    fp.saliency: "(params, grads)",
+    fp.taylor: "(params, grads)",
+    fp.wanda: "(params, input_norms)",
+    fp.input_norms: "(module, batches, names)",
 }
 
 

@@ -1,0 +1,246 @@
+"""Calibration statistics: what reaches a model's weights when it runs on data.
+
+:func:`input_norms` runs a module on calibration batches and returns, per
+named weight, the L2 norm of each input feature over every token that
+reached it: the activation statistic of Wanda (Sun et al. 2023), which
+:func:`funcprune.wanda` turns into scores. Collection goes through forward
+pre-hooks that are removed before returning, so the module is left as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, final
+
+import torch
+from torch import nn
+
+from ._names import UnknownNameError, unknown_name
+from ._types import Tensor
+
+__all__ = ["input_norms"]
+
+
+def input_norms(
+    module: nn.Module, batches: Iterable[object], names: Iterable[str]
+) -> dict[str, Tensor]:
+    """The L2 norm of each input feature of some weights, over calibration batches.
+
+    Runs ``module`` on every batch, under :func:`torch.no_grad`, and for
+    each weight in ``names`` collects the inputs reaching the module that
+    owns it: an :class:`~torch.nn.Linear` (features: the last dim of its
+    input; every other dim counts tokens) or a ``Conv1d/2d/3d`` with
+    ``groups=1`` (features: the input channels; batch and spatial positions
+    count tokens). The result feeds :func:`wanda`. A module called several
+    times per batch (a shared layer) counts every call.
+
+    Sums of squares are accumulated in ``float64`` for inputs narrower than
+    ``float32`` (``float16``, ``bfloat16``: their squares overflow early),
+    in the input's dtype otherwise; the norms are returned as ``float64``
+    if an input was ``float64``, as ``float32`` otherwise, on the inputs'
+    device.
+
+    The module runs as it is: call ``module.eval()`` first to calibrate
+    without dropout (in training mode, BatchNorm updates its running
+    statistics as in any forward). The hooks are removed before returning,
+    also on error: the module is left with its hooks, mode and parameters
+    as they were. A tied weight goes by the name ``named_parameters()``
+    gives it (the first), and only the module holding it under that name is
+    observed.
+
+    Args:
+        module: the model, as an :class:`torch.nn.Module`.
+        batches: an iterable of batches; each is called as
+            ``module(batch)`` for a tensor, ``module(*batch)`` for a tuple or
+            list, ``module(**batch)`` for a dict. A generator is fine: it is
+            consumed once.
+        names: weight names as ``module.named_parameters()`` gives them, such
+            as ``"blocks.0.mlp.fc1.weight"``. With none, nothing runs and the
+            result is empty.
+
+    Returns:
+        A new dict ``{name: norms}``, in the order of ``names``, each norms a
+        1-D tensor with one entry per input feature.
+
+    Raises:
+        TypeError: if an argument or a batch has the wrong type, or an input
+            is not floating-point.
+        UnknownNameError: if a name is no parameter of ``module``.
+        ValueError: if a name is not the weight of a supported module (this
+            and the errors above are raised before any batch runs), if there
+            are no batches, if a module receives an input without its
+            features, or if a weight's module was never called.
+
+    >>> import torch, funcprune as fp
+    >>> from torch import nn
+    >>> model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
+    >>> batches = [torch.tensor([[3.0, 0.0]]), torch.tensor([[4.0, 1.0]])]
+    >>> fp.input_norms(model, batches, ["0.weight"])
+    {'0.weight': tensor([5., 1.])}
+    """
+    fn = "input_norms"
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
+    targets = [_target(fn, module, name) for name in dict.fromkeys(_check_names(fn, names))]
+    _check_batches(fn, batches)
+    if not targets:
+        return {}
+    sums: dict[str, Tensor] = {}  # sums of squares, by weight name
+    wide: set[str] = set()  # the weights that received a float64 input
+    handles = []
+    try:
+        for target in targets:
+            hook = _collector(fn, target, sums, wide)
+            handles.append(target.owner.register_forward_pre_hook(hook, with_kwargs=True))
+        ran = _run(fn, module, batches)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not ran:
+        raise ValueError(
+            f"{fn}: no batches: batches was empty; pass at least one calibration batch"
+        )
+    never = [target for target in targets if target.name not in sums]
+    if never:
+        raise ValueError(
+            f"{fn}: {_holder(never[0].path)}, holding {never[0].name!r}, was never called by "
+            "any batch, so its inputs have no norms; leave it out of names (a layer whose "
+            "parent uses its weight without calling it, like MultiheadAttention's out_proj, "
+            "is never called)"
+        )
+    return {
+        t.name: sums[t.name].sqrt().to(torch.float64 if t.name in wide else torch.float32)
+        for t in targets
+    }
+
+
+# --- gradient criteria -------------------------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """A weight whose inputs are collected: its name, its module and where its features are."""
+
+    name: str
+    path: str
+    owner: nn.Module
+    #: The dim of an input that holds the features, counted from the end
+    #: (so that unbatched inputs work too): -1 for Linear, -(k + 1) for a
+    #: Conv with a k-dim kernel.
+    feature_dim: int
+
+
+def _holder(path: str) -> str:
+    """A module by its path, for messages: ``'blocks.0.fc'``, or the module itself."""
+    return f"the module {path!r}" if path else "the module itself"
+
+
+def _check_names(fn: str, names: object) -> list[str]:
+    if isinstance(names, str):
+        raise TypeError(f"{fn}: names must be a list of parameter names, got the str {names!r}; "
+                        f"write [{names!r}]")  # fmt: skip
+    if not isinstance(names, Iterable):
+        raise TypeError(
+            f"{fn}: names must be a list of parameter names, got {type(names).__name__}"
+        )
+    checked = list(names)
+    for i, name in enumerate(checked):
+        if not isinstance(name, str):
+            raise TypeError(f"{fn}: names[{i}] must be a str, got {type(name).__name__}")
+    return checked
+
+
+def _check_batches(fn: str, batches: object) -> None:
+    if isinstance(batches, (torch.Tensor, Mapping, str)) or not isinstance(batches, Iterable):
+        raise TypeError(
+            f"{fn}: batches must be an iterable of batches (a list, a DataLoader, a generator), "
+            f"got {type(batches).__name__}; wrap a single batch as [batch]"
+        )
+
+
+def _target(fn: str, module: nn.Module, name: str) -> _Target:
+    """Resolve ``name`` to its owner and check that its inputs have per-feature norms."""
+    params = dict(module.named_parameters())
+    if name not in params:
+        listed = {id(p): n for n, p in params.items()}
+        every = dict(module.named_parameters(remove_duplicate=False))
+        if name in every and id(every[name]) in listed:
+            raise UnknownNameError(
+                f"{fn}: {name!r} is not a parameter name: it is the same Parameter as "
+                f"{listed[id(every[name])]!r}, the one name named_parameters() gives it (a tied "
+                "weight or a shared module); ask for that name"
+            )
+        raise unknown_name(fn, f"{name!r} is not a parameter name", name, tuple(params))
+    path, _, attr = name.rpartition(".")
+    owner = module.get_submodule(path)
+    where = f"{name!r} belongs to {_holder(path)}, of type {type(owner).__name__}"
+    supported = "input_norms supports the weight of nn.Linear and of nn.Conv1d/2d/3d with groups=1"
+    if attr != "weight" or not isinstance(owner, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        raise ValueError(f"{fn}: {where}; {supported}")
+    if isinstance(owner, nn.Linear):
+        return _Target(name, path, owner, -1)
+    if owner.groups != 1:
+        raise ValueError(
+            f"{fn}: {where} with groups={owner.groups}: its weight's dim 1 counts the input "
+            f"channels of one group, not all {owner.in_channels}; {supported}"
+        )
+    return _Target(name, path, owner, -(len(owner.kernel_size) + 1))
+
+
+def _collector(
+    fn: str, target: _Target, sums: dict[str, Tensor], wide: set[str]
+) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
+    """A forward pre-hook adding the squares of each input of ``target``'s module to ``sums``."""
+
+    def collect(owner: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        x = args[0] if args else kwargs.get("input")
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            got = f"dtype {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise TypeError(f"{fn}: the input of {_holder(target.path)} must be a floating-point "
+                            f"tensor, got {got}")  # fmt: skip
+        features = owner.in_features if isinstance(owner, nn.Linear) else owner.in_channels
+        if x.dim() < -target.feature_dim or x.shape[target.feature_dim] != features:
+            raise ValueError(
+                f"{fn}: {_holder(target.path)} received an input of shape {tuple(x.shape)}; "
+                f"expected its {features} input features in dim {target.feature_dim}"
+            )
+        part = _sum_of_squares(x, target.feature_dim)
+        sums[target.name] = sums[target.name] + part if target.name in sums else part
+        if x.dtype == torch.float64:
+            wide.add(target.name)
+
+    return collect
+
+
+def _sum_of_squares(x: Tensor, feature_dim: int) -> Tensor:
+    """Per feature, the sum of the squares of ``x`` over every other dim (its tokens).
+
+    Inputs narrower than ``float32`` are squared and summed in ``float64``
+    (a ``float16`` square overflows past 255), the others in their dtype.
+    """
+    dtype = torch.float64 if x.dtype.itemsize < 4 else x.dtype
+    squares = x.detach().to(dtype).square()
+    tokens = [d for d in range(x.dim()) if d != x.dim() + feature_dim]
+    return squares.sum(dim=tokens) if tokens else squares
+
+
+def _run(fn: str, module: nn.Module, batches: Iterable[object]) -> int:
+    """Call ``module`` on every batch, without autograd; return how many ran."""
+    ran = 0
+    with torch.no_grad():
+        for batch in batches:
+            if isinstance(batch, torch.Tensor):
+                module(batch)
+            elif isinstance(batch, (tuple, list)):
+                module(*batch)
+            elif isinstance(batch, Mapping):
+                module(**batch)
+            else:
+                raise TypeError(
+                    f"{fn}: batch {ran} must be a tensor, a tuple or list of arguments or a dict "
+                    f"of keyword arguments, got {type(batch).__name__}"
+                )
+            ran += 1
+    return ran

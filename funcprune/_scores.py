@@ -1,0 +1,245 @@
+"""Importance scores: criteria that rank weights by more than their magnitude.
+
+Each criterion is a pure function returning a new ``dict[str, Tensor]`` of
+scores keyed like the parameters, ready for a plan's ``scores=``:
+
+- :func:`saliency`, ``|w * g|``: SNIP (Lee et al. 2019) when the gradients
+  are those of a loss on one batch at initialization;
+- :func:`taylor`, ``(w * g) ** 2``: the first-order Taylor criterion
+  (Molchanov et al. 2019);
+- :func:`wanda`, ``|W[i, j]| * ||X[:, j]||_2`` (Sun et al. 2023), from the
+  per-input-feature norms that :func:`~funcprune.input_norms`
+  (:mod:`funcprune._activations`) collects by running the model on
+  calibration batches.
+
+Scores are data: they are computed from detached tensors, never recorded by
+autograd. They come in the dtype that torch promotes the inputs to, and at
+least ``float32``: half-precision weights and gradients are scored in
+``float32``, where the product of two ``float16`` or ``bfloat16`` numbers is
+exact and its square neither underflows to ties at zero nor overflows (as
+Wanda's own code does, ranking ``float16`` weights by ``float32`` scores).
+
+>>> import torch, funcprune as fp
+>>> params = {"fc.weight": torch.tensor([[1.0, -2.0], [3.0, 0.5]])}
+>>> grads = {"fc.weight": torch.tensor([[0.5, 0.5], [-0.1, 4.0]])}
+>>> scores = fp.saliency(params, grads)
+>>> scores["fc.weight"]
+tensor([[0.5000, 1.0000],
+        [0.3000, 2.0000]])
+>>> fp.Plan({"fc.weight": fp.L1Unstructured(0.5)})(params, scores=scores)["fc.weight"]
+tensor([[False,  True],
+        [False,  True]])
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ._names import check_params, unknown_name
+from ._types import Params, Tensor
+from ._validate import check_fits
+
+__all__ = ["saliency", "taylor", "wanda"]
+
+
+def saliency(params: Params, grads: Mapping[str, Tensor | None]) -> dict[str, Tensor]:
+    """``|w * g|`` for every parameter: SNIP's connection sensitivity.
+
+    Taken at initialization, with the gradients of a loss on one batch, this
+    is SNIP (Lee et al. 2019, "Single-shot Network Pruning based on
+    Connection Sensitivity"); pruning the smallest scores keeps the
+    connections whose removal changes the loss most, to first order. (SNIP
+    divides the scores by their sum over all weights, which ranks the same.)
+
+    Args:
+        params: the tensors to score, keyed like ``named_parameters()``.
+        grads: a gradient for every name in ``params``, of its shape and on
+            its device (``torch.func.grad(loss)(params)`` gives them). Extra
+            names are ignored, so the gradients of a whole model may score a
+            few of its weights.
+
+    Returns:
+        A new dict ``{name: |w * g|}`` in the order of ``params``, in the
+        promoted dtype of ``w`` and ``g``, at least ``float32``.
+
+    Raises:
+        TypeError: if ``params`` or ``grads`` is not a mapping of names to
+            tensors, or a tensor is not floating-point.
+        ValueError: if a gradient is missing or ``None``, or its shape or
+            device differs from its parameter's.
+
+    >>> import torch, funcprune as fp
+    >>> fp.saliency({"w": torch.tensor([2.0, -3.0])}, {"w": torch.tensor([0.5, 1.0])})
+    {'w': tensor([1., 3.])}
+    """
+    return {name: product.abs() for name, product in _products("saliency", params, grads).items()}
+
+
+def taylor(params: Params, grads: Mapping[str, Tensor | None]) -> dict[str, Tensor]:
+    """``(w * g) ** 2`` for every parameter: the first-order Taylor criterion.
+
+    Molchanov et al. 2019, "Importance Estimation for Neural Network
+    Pruning": the squared first-order estimate of the change in loss when a
+    weight is removed. Entry by entry it ranks as :func:`saliency` does; the
+    square matters when scores are summed over a group (a channel, a block).
+    Sum the scores of several batches yourself to accumulate them, as the
+    paper does.
+
+    Args:
+        params: the tensors to score, keyed like ``named_parameters()``.
+        grads: a gradient for every name in ``params``, of its shape and on
+            its device; extra names are ignored.
+
+    Returns:
+        A new dict ``{name: (w * g) ** 2}`` in the order of ``params``, in
+        the promoted dtype of ``w`` and ``g``, at least ``float32``.
+
+    Raises:
+        TypeError: if ``params`` or ``grads`` is not a mapping of names to
+            tensors, or a tensor is not floating-point.
+        ValueError: if a gradient is missing or ``None``, or its shape or
+            device differs from its parameter's.
+
+    >>> import torch, funcprune as fp
+    >>> fp.taylor({"w": torch.tensor([2.0, -3.0])}, {"w": torch.tensor([0.5, 1.0])})
+    {'w': tensor([1., 9.])}
+    """
+    return {name: product.square() for name, product in _products("taylor", params, grads).items()}
+
+
+def wanda(params: Params, input_norms: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """``|W[i, j, ...]| * norm[j]``: Wanda's weights-and-activations score.
+
+    Sun et al. 2023, "A Simple and Effective Pruning Approach for Large
+    Language Models": a weight matters as much as its magnitude times the
+    L2 norm of the input feature it multiplies, over calibration tokens.
+    The paper compares scores within each output row: prune with
+    ``fp.PerSlice(spec, dim=0)`` for that, or with a plain spec to compare
+    across the whole tensor.
+
+    Args:
+        params: the parameters, keyed like ``named_parameters()``; each
+            scored weight has the shape ``(out, in, *kernel)`` of a Linear or
+            Conv weight (dim 1 is the input feature).
+        input_norms: for some names of ``params``, the 1-D tensor of the
+            ``in`` norms of its input features, on the weight's device:
+            what :func:`input_norms` returns.
+
+    Returns:
+        A new dict with a score for each name in ``input_norms``, in its
+        order, of the weight's shape, in the promoted dtype of the weight and
+        the norms, at least ``float32``. Under ``torch.func.vmap`` the norms
+        may be batched with the weights or shared by all of them.
+
+    Raises:
+        TypeError: if an argument is not a mapping of names to tensors, or a
+            tensor is not floating-point.
+        UnknownNameError: if a name of ``input_norms`` is no parameter's.
+        ValueError: if a weight has fewer than 2 dims, a norm vector is not
+            1-D, its length is not the weight's ``shape[1]``, or it is on
+            another device.
+
+    >>> import torch, funcprune as fp
+    >>> params = {"fc.weight": torch.tensor([[1.0, -1.0, 2.0], [-4.0, 0.5, 1.0]])}
+    >>> fp.wanda(params, {"fc.weight": torch.tensor([1.0, 10.0, 0.0])})["fc.weight"]
+    tensor([[ 1., 10.,  0.],
+            [ 4.,  5.,  0.]])
+    """
+    fn = "wanda"
+    check_params(fn, params)
+    if not isinstance(input_norms, Mapping):
+        raise TypeError(
+            f"{fn}: input_norms must be a mapping of names to 1-D tensors, got "
+            f"{type(input_norms).__name__}; fp.input_norms(module, batches, names) makes one"
+        )
+    scores: dict[str, Tensor] = {}
+    for name, norms in input_norms.items():
+        weight = _weight_for_norms(fn, name, norms, params)
+        dtype = _score_dtype(weight, norms)
+        per_feature = norms.detach().to(dtype).reshape(-1, *(1,) * (weight.dim() - 2))
+        scores[name] = weight.detach().abs().to(dtype) * per_feature
+    return scores
+
+
+def _products(fn: str, params: Params, grads: object) -> dict[str, Tensor]:
+    """``w * g`` per name, detached, in the score dtype, after every check."""
+    check_params(fn, params)
+    if not isinstance(grads, Mapping):
+        raise TypeError(
+            f"{fn}: grads must be a mapping of names to tensors, got {type(grads).__name__}"
+        )
+    products: dict[str, Tensor] = {}
+    for name, weight in params.items():
+        grad = _grad_for(fn, name, grads)
+        _check_float(fn, f"the parameter {name!r}", weight)
+        _check_float(fn, f"the gradient for {name!r}", grad)
+        check_fits(fn, f"the gradient for {name!r}", grad, "the parameter", weight)
+        dtype = _score_dtype(weight, grad)
+        products[name] = weight.detach().to(dtype) * grad.detach().to(dtype)
+    return products
+
+
+def _grad_for(fn: str, name: str, grads: Mapping[Any, object]) -> Tensor:
+    """``grads[name]``, or an error saying why there is none."""
+    if name not in grads:
+        close = difflib.get_close_matches(name, [str(k) for k in grads], n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(
+            f"{fn}: no gradient for parameter {name!r}: grads has no key {name!r}; {hint}pass "
+            "a gradient for every name in params, or leave the parameter out of params"
+        )
+    grad = grads[name]
+    if grad is None:
+        raise ValueError(
+            f"{fn}: no gradient for parameter {name!r}: grads[{name!r}] is None (it took no "
+            "part in the loss, or does not require grad); leave it out of params"
+        )
+    if not isinstance(grad, torch.Tensor):
+        raise TypeError(f"{fn}: grads[{name!r}] must be a tensor, got {type(grad).__name__}")
+    return grad
+
+
+def _check_float(fn: str, what: str, t: Tensor) -> None:
+    if not t.is_floating_point():
+        raise TypeError(f"{fn}: {what} has dtype {t.dtype}; scores need floating-point tensors")
+
+
+def _score_dtype(a: Tensor, b: Tensor) -> torch.dtype:
+    """The dtype torch promotes ``a`` and ``b`` to, at least ``float32``."""
+    return torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
+
+
+def _weight_for_norms(fn: str, name: str, norms: object, params: Params) -> Tensor:
+    """The weight ``norms`` scores, after checking that they fit each other."""
+    if name not in params:
+        problem = f"input_norms names {name!r}, not a parameter name"
+        raise unknown_name(fn, problem, name, tuple(params))
+    if not isinstance(norms, torch.Tensor):
+        raise TypeError(f"{fn}: input_norms[{name!r}] must be a tensor, got {type(norms).__name__}")
+    weight = params[name]
+    _check_float(fn, f"the parameter {name!r}", weight)
+    _check_float(fn, f"input_norms[{name!r}]", norms)
+    if weight.dim() < 2:
+        raise ValueError(
+            f"{fn}: the parameter {name!r} has shape {tuple(weight.shape)}; wanda scores weights "
+            "of shape (out, in, *kernel), whose dim 1 is the input feature"
+        )
+    if norms.dim() != 1 or norms.shape[0] != weight.shape[1]:
+        raise ValueError(
+            f"{fn}: input_norms[{name!r}] has shape {tuple(norms.shape)} but the parameter has "
+            f"{weight.shape[1]} input features (shape {tuple(weight.shape)}, dim 1); expected "
+            f"a 1-D tensor of {weight.shape[1]} norms"
+        )
+    if norms.device != weight.device:
+        raise ValueError(
+            f"{fn}: input_norms[{name!r}] is on {norms.device} but the parameter is on "
+            f"{weight.device}; move it with .to({str(weight.device)!r})"
+        )
+    return weight
+
+
+# --- collecting input norms --------------------------------------------------
