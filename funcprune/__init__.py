@@ -6,9 +6,9 @@ functions, usable under ``torch.func.vmap``, ``grad`` and ``torch.compile``:
 - **Specs** say what to prune: ``Identity``, ``RandomUnstructured``,
   ``L1Unstructured``, ``RandomStructured``, ``LnStructured``,
   ``CustomFromMask``; for mask shapes, ``NM`` (N:M, such as 2:4), ``Block``
-  and ``PerSlice`` (a spec within each slice); ``chain(*specs)`` composes them. Your own spec is a
-  frozen dataclass subclassing ``Spec`` (set ``pruning_type``, implement
-  ``compute_mask``).
+  and ``PerSlice`` (a spec within each slice); ``chain(*specs)`` composes
+  them. Your own spec is a frozen dataclass subclassing ``Spec`` (set
+  ``pruning_type``, implement ``compute_mask``).
 - **Which weights**: ``prunable(module)`` names the weights to prune, as plan keys.
 - **How much per tensor**: ``uniform_sparsity`` and ``erk_sparsity`` split a
   total sparsity across tensors (``dict[str, float]``, ready for a ``Plan``).
