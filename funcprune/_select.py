@@ -27,6 +27,9 @@ Paths, chosen here and nowhere else (all give identical flags, tested):
   whole tensor with every entry eligible; works under every transform;
 - *shards* (eager): a radix select whose per-round histograms are summed
   across processes; the only path for :class:`Shard` groups;
+- *short rows* (eager, groups of at most :data:`~._short_rows.SHORT_ROW_MAX`
+  entries, as N:M's; :mod:`._short_rows`): each entry ranked against the
+  others of its row, a chunk of rows at a time;
 - *bracket* (eager, from :data:`FAST_MIN_KEYS` keys; :mod:`._bracket`): a strided sample
   brackets the k-th key, one pass per part counts the keys below the bracket
   and collects the few inside, ``kthvalue`` finishes on those. Where the
@@ -51,6 +54,7 @@ from ._batched import make_keep_lowest
 from ._bracket import KeyPart, magnitude_of
 from ._bracket import keep_by_bracket as _keep_by_bracket
 from ._sharded import Shard, keep_over_shards
+from ._short_rows import SHORT_ROW_MAX, keep_in_short_rows
 from ._types import Amount, Count, Mask, Tensor
 from ._validate import count_to_prune, is_concrete, validate_count
 
@@ -165,10 +169,17 @@ def keep(keys: Tensor, k: Count, eligible: Mask = None, *, group: Group = WHOLE)
     if isinstance(group, Shard):
         return keep_jointly([KeyPart(keys.reshape(-1), eligible=flat, shard=group)], k)[0].reshape(keys.shape)
     rows, restore = _as_rows(keys, group)
+    eligible_rows = None if eligible is None else _as_rows(eligible, group)[0]
+    if rows.shape[1] <= SHORT_ROW_MAX and _eager(rows, k, eligible_rows):
+        return restore(keep_in_short_rows(rows, k, eligible_rows))
     if eligible is None and isinstance(k, int):  # one count for every row: no sort
         return restore(_keep_lowest_eagerly(rows, k, False) if is_concrete(rows) else _keep_by_threshold(rows, k))
-    eligible_rows = None if eligible is None else _as_rows(eligible, group)[0]
     return restore(_keep_rows(rows, k, eligible_rows))
+
+
+def _eager(rows: Tensor, k: Count, eligible: Mask) -> bool:
+    """Whether every input holds values Python may read (the eager paths' condition)."""
+    return all(is_concrete(t) for t in (rows, k, eligible) if isinstance(t, torch.Tensor))
 
 
 def eligible_per_group(eligible: Tensor, group: Slices | Blocks) -> Tensor:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from torch.func import vmap
 
 import funcprune as fp
-from funcprune import _bracket, _kernels, _select
+from funcprune import _bracket, _kernels, _select, _short_rows
 from funcprune._select import keep
 from funcprune._validate import count_to_prune
 
@@ -263,3 +263,32 @@ def test_each_group_prunes_its_own_k_lowest(
 def test_blocks_that_do_not_tile_the_dim_are_refused() -> None:
     with pytest.raises(ValueError, match=r"blocks of 4 entries along dim -1 do not tile a length of 6"):
         keep(torch.randn(2, 6), 1, group=_select.Blocks(4))
+
+
+@st.composite
+def short_rows(draw: st.DrawFn) -> tuple[torch.Tensor, int | torch.Tensor, torch.Tensor | None]:
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    n_rows, length = draw(st.integers(0, 40)), draw(st.integers(1, _short_rows.SHORT_ROW_MAX))
+    dtype = draw(st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.float64]))
+    keys = torch.randn(n_rows, length, generator=g).to(dtype)
+    if draw(st.booleans()):  # ties, signed zeros, infinities and NaNs of both signs
+        specials = torch.tensor([float("nan"), -float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0])
+        where = torch.rand(n_rows, length, generator=g) < 0.5
+        keys[where] = specials[torch.randint(0, 8, (int(where.sum()),), generator=g)].to(dtype)
+    eligible = torch.rand(n_rows, length, generator=g) < 0.7 if draw(st.booleans()) else None
+    k: int | torch.Tensor = draw(st.integers(0, length))
+    if draw(st.booleans()):
+        k = torch.randint(0, length + 1, (n_rows,), generator=g)
+    return keys, k, eligible
+
+
+@given(case=short_rows())
+def test_the_short_rows_path_equals_the_sort_path(
+    case: tuple[torch.Tensor, int | torch.Tensor, torch.Tensor | None],
+) -> None:
+    keys, k, eligible = case
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_short_rows, "_CHUNK_ROWS", 7)  # rows cross chunk boundaries
+        kept = _short_rows.keep_in_short_rows(keys, k, eligible)
+    assert torch.equal(kept, _select._keep_rows(keys, k, eligible))
+    assert torch.equal(keep(keys, k, eligible, group=_select.Blocks(keys.shape[1])), kept)

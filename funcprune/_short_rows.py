@@ -1,0 +1,78 @@
+"""The short-rows path of exact bottom-k selection: many groups of a few keys.
+
+N:M sparsity selects within groups of ``m`` (4, 8, 16) consecutive entries,
+millions of groups per weight. A sort or a ``kthvalue`` per row costs tens
+of nanoseconds an entry there; ranking each entry against the others of its
+row costs ``m - 1`` comparisons. :func:`keep_in_short_rows` ranks that way,
+a chunk of rows at a time (the chunk stays in cache), eagerly; only
+:mod:`._select` decides when it runs.
+
+Keys are compared as integer *order codes* (the float's bits, the negative
+half flipped), which order as the floats do with ``-0.0`` equal to ``0.0``
+and NaN above ``+inf``, so a rank is exact: entry ``i`` of a row ranks
+above entry ``j`` when its key is greater, or equal with ``j < i`` (ties go
+to the lower index first). Entries that are not eligible get the largest
+code and are never counted below an eligible one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._types import Count, Mask, Tensor
+
+__all__ = ["SHORT_ROW_MAX", "keep_in_short_rows"]
+
+#: Rows up to this long are ranked pairwise (``m * (m - 1)`` comparisons a row).
+SHORT_ROW_MAX = 16
+#: Rows ranked at a time: their keys, codes and ranks stay in cache.
+_CHUNK_ROWS = 1 << 16
+
+_INT = {16: torch.int16, 32: torch.int32, 64: torch.int64}
+#: The order code of ``+inf`` per floating dtype; NaN gets the next one.
+_INF_CODE = {torch.float16: 0x7C00, torch.bfloat16: 0x7F80, torch.float32: 0x7F800000,
+             torch.float64: 0x7FF0000000000000}  # fmt: skip
+
+
+def _codes(keys: Tensor, eligible: Mask) -> Tensor:
+    """Integer codes ordered as ``keys``; ineligible entries get the largest code."""
+    bits = torch.finfo(keys.dtype).bits
+    int_dtype = _INT[bits]
+    raw = (keys + 0.0).view(int_dtype)  # + 0.0 turns -0.0 into 0.0
+    codes = raw ^ ((raw >> (bits - 1)) & ((1 << (bits - 1)) - 1))  # negatives: lower bits flipped
+    codes.masked_fill_(keys.isnan(), _INF_CODE[keys.dtype] + 1)
+    if eligible is not None:
+        codes.masked_fill_(eligible.logical_not(), torch.iinfo(int_dtype).max)
+    return codes
+
+
+def keep_in_short_rows(rows: Tensor, k: Count, eligible: Mask) -> Tensor:
+    """Per row of eager 2-D keys (at most :data:`SHORT_ROW_MAX` a row): kept flags once each
+    row's ``k`` lowest eligible keys go.
+
+    Args:
+        rows: floating keys, one group a row.
+        k: the count per row: an ``int``, or an integer tensor of one count per row.
+        eligible: ``torch.bool`` flags of ``rows``' shape, or ``None`` for all.
+
+    Returns:
+        A new ``torch.bool`` tensor of ``rows``' shape.
+    """
+    length = rows.shape[1]
+    kept = torch.empty(rows.shape, dtype=torch.bool, device=rows.device)
+    counts = k if isinstance(k, int) or k.dim() == 0 else k.reshape(-1, 1)
+    for start in range(0, rows.shape[0], _CHUNK_ROWS):
+        stop = start + _CHUNK_ROWS
+        flags = None if eligible is None else eligible[start:stop]
+        codes = _codes(rows[start:stop], flags)
+        rank = torch.zeros(codes.shape, dtype=torch.uint8, device=rows.device)
+        for i in range(length):
+            rank_i, code_i = rank[:, i], codes[:, i]
+            for j in range(length):
+                if j != i:  # j ranks below i: a lower code, or an equal one at a lower index
+                    rank_i += codes[:, j] <= code_i if j < i else codes[:, j] < code_i
+        out = kept[start:stop]
+        torch.ge(rank, counts if isinstance(counts, int) else counts[start:stop], out=out)
+        if flags is not None:
+            out.logical_and_(flags)
+    return kept
