@@ -165,8 +165,9 @@ def per_slice(mask_of: MaskOf, dim: int, scores: Tensor, default_mask: Mask) -> 
     if scores.shape[d] == 0:
         return keep_all(scores, default_mask)
     default_mask = _as_bool(default_mask)
-    batched = torch.func.vmap(
-        mask_of, in_dims=(d, None if default_mask is None else d), out_dims=d, randomness="different"
+    batched = torch.func.vmap(  # out_dims=0, then moved: a mask that does not depend on
+        # the scores (Identity's) comes out wrong from out_dims > 0 (pytorch/pytorch#178425)
+        mask_of, in_dims=(d, None if default_mask is None else d), out_dims=0, randomness="different"
     )
     mask: Tensor = batched(scores, default_mask)
-    return mask
+    return mask.movedim(0, d)

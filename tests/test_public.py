@@ -13,7 +13,7 @@ DESIGN_NAMES = [
     "Identity", "RandomUnstructured", "L1Unstructured", "RandomStructured",
     "LnStructured", "CustomFromMask", "Chain", "chain", "compute_mask", "prune",
     "Plan", "global_unstructured", "apply_masks",
-    "saliency", "taylor", "wanda", "input_norms",
+    "saliency", "taylor", "wanda", "input_norms", "NM", "Block", "PerSlice",
 ]  # fmt: skip
 DESIGN_SIGNATURES = {
     fp.compute_mask: "(spec, scores, default_mask=None, *, generator=None)",
@@ -28,6 +28,11 @@ DESIGN_SIGNATURES = {
     fp.taylor: "(params, grads)",
     fp.wanda: "(params, input_norms)",
     fp.input_norms: "(module, batches, names)",
+    # the card's (n, m, dim=-1), (amount, shape) with sparsity= as for every amount spec
+    # (shape is required: its default only lets amount have one) and (spec, dim=0)
+    fp.NM: "(n, m, dim=-1)",
+    fp.Block: "(amount=None, shape=None, *, sparsity=None)",
+    fp.PerSlice: "(spec, dim=0)",
 }
 
 
