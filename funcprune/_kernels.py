@@ -25,6 +25,7 @@ from ._types import Count, Mask, NormOrder, Tensor
 from ._validate import check_same_shape, is_concrete, validate_dim_range, validate_structured
 
 __all__ = [
+    "as_bool",
     "custom_from_mask",
     "keep_all",
     "l1_unstructured",
@@ -33,16 +34,17 @@ __all__ = [
     "random_structured",
     "random_unstructured",
     "structured_by_keys",
+    "unpruned_count",
     "unpruned_units",
 ]
 
 
-def _as_bool(mask: Mask) -> Mask:
+def as_bool(mask: Mask) -> Mask:
     """A default mask as ``torch.bool`` (numbers: nonzero means kept)."""
     return mask if mask is None or mask.dtype == torch.bool else mask != 0
 
 
-def _unpruned_count(scores: Tensor, eligible: Mask, total: int) -> Count:
+def unpruned_count(scores: Tensor, eligible: Mask, total: int) -> Count:
     """How many units are still unpruned: a Python int wherever it can be.
 
     A tensor only where the values cannot be read (under a transform); the
@@ -72,7 +74,7 @@ def _scatter_draws(draws: Tensor, eligible: Tensor, fill: float) -> Tensor:
 
 def keep_all(scores: Tensor, default_mask: Mask) -> Tensor:
     """A new mask that prunes nothing more than ``default_mask``."""
-    default_mask = _as_bool(default_mask)
+    default_mask = as_bool(default_mask)
     if default_mask is None:
         return torch.ones(scores.shape, dtype=torch.bool, device=scores.device)
     return default_mask.clone(memory_format=torch.contiguous_format)
@@ -86,9 +88,9 @@ KeysOf = Callable[[Tensor, Mask, Count], Tensor]
 
 def _unstructured(keys_of: KeysOf, amount: Target, scores: Tensor, default_mask: Mask) -> Tensor:
     """Prune the ``amount`` lowest keys among the unpruned entries."""
-    default_mask = _as_bool(default_mask)
+    default_mask = as_bool(default_mask)
     eligible = None if default_mask is None else default_mask.reshape(-1)  # the kept entries
-    unpruned = _unpruned_count(scores, eligible, scores.numel())
+    unpruned = unpruned_count(scores, eligible, scores.numel())
     k = resolve_count(amount, unpruned, scores.numel())
     if isinstance(k, int) and k == 0:  # torch draws nothing then either
         return keep_all(scores, default_mask)
@@ -111,11 +113,11 @@ def l1_unstructured_jointly(
     compared in fp32); the group is never concatenated on the eager path.
     """
     dtype = functools.reduce(torch.promote_types, (s.dtype for s in scores))
-    defaults = [_as_bool(d) for d in default_masks]
+    defaults = [as_bool(d) for d in default_masks]
     parts = [_l1_part(s, d, dtype) for s, d in zip(scores, defaults, strict=True)]
     unpruned: Count = 0
     for s, d in zip(scores, defaults, strict=True):
-        unpruned = unpruned + _unpruned_count(s, None if d is None else d.reshape(-1), s.numel())
+        unpruned = unpruned + unpruned_count(s, None if d is None else d.reshape(-1), s.numel())
     k = resolve_count(amount, unpruned, sum(s.numel() for s in scores))
     if isinstance(k, int) and k == 0:
         return [keep_all(s, d) for s, d in zip(scores, defaults, strict=True)]
@@ -165,13 +167,13 @@ def _structured(
     keys_of: ChannelKeysOf, amount: Target, dim: int, scores: Tensor, default_mask: Mask
 ) -> Tensor:
     """Prune the ``amount`` lowest-key channels among those not all pruned."""
-    default_mask = _as_bool(default_mask)
+    default_mask = as_bool(default_mask)
     d, others = _channels(scores, dim)
     n_channels = scores.shape[d]
     eligible = None
     if default_mask is not None:
         eligible = unpruned_units("structured", default_mask, d)
-    unpruned = _unpruned_count(scores, eligible, n_channels)
+    unpruned = unpruned_count(scores, eligible, n_channels)
     k = resolve_count(amount, unpruned, n_channels)
     if isinstance(k, int) and k == 0:  # torch draws nothing then either
         return keep_all(scores, default_mask)
@@ -234,7 +236,7 @@ def custom_from_mask(mask: Tensor, scores: Tensor, default_mask: Mask) -> Tensor
     check_same_shape(
         "CustomFromMask", "the spec's mask", mask.shape, "the scores", scores.shape, plural=True
     )
-    default_mask = _as_bool(default_mask)
+    default_mask = as_bool(default_mask)
     mask = mask.to(scores.device)
     return mask.clone() if default_mask is None else mask & default_mask
 

@@ -127,11 +127,12 @@ def resolve_count(amount: Target, available: Count, total: int) -> Count:
     """The number of units to prune out of ``available`` ones (of ``total`` in all).
 
     With a Python ``int`` for ``available``, torch's rule applies and an
-    integer amount larger than ``available`` raises ``ValueError``. With a
-    tensor (the per-element count under a transform), the fraction is rounded
-    half to even in float64, exactly as Python's ``round`` does, and an
-    integer amount is capped at ``available`` since no error can be raised
-    on a value there. A :class:`Sparsity` prunes what it takes for
+    integer amount larger than ``available`` raises ``ValueError``; so it
+    does for per-group counts held in an eager tensor, against the smallest.
+    With a tensor (per group, or the per-element count under a transform),
+    the fraction is rounded half to even in float64, exactly as Python's
+    ``round`` does; under a transform an integer amount is capped at
+    ``available`` since no error can be raised on a value there. A :class:`Sparsity` prunes what it takes for
     ``round(value * total)`` units to be pruned, counting the
     ``total - available`` pruned before, and nothing if that many already are.
     """
@@ -143,6 +144,8 @@ def resolve_count(amount: Target, available: Count, total: int) -> Count:
     if isinstance(available, int):
         validate_count(amount, available)
         return count_to_prune(amount, available)
+    if isinstance(amount, numbers.Integral) and is_concrete(available) and available.numel():
+        validate_count(amount, int(available.min()))
     if isinstance(amount, numbers.Integral):  # capped below int64's range first
         return torch.clamp(available, max=min(int(amount), _MAX_COUNT))
     return torch.round(available.to(torch.float64) * float(amount)).to(torch.int64)

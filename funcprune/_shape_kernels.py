@@ -22,32 +22,16 @@ lower index and NaN last, as everywhere.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 
 import torch
 
-from ._kernels import keep_all
+from ._kernels import as_bool, keep_all, unpruned_count
 from ._select import Blocks, Slices, Target, eligible_per_group, keep, resolve_count
 from ._types import Count, Mask, Tensor
-from ._validate import is_concrete, validate_count, validate_dim_range
+from ._validate import validate_dim_range
 
 __all__ = ["blocks", "n_m", "per_slice", "per_slice_unstructured"]
-
-
-def _as_bool(mask: Mask) -> Mask:
-    return mask if mask is None or mask.dtype == torch.bool else mask != 0
-
-
-def _counts(target: Target, available: Count, total: int) -> Count:
-    """Per group: how many of ``available`` go, out of ``total`` units in a group.
-
-    An ``int`` amount larger than some group's remaining units is refused
-    eagerly, as torch refuses it for a whole tensor.
-    """
-    if isinstance(available, torch.Tensor) and is_concrete(available) and isinstance(target, numbers.Integral):
-        validate_count(target, int(available.min()))
-    return resolve_count(target, available, total)
 
 
 # --- N:M --------------------------------------------------------------------
@@ -66,7 +50,7 @@ def n_m(n: int, m: int, dim: int, scores: Tensor, default_mask: Mask) -> Tensor:
             f"NM: the length along dim={dim} is {length}, not a multiple of m={m} "
             f"(scores of shape {tuple(scores.shape)}); choose a dim whose length m divides"
         )
-    default_mask = _as_bool(default_mask)
+    default_mask = as_bool(default_mask)
     group = Blocks(m, dim)
     if default_mask is None:
         if n == m:
@@ -108,13 +92,10 @@ def blocks(amount: Target, shape: tuple[int, ...], scores: Tensor, default_mask:
     Ties go to the lower block index (row-major over the grid of blocks).
     """
     view, inner = _block_view(shape, scores)
-    default_mask = _as_bool(default_mask)
+    default_mask = as_bool(default_mask)
     norms = torch.linalg.vector_norm(scores.reshape(view), dim=inner)
     eligible = None if default_mask is None else default_mask.reshape(view).any(dim=inner)
-    available: Count = norms.numel()
-    if eligible is not None:
-        available = int(eligible.sum()) if is_concrete(eligible) else eligible.sum()
-    k = resolve_count(amount, available, norms.numel())
+    k = resolve_count(amount, unpruned_count(norms, eligible, norms.numel()), norms.numel())
     if isinstance(k, int) and k == 0:
         return keep_all(scores, default_mask)
     kept = keep(norms, k, eligible)
@@ -138,13 +119,13 @@ def per_slice_unstructured(
     within the slice. ``keys`` has the scores' shape.
     """
     validate_dim_range(scores, dim)
-    default_mask = _as_bool(default_mask)
+    default_mask = as_bool(default_mask)
     if scores.shape[dim] == 0:
         return keep_all(scores, default_mask)
     size = scores.numel() // scores.shape[dim]
     group = Slices(dim)
     available: Count = size if default_mask is None else eligible_per_group(default_mask, group)
-    k = _counts(amount, available, size)
+    k = resolve_count(amount, available, size)
     if isinstance(k, int) and k == 0:
         return keep_all(scores, default_mask)
     return keep(keys, k, default_mask, group=group)
@@ -164,7 +145,7 @@ def per_slice(mask_of: MaskOf, dim: int, scores: Tensor, default_mask: Mask) -> 
     d = dim % scores.dim()
     if scores.shape[d] == 0:
         return keep_all(scores, default_mask)
-    default_mask = _as_bool(default_mask)
+    default_mask = as_bool(default_mask)
     batched = torch.func.vmap(  # out_dims=0, then moved: a mask that does not depend on
         # the scores (Identity's) comes out wrong from out_dims > 0 (pytorch/pytorch#178425)
         mask_of, in_dims=(d, None if default_mask is None else d), out_dims=0, randomness="different"
