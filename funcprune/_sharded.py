@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, final
 import torch
 import torch.distributed as dist
 
+from ._short_rows import order_codes
 from ._types import Mask, Tensor
 from ._validate import is_concrete
 
@@ -148,7 +149,7 @@ def keep_over_shards(
 def _part(block: Tensor, eligible: Mask, shard: Shard, base: int) -> _Part:
     """A checked part, its candidates the eligible entries (none where another process counts)."""
     _check_block(block, eligible, shard)
-    codes = _codes(block)
+    codes = order_codes(block).to(torch.int64)
     if not shard.counted:
         where = torch.empty(0, dtype=torch.int64, device=block.device)
     elif eligible is None:  # every entry: the block's codes as they are, no copy
@@ -200,17 +201,6 @@ def _shift(lo: int, hi: int) -> int:
     while (hi >> shift) - (lo >> shift) >= BINS:
         shift += 1
     return shift
-
-
-def _codes(keys: Tensor) -> Tensor:
-    """int64 codes ordered as ``keys`` (``-0.0`` as ``0.0``, NaN above ``+inf``)."""
-    bits = torch.finfo(keys.dtype).bits
-    as_int = {16: torch.int16, 32: torch.int32, 64: torch.int64}[bits]
-    raw = (keys + 0.0).view(as_int).to(torch.int64)  # + 0.0 turns -0.0 into 0.0
-    flip = (1 << (bits - 1)) - 1
-    codes = torch.where(raw < 0, raw ^ flip, raw)
-    inf = torch.tensor(torch.inf, dtype=keys.dtype).view(as_int).item()
-    return codes.masked_fill_(keys.isnan(), int(inf) + 1)
 
 
 def _survivors(part: _Part, cut: int, last: int | None) -> Tensor:

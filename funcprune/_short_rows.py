@@ -21,7 +21,7 @@ import torch
 
 from ._types import Count, Mask, Tensor
 
-__all__ = ["SHORT_ROW_MAX", "keep_in_short_rows"]
+__all__ = ["SHORT_ROW_MAX", "keep_in_short_rows", "order_codes"]
 
 #: Rows up to this long are ranked pairwise (``m * (m - 1)`` comparisons a row).
 SHORT_ROW_MAX = 16
@@ -34,16 +34,12 @@ _INF_CODE = {torch.float16: 0x7C00, torch.bfloat16: 0x7F80, torch.float32: 0x7F8
              torch.float64: 0x7FF0000000000000}  # fmt: skip
 
 
-def _codes(keys: Tensor, eligible: Mask) -> Tensor:
-    """Integer codes ordered as ``keys``; ineligible entries get the largest code."""
+def order_codes(keys: Tensor) -> Tensor:
+    """Integer codes (of the keys' width) ordered as ``keys``: ``-0.0`` as ``0.0``, NaN above ``+inf``."""
     bits = torch.finfo(keys.dtype).bits
-    int_dtype = _INT[bits]
-    raw = (keys + 0.0).view(int_dtype)  # + 0.0 turns -0.0 into 0.0
+    raw = (keys + 0.0).view(_INT[bits])  # + 0.0 turns -0.0 into 0.0
     codes = raw ^ ((raw >> (bits - 1)) & ((1 << (bits - 1)) - 1))  # negatives: lower bits flipped
-    codes.masked_fill_(keys.isnan(), _INF_CODE[keys.dtype] + 1)
-    if eligible is not None:
-        codes.masked_fill_(eligible.logical_not(), torch.iinfo(int_dtype).max)
-    return codes
+    return codes.masked_fill_(keys.isnan(), _INF_CODE[keys.dtype] + 1)
 
 
 def keep_in_short_rows(rows: Tensor, k: Count, eligible: Mask) -> Tensor:
@@ -64,7 +60,9 @@ def keep_in_short_rows(rows: Tensor, k: Count, eligible: Mask) -> Tensor:
     for start in range(0, rows.shape[0], _CHUNK_ROWS):
         stop = start + _CHUNK_ROWS
         flags = None if eligible is None else eligible[start:stop]
-        codes = _codes(rows[start:stop], flags)
+        codes = order_codes(rows[start:stop])
+        if flags is not None:  # never counted below an eligible key
+            codes.masked_fill_(flags.logical_not(), torch.iinfo(codes.dtype).max)
         rank = torch.zeros(codes.shape, dtype=torch.uint8, device=rows.device)
         for i in range(length):
             rank_i, code_i = rank[:, i], codes[:, i]
