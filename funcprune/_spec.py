@@ -18,6 +18,7 @@ from typing import final
 import torch
 
 from ._fold import checked_mask, fold
+from ._kernels import as_bool
 from ._types import Mask, PruningType, Tensor
 
 __all__ = ["Spec", "Chain", "chain"]
@@ -150,8 +151,7 @@ class Chain(Spec):
         self, scores: Tensor, default_mask: Mask = None, *, generator: torch.Generator | None = None
     ) -> Tensor:
         """Fold the steps: step ``i > 0`` scores ``scores * mask`` (the tensor as pruned)."""
-        if default_mask is not None and default_mask.dtype != torch.bool:
-            default_mask = default_mask != 0
+        default_mask = as_bool(default_mask)
 
         def scores_of(i: int, mask: Mask) -> Tensor:
             return scores if i == 0 or mask is None else scores * mask.to(scores.dtype)
