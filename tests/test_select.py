@@ -52,12 +52,24 @@ def test_the_bracket_and_threshold_paths_equal_the_sort_path(
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_select, "FAST_MIN_KEYS", 1)
         mp.setattr(_bracket, "_SAMPLE", sample)
+        mp.setattr(_bracket, "_WINDOW_MIN", 1)  # order statistics through their window, at any size
         bracketed = _bracket.keep_by_bracket([_select.KeyPart(keys, eligible=eligible)], k)
         assert torch.equal(keep(keys, k, eligible), expected)  # the bracket, or the sort where it steps aside
     assert bracketed is None or torch.equal(bracketed[0], expected)
     assert torch.equal(keep(keys, k, eligible), expected)  # the threshold path, where it applies
     batched = vmap(lambda t: keep(t, k))(keys[None])[0]
     assert eligible is not None or torch.equal(batched, expected)
+
+
+@given(case=keys_and_k(), data=st.data())
+def test_order_statistics_equal_kthvalue(case: tuple[torch.Tensor, int, torch.Tensor | None], data: st.DataObject) -> None:
+    keys = case[0]
+    ranks = data.draw(st.lists(st.integers(1, keys.numel()), min_size=1, max_size=3))
+    expected = [float(torch.kthvalue(keys, r).values) for r in ranks]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_bracket, "_WINDOW_MIN", 1)
+        found = _bracket._order_statistics(keys, *ranks)
+    assert torch.equal(torch.tensor(found), torch.tensor(expected))  # NaN equal to NaN
 
 
 SPECS = [
