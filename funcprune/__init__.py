@@ -21,7 +21,8 @@ functions, usable under ``torch.func.vmap``, ``grad`` and ``torch.compile``:
   tensors together, ``prune`` returns the pruned tensor.
 - **Plans** map parameter names or glob patterns to specs:
   ``masks = Plan({...})(params, masks=None, scores=None)``;
-  ``global_unstructured(names, spec)`` prunes tensors jointly; ``compose``
+  ``global_unstructured(names, spec)`` prunes tensors jointly, and
+  ``global_structured(names, spec)`` ranks whole channels across tensors; ``compose``
   applies plans in order. Masks travel as dicts keyed like
   ``named_parameters()``; a missing key means "not pruned".
 - **Applying**: ``apply_masks``, ``functional_call_masked``, ``mask_gradients``
@@ -59,6 +60,8 @@ from ._masks import compute_mask as compute_mask
 from ._masks import prune as prune
 from ._global import GlobalPlan as GlobalPlan
 from ._global import global_unstructured as global_unstructured
+from ._global_structured import GlobalStructuredPlan as GlobalStructuredPlan
+from ._global_structured import global_structured as global_structured
 from ._names import UnknownNameError as UnknownNameError
 from ._plan import AbstractPlan as AbstractPlan
 from ._plan import ComposedPlan as ComposedPlan
@@ -105,6 +108,7 @@ __all__ = [
     "ComposedPlan",
     "CustomFromMask",
     "GlobalPlan",
+    "GlobalStructuredPlan",
     "Identity",
     "Iterative",
     "L1Unstructured",
@@ -136,6 +140,7 @@ __all__ = [
     "compute_mask",
     "erk_sparsity",
     "functional_call_masked",
+    "global_structured",
     "global_unstructured",
     "input_norms",
     "mask_gradients",

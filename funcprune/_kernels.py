@@ -26,6 +26,7 @@ from ._validate import check_same_shape, is_concrete, validate_dim_range, valida
 
 __all__ = [
     "as_bool",
+    "check_matrix_norm",
     "custom_from_mask",
     "keep_all",
     "l1_unstructured",
@@ -186,7 +187,7 @@ def _structured(
     return kept & default_mask
 
 
-def _check_matrix_norm(n: object, scores: Tensor) -> None:
+def check_matrix_norm(n: object, scores: Tensor) -> None:
     """Refuse a matrix norm the channels' shape cannot take, whatever the amount."""
     if n == "nuc" and scores.dim() != 3 or n == "fro" and scores.dim() > 3:
         need = "exactly 3 dims" if n == "nuc" else "at most 3 dims"
@@ -201,7 +202,7 @@ def ln_structured(
 ) -> Tensor:
     """Prune the ``amount`` remaining channels along ``dim`` of smallest L``n`` norm."""
     _channels(scores, dim)
-    _check_matrix_norm(n, scores)
+    check_matrix_norm(n, scores)
 
     def keys(s: Tensor, d: int, others: list[int], eligible: Mask, unpruned: Count) -> Tensor:
         norm: Tensor = torch.norm(s, p=n, dim=others)

@@ -6,11 +6,13 @@ returns a new dict of ``torch.bool`` masks. Earlier masks passed in are
 folded on (iterative pruning), exactly as a repeated ``torch.nn.utils.prune``
 call on the same module folds a new method on its ``<name>_mask`` buffer.
 
-Three kinds of plan exist, and they compose: :class:`Plan` (per-parameter
+Four kinds of plan exist, and they compose: :class:`Plan` (per-parameter
 rules), :class:`~funcprune.GlobalPlan` (one unstructured spec over several
 tensors jointly, built by :func:`~funcprune.global_unstructured`, in
-``_global.py``) and :class:`ComposedPlan` (plans applied in order, built by
-:func:`compose`).
+``_global.py``), :class:`~funcprune.GlobalStructuredPlan` (whole channels
+ranked across tensors, built by :func:`~funcprune.global_structured`, in
+``_global_structured.py``) and :class:`ComposedPlan` (plans applied in
+order, built by :func:`compose`).
 """
 
 from __future__ import annotations
@@ -330,7 +332,7 @@ def compose(*plans: AbstractPlan) -> ComposedPlan:
             flat.append(plan)
         else:
             raise TypeError(
-                f"compose: argument {i} must be a plan (Plan, global_unstructured(...) or "
-                f"compose(...)), got {plan!r} of type {type(plan).__name__}"
+                f"compose: argument {i} must be a plan (Plan, global_unstructured(...), "
+                f"global_structured(...) or compose(...)), got {plan!r} of type {type(plan).__name__}"
             )
     return ComposedPlan(tuple(flat))

@@ -14,6 +14,7 @@ DESIGN_NAMES = [
     "LnStructured", "CustomFromMask", "Chain", "chain", "compute_mask", "prune",
     "Plan", "global_unstructured", "apply_masks",
     "saliency", "taylor", "wanda", "input_norms", "NM", "Block", "PerSlice",
+    "global_structured",
 ]  # fmt: skip
 DESIGN_SIGNATURES = {
     fp.compute_mask: "(spec, scores, default_mask=None, *, generator=None)",
@@ -33,6 +34,7 @@ DESIGN_SIGNATURES = {
     fp.NM: "(n, m, dim=-1)",
     fp.Block: "(amount=None, shape=None, *, sparsity=None)",
     fp.PerSlice: "(spec, dim=0)",
+    fp.global_structured: "(names, spec, *, normalize=None)",
 }
 
 
