@@ -47,6 +47,7 @@ with _warnings.catch_warnings():  # the first torch import, without NumPy instal
 
 from ._activations import input_norms as input_norms
 from ._allocate import erk_sparsity as erk_sparsity
+from ._bake import bake as bake
 from ._allocate import uniform_sparsity as uniform_sparsity
 from ._apply import apply_masks as apply_masks
 from ._apply import apply_masks_ as apply_masks_
@@ -84,6 +85,11 @@ from ._shape_specs import PerSlice as PerSlice
 from ._spec import Chain as Chain
 from ._spec import Spec as Spec
 from ._spec import chain as chain
+from ._sparse import BSR_BREAK_EVEN as BSR_BREAK_EVEN
+from ._sparse import BreakEven as BreakEven
+from ._sparse import CSR_BREAK_EVEN as CSR_BREAK_EVEN
+from ._sparse import SlowSparseWarning as SlowSparseWarning
+from ._sparse import to_sparse as to_sparse
 from ._specs import CustomFromMask as CustomFromMask
 from ._specs import Identity as Identity
 from ._specs import L1Unstructured as L1Unstructured
@@ -103,7 +109,10 @@ __version__ = "0.1.0"
 __all__ = [
     "AbstractPlan",
     "Amount",
+    "BSR_BREAK_EVEN",
     "Block",
+    "BreakEven",
+    "CSR_BREAK_EVEN",
     "Chain",
     "ComposedPlan",
     "CustomFromMask",
@@ -128,12 +137,14 @@ __all__ = [
     "Rule",
     "Schedule",
     "Scores",
+    "SlowSparseWarning",
     "SparsityReport",
     "SparsityRow",
     "Spec",
     "UnknownNameError",
     "apply_masks",
     "apply_masks_",
+    "bake",
     "chain",
     "compose",
     "compute_joint_masks",
@@ -151,6 +162,7 @@ __all__ = [
     "sparsity_report",
     "taylor",
     "to_multipliers",
+    "to_sparse",
     "uniform_sparsity",
     "wanda",
 ]

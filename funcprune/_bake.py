@@ -1,0 +1,164 @@
+"""Baking masks into a module: a new module whose weights hold the pruned values.
+
+:func:`bake` is the way out of the functional API: after ``masks =
+plan(params)``, it returns a copy of the module with every masked parameter
+replaced by its masked values, its buffers (BatchNorm's running statistics)
+and everything else kept. The copy runs, saves and loads as an ordinary
+module, with no masks, hooks or extra parameters. ``model.load_state_dict(
+apply_masks(params, masks))`` cannot do this for a model with buffers: the
+dict of parameters lacks them, and strict loading refuses it.
+
+>>> import torch, funcprune as fp
+>>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+>>> with torch.no_grad():
+...     _ = net[0].weight.copy_(torch.tensor([[1.0, -2.0], [3.0, 4.0]]))
+>>> baked = fp.bake(net, {"0.weight": torch.tensor([[True, False], [False, True]])})
+>>> baked[0].weight
+Parameter containing:
+tensor([[1., 0.],
+        [0., 4.]], requires_grad=True)
+>>> net[0].weight[0, 1].item(), sorted(dict(baked.named_buffers()))
+(-2.0, ['1.num_batches_tracked', '1.running_mean', '1.running_var'])
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import TypeVar
+
+import torch
+import torch.nn.utils.prune as torch_prune
+from torch import nn
+
+from ._names import check_masks
+from ._types import Masks, Params, Tensor
+
+__all__ = ["bake", "check_mask_dtypes"]
+
+_M = TypeVar("_M", bound=nn.Module)
+
+
+def bake(module: _M, masks: Mapping[str, Tensor]) -> _M:
+    """Return a new module of the same class whose parameters hold the masked values.
+
+    The new module is ``copy.deepcopy(module)`` with the pruned entries of
+    each masked parameter set to ``+0.0``; kept entries are bit for bit the
+    original ones, and every parameter keeps its dtype, device and
+    ``requires_grad``. Buffers, hooks and attributes are copied as they are.
+    ``module`` is not changed, and the two share no tensor. A Parameter used
+    under several names (tied weights, ``lm_head.weight = embed.weight``)
+    stays one Parameter in the copy, masked once.
+
+    Use :func:`bake` to export or deploy a pruned model, or to keep training
+    the dense original while handing out pruned copies; it costs a copy of
+    the module. :func:`~funcprune.apply_masks_` zeros the tensors of a dict in
+    place instead (no copy): call it after ``optimizer.step()`` in a
+    ``torch.optim`` loop, or on ``dict(model.named_parameters())`` to prune a
+    model too large to copy, once nothing needs its dense weights any more.
+
+    Args:
+        module: the module to copy. It must not be pruned in hook mode
+            (``torch.nn.utils.prune`` or ``funcprune.compat``).
+        masks: masks keyed like ``module.named_parameters()`` (an alias of a
+            tied Parameter is accepted): ``torch.bool`` (``True`` = kept), or
+            floating-point 0/1 as torch's ``weight_mask`` buffers, meaning
+            the same (1 kept, 0 pruned). A parameter without a mask is copied
+            unchanged.
+
+    Returns:
+        The new module, of ``module``'s class. Pruned entries are ``+0.0``
+        even where the weight was negative, ``inf`` or ``nan`` (the product
+        that :func:`~funcprune.apply_masks` computes, like torch's hook,
+        gives ``-0.0`` and ``nan`` there), so for finite weights it holds the
+        values of ``apply_masks(params, masks)`` and computes the outputs of
+        :func:`~funcprune.functional_call_masked`.
+
+    Raises:
+        TypeError: if ``module`` is not a module, ``masks`` not a mapping of
+            tensors, or a mask is neither ``torch.bool`` nor floating-point.
+        UnknownNameError: if a mask names no parameter of ``module``; close
+            names are suggested.
+        ValueError: if a mask's shape or device differs from its
+            parameter's, a float mask holds values other than 0 and 1, two
+            names of one tied Parameter carry different masks, or
+            ``module`` is pruned in hook mode.
+
+    >>> import torch, funcprune as fp
+    >>> lin = torch.nn.Linear(3, 1, bias=False)
+    >>> with torch.no_grad():
+    ...     _ = lin.weight.copy_(torch.tensor([[0.5, -1.0, 2.0]]))
+    >>> fp.bake(lin, {"weight": torch.tensor([[1.0, 0.0, 1.0]])}).weight.data
+    tensor([[0.5000, 0.0000, 2.0000]])
+    >>> lin.weight.data
+    tensor([[ 0.5000, -1.0000,  2.0000]])
+    """
+    fn = "bake"
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
+    _check_not_hooked(fn, module)
+    params = dict(module.named_parameters(remove_duplicate=False))
+    checked = check_masks(fn, params, check_mask_dtypes(fn, masks))
+    by_param = _one_mask_per_parameter(fn, params, checked)
+    baked = copy.deepcopy(module)
+    new_params = dict(baked.named_parameters(remove_duplicate=False))
+    with torch.no_grad():
+        for name, mask in by_param.items():
+            new_params[name].masked_fill_(~mask, 0.0)
+    return baked
+
+
+def check_mask_dtypes(fn: str, masks: object) -> Mapping[str, Tensor]:
+    """``masks``, after refusing any mask that is neither ``torch.bool`` nor floating-point.
+
+    Names, shapes and values are checked after, by :func:`~funcprune._names.check_masks`.
+    """
+    if not isinstance(masks, Mapping):
+        raise TypeError(
+            f"{fn}: masks must be a mapping of names to masks, got {type(masks).__name__}"
+        )
+    for name, mask in masks.items():
+        if isinstance(mask, torch.Tensor) and not (
+            mask.dtype == torch.bool or mask.is_floating_point()
+        ):
+            raise TypeError(
+                f"{fn}: the mask for {name!r} has dtype {mask.dtype}; expected torch.bool "
+                "(True = kept) or a floating-point 0/1 mask; convert it with `mask != 0`"
+            )
+    return masks
+
+
+def _check_not_hooked(fn: str, module: nn.Module) -> None:
+    """Refuse a module pruned in hook mode: its ``weight`` is recomputed by a hook."""
+    for prefix, submodule in module.named_modules():
+        for hook in submodule._forward_pre_hooks.values():
+            if isinstance(hook, torch_prune.BasePruningMethod):
+                key = f"{prefix}.{hook._tensor_name}" if prefix else hook._tensor_name
+                raise ValueError(
+                    f"{fn}: module is pruned in hook mode (torch.nn.utils.prune or "
+                    f"funcprune.compat): {key!r} is recomputed by a forward pre-hook from "
+                    f"{key + '_orig'!r} and a mask buffer; call "
+                    "`masks = funcprune.compat.unprune_(module)` first, which turns it back "
+                    "into plain parameters and returns its masks, then bake(module, masks); "
+                    "or make the pruning permanent with funcprune.compat.remove(submodule, name)"
+                )
+
+
+def _one_mask_per_parameter(fn: str, params: Params, masks: Masks) -> Masks:
+    """One mask per Parameter object, keyed by the first name that masks gives it.
+
+    The names of a tied Parameter must carry equal masks (or only one has one).
+    """
+    first: dict[int, str] = {}
+    kept: Masks = {}
+    for name, mask in masks.items():
+        other = first.setdefault(id(params[name]), name)
+        if other == name:
+            kept[name] = mask
+        elif not torch.equal(kept[other], mask):
+            raise ValueError(
+                f"{fn}: {other!r} and {name!r} are one tied Parameter, but their masks "
+                "differ; a tied weight has one set of values: give one mask, under either "
+                "name, or equal masks under both"
+            )
+    return kept

@@ -1,0 +1,265 @@
+"""Sparse weights (funcprune._sparse): outputs equal the masked dense model, break-even, errors."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
+
+import funcprune as fp
+from funcprune import BSR_BREAK_EVEN, CSR_BREAK_EVEN, SlowSparseWarning, to_sparse
+from funcprune._sparse import Layout
+
+Tensor = torch.Tensor
+NO_AUTOGRAD: list[Callable[[], AbstractContextManager[object]]] = [torch.no_grad, torch.inference_mode]
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_2_4 = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0),
+    reason="needs a CUDA device with 2:4 sparse kernels (compute capability 8.0 or later)",
+)
+
+
+def mlp(seed: int = 0, bias: bool = True) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(32, 64, bias=bias), nn.ReLU(), nn.Linear(64, 16, bias=bias))
+
+
+def params_of(module: nn.Module) -> dict[str, Tensor]:
+    return dict(module.named_parameters())
+
+
+def masks_for(params: dict[str, Tensor], layout: Layout, sparsity: float = 0.99) -> dict[str, Tensor]:
+    """Masks above break-even: unstructured for CSR, whole 8x8 blocks for BSR."""
+    spec = fp.L1Unstructured(sparsity=sparsity) if layout == "csr" else fp.Block(sparsity=sparsity, shape=(8, 8))
+    return fp.Plan({"*.weight": spec})(params)
+
+
+def blocksize(layout: Layout) -> tuple[int, int] | None:
+    return (8, 8) if layout == "bsr" else None
+
+
+def dense_equal(sparse: Tensor, dense: Tensor) -> bool:
+    with torch.inference_mode():  # to_dense writes into its result: an inference tensor
+        return torch.equal(sparse.to_dense(), dense)
+
+
+# --- outputs -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["csr", "bsr"])
+@pytest.mark.parametrize("shape", [(32,), (1, 32), (5, 32), (2, 3, 32)], ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("mode", NO_AUTOGRAD, ids=lambda m: m.__name__)
+def test_functional_call_on_sparse_weights_equals_the_masked_dense_model(
+    layout: Layout, shape: tuple[int, ...], bias: bool,
+    mode: Callable[[], AbstractContextManager[object]],
+) -> None:  # fmt: skip
+    model = mlp(bias=bias)
+    params = params_of(model)
+    masks = masks_for(params, layout, 0.8)
+    sparse = to_sparse(params, masks, layout=layout, blocksize=blocksize(layout), below_break_even="allow")
+    x = torch.randn(shape)
+    with mode():
+        out = torch.func.functional_call(model, sparse, (x,))
+        expected = torch.func.functional_call(model, fp.apply_masks(params, masks), (x,))
+    assert out.shape == expected.shape and out.layout == torch.strided
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["csr", "bsr"])
+def test_sparse_weights_hold_the_masked_values_and_the_rest_passes_through(layout: Layout) -> None:
+    params = params_of(mlp())
+    masks = masks_for(params, layout)
+    sparse = to_sparse(params, masks, layout=layout, blocksize=blocksize(layout))
+    assert list(sparse) == list(params)
+    masked = fp.apply_masks(params, masks)
+    for name, t in sparse.items():
+        if name in masks:
+            assert t.layout == (torch.sparse_csr if layout == "csr" else torch.sparse_bsr)
+            assert t.dtype == params[name].dtype and not t.requires_grad
+            assert dense_equal(t, masked[name])
+        else:
+            assert t is params[name]  # the very same tensor
+    unmasked = to_sparse(params, {}, layout=layout, blocksize=blocksize(layout))
+    assert unmasked is not params and all(unmasked[n] is p for n, p in params.items())
+
+
+def test_the_structure_comes_from_the_mask_not_from_the_values() -> None:
+    weight = torch.tensor([[0.0, 1.0, 2.0, 0.0], [3.0, 0.0, 0.0, 4.0]])
+    mask = torch.tensor([[True, False, True, False], [False, True, False, True]])
+    csr = to_sparse({"w": weight}, {"w": mask}, layout="csr", below_break_even="allow")["w"]
+    assert csr.col_indices().tolist() == [0, 2, 1, 3]  # kept zeros are stored
+    assert csr.values().tolist() == [0.0, 2.0, 0.0, 4.0]
+    bsr = to_sparse({"w": weight}, {"w": mask}, layout="bsr", blocksize=(1, 2), below_break_even="allow")["w"]
+    assert dense_equal(bsr, weight * mask) and bsr.values().shape == (4, 1, 2)
+
+
+def test_inputs_are_untouched() -> None:
+    params = {name: p.detach().clone() for name, p in params_of(mlp()).items()}
+    masks = masks_for(params, "csr")
+    before = {name: t.clone() for name, t in [*params.items(), *((f"mask {n}", m) for n, m in masks.items())]}
+    to_sparse(params, masks, layout="csr")
+    after = {**params, **{f"mask {n}": m for n, m in masks.items()}}
+    assert all(torch.equal(before[n], after[n]) for n in before)
+
+
+@given(st.integers(1, 8), st.integers(1, 8), st.integers(0, 2**31 - 1), st.sampled_from([torch.float32, torch.float64]))
+def test_csr_holds_apply_masks_values_for_random_masks(rows: int, cols: int, seed: int, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    params = {"w": torch.randn(rows, cols, generator=gen, dtype=dtype)}
+    masks = {"w": torch.rand(rows, cols, generator=gen) < 0.3}
+    sparse = to_sparse(params, masks, layout="csr", below_break_even="allow")["w"]
+    assert sparse._nnz() == int(masks["w"].sum())
+    assert dense_equal(sparse, fp.apply_masks(params, masks)["w"])
+
+
+def test_gradients_reach_the_input_through_csr_not_the_weights() -> None:
+    model = mlp()
+    params = params_of(model)
+    masks = masks_for(params, "csr")
+    sparse = to_sparse(params, masks, layout="csr")
+    x = torch.randn(4, 32, requires_grad=True)
+    x_dense = x.detach().clone().requires_grad_()
+    torch.func.functional_call(model, sparse, (x,)).sum().backward()
+    fp.functional_call_masked(model, params, masks, (x_dense,)).sum().backward()
+    torch.testing.assert_close(x.grad, x_dense.grad)
+    assert all(not sparse[name].requires_grad and sparse[name].is_inference() for name in masks)
+
+
+# --- break-even ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["csr", "bsr"])
+def test_below_break_even_warns_raises_or_passes_as_asked(layout: Layout) -> None:
+    params = params_of(mlp())
+    measured = CSR_BREAK_EVEN if layout == "csr" else BSR_BREAK_EVEN
+    low = masks_for(params, layout, measured.sparsity - 0.15)
+    block = blocksize(layout)
+    with pytest.warns(SlowSparseWarning, match=rf"to_sparse: '0.weight' \(\d+% .*below the break-even.*{layout!r}"):
+        to_sparse(params, low, layout=layout, blocksize=block)
+    with pytest.raises(ValueError, match=r"to_sparse: '0.weight' .*below the break-even"):
+        to_sparse(params, low, layout=layout, blocksize=block, below_break_even="raise")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        to_sparse(params, low, layout=layout, blocksize=block, below_break_even="allow")
+        to_sparse(params, masks_for(params, layout, 0.99), layout=layout, blocksize=block)
+
+
+def test_bsr_counts_whole_blocks_for_the_break_even() -> None:
+    params = params_of(mlp())
+    scattered = masks_for(params, "csr", 0.99)  # 99% of entries, few whole 8x8 blocks
+    with pytest.warns(SlowSparseWarning, match=r"blocks pruned"):
+        to_sparse(params, scattered, layout="bsr", blocksize=(8, 8))
+
+
+def test_the_break_even_constants_are_sparsities() -> None:
+    for measured in (CSR_BREAK_EVEN, BSR_BREAK_EVEN):
+        assert 0.0 < measured.batch_1 <= measured.batch_64 == measured.sparsity < 1.0
+    assert issubclass(SlowSparseWarning, UserWarning)
+
+
+# --- errors --------------------------------------------------------------------------
+
+
+def test_errors_name_the_argument_and_what_was_expected() -> None:
+    params = {"fc.weight": torch.randn(8, 8), "conv.weight": torch.randn(4, 2, 3, 3)}
+    mask = {"fc.weight": torch.rand(8, 8) < 0.01}
+    with pytest.raises(ValueError, match=r"to_sparse: layout must be one of 'csr', 'bsr', 'semi_structured', got 'coo'"):
+        to_sparse(params, mask, layout="coo")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"to_sparse: below_break_even must be one of 'warn', 'raise', 'allow'"):
+        to_sparse(params, mask, layout="csr", below_break_even="ignore")  # type: ignore[arg-type]
+    with pytest.raises(fp.UnknownNameError, match=r"to_sparse: mask for 'fc.wieght'.*did you mean 'fc.weight'"):
+        to_sparse(params, {"fc.wieght": mask["fc.weight"]}, layout="csr")
+    conv = {"conv.weight": torch.ones(4, 2, 3, 3, dtype=torch.bool)}
+    with pytest.raises(ValueError, match=r"to_sparse: the parameter 'conv.weight' has shape \(4, 2, 3, 3\); only Linear-like 2-D"):
+        to_sparse(params, conv, layout="csr")
+    with pytest.raises(ValueError, match=r"to_sparse: layout='bsr' needs blocksize"):
+        to_sparse(params, mask, layout="bsr")
+    with pytest.raises(ValueError, match=r"to_sparse: blocksize=\(3, 4\) does not tile the parameter 'fc.weight'"):
+        to_sparse(params, mask, layout="bsr", blocksize=(3, 4))
+    with pytest.raises(ValueError, match=r"to_sparse: blocksize must be a tuple of two positive ints, got \(0, 4\)"):
+        to_sparse(params, mask, layout="bsr", blocksize=(0, 4))
+    with pytest.raises(ValueError, match=r"to_sparse: blocksize is for layout='bsr' only"):
+        to_sparse(params, mask, layout="csr", blocksize=(4, 4))
+
+
+def test_masks_and_dtypes_are_checked() -> None:
+    params = {"w": torch.randn(8, 8)}
+    with pytest.raises(TypeError, match=r"to_sparse: the mask for 'w' has dtype torch.int64"):
+        to_sparse(params, {"w": torch.ones(8, 8, dtype=torch.long)}, layout="csr")
+    with pytest.raises(ValueError, match=r"to_sparse: the mask for 'w' has shape \(4, 8\)"):
+        to_sparse(params, {"w": torch.ones(4, 8, dtype=torch.bool)}, layout="csr")
+    with pytest.raises(TypeError, match=r"to_sparse: the parameter 'w' has dtype torch.float16.*CPU sparse matmul"):
+        to_sparse({"w": torch.randn(8, 8).half()}, {"w": torch.ones(8, 8, dtype=torch.bool)}, layout="csr")
+    with pytest.raises(TypeError, match=r"to_sparse: params must be a mapping"):
+        to_sparse(nn.Linear(2, 2), {}, layout="csr")  # type: ignore[arg-type]
+
+
+def test_float_masks_mean_what_bool_masks_mean() -> None:
+    params = {"w": torch.randn(8, 8)}
+    mask = torch.rand(8, 8) < 0.05
+    a = to_sparse(params, {"w": mask}, layout="csr", below_break_even="allow")["w"]
+    b = to_sparse(params, {"w": mask.double()}, layout="csr", below_break_even="allow")["w"]
+    with torch.inference_mode():
+        assert torch.equal(a.to_dense(), b.to_dense())
+
+
+def two_four(rows: int, cols: int) -> Tensor:
+    return fp.NM(2, 4).compute_mask(torch.randn(rows, cols))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU refusal")
+def test_semi_structured_needs_cuda() -> None:
+    params = {"w": torch.randn(64, 64).half()}
+    with pytest.raises(ValueError, match=r"to_sparse: layout='semi_structured' needs CUDA weights.*'w' is on cpu"):
+        to_sparse(params, {"w": two_four(64, 64)}, layout="semi_structured")
+
+
+# --- CUDA ------------------------------------------------------------------------------
+
+
+@needs_2_4
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_semi_structured_equals_the_masked_dense_model_on_cuda(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 64)).to("cuda", dtype)
+    params = params_of(model)
+    masks = {name: two_four(*p.shape).cuda() for name, p in params.items() if p.dim() == 2}
+    assert all(bool((m.reshape(-1, 4).sum(-1) <= 2).all()) for m in masks.values())  # 2:4 indeed
+    sparse = to_sparse(params, masks, layout="semi_structured")
+    x = torch.randn(2, 16, 128, device="cuda", dtype=dtype)
+    for mode in NO_AUTOGRAD:
+        with mode():
+            out = torch.func.functional_call(model, sparse, (x,))
+            expected = torch.func.functional_call(model, fp.apply_masks(params, masks), (x,))
+        torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
+
+
+@needs_cuda
+def test_semi_structured_refuses_what_it_cannot_hold_on_cuda() -> None:
+    params = {"w": torch.randn(64, 64, device="cuda", dtype=torch.float16)}
+    dense = torch.ones(64, 64, dtype=torch.bool, device="cuda")
+    with pytest.raises(ValueError, match=r"to_sparse: layout='semi_structured' needs a 2:4 mask.*'w'"):
+        to_sparse(params, {"w": dense}, layout="semi_structured")
+    with pytest.raises(TypeError, match=r"needs torch.float16 or torch.bfloat16.*'w' has dtype torch.float32"):
+        to_sparse({"w": params["w"].float()}, {"w": two_four(64, 64).cuda()}, layout="semi_structured")
+
+
+@needs_cuda
+@pytest.mark.parametrize("layout", ["csr", "bsr"])
+def test_csr_and_bsr_run_on_cuda(layout: Layout) -> None:
+    model = mlp().cuda()
+    params = params_of(model)
+    masks = masks_for(params, layout)
+    sparse = to_sparse(params, masks, layout=layout, blocksize=blocksize(layout), below_break_even="allow")
+    x = torch.randn(2, 3, 32, device="cuda")
+    with torch.inference_mode():
+        out = torch.func.functional_call(model, sparse, (x,))
+        expected = torch.func.functional_call(model, fp.apply_masks(params, masks), (x,))
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
