@@ -30,6 +30,11 @@ functions, usable under ``torch.func.vmap``, ``grad`` and ``torch.compile``:
   ``to_multipliers`` converts masks once for long training loops.
 - **Reports**: ``sparsity_report(masks)`` gives per-tensor and global
   sparsity as a table.
+- **Payoff**: ``bake(module, masks)`` returns a pruned copy of the module;
+  ``shrink(module, masks, example_inputs)`` a physically smaller one, with
+  the channels the masks prune entirely removed (``propagate`` gives the
+  masks it removes); ``to_sparse(params, masks, layout=...)`` turns masked
+  Linear weights into CSR, BSR or 2:4 sparse tensors.
 - **funcprune.compat** is a drop-in ``torch.nn.utils.prune`` (hook mode, the
   same masks and errors, with fixes), plus the bridge to mask dicts:
   ``masks_from_module``, ``install_masks_``, ``unprune_``, and
@@ -80,6 +85,8 @@ from ._scores import saliency as saliency
 from ._scores import taylor as taylor
 from ._scores import wanda as wanda
 from ._shape_specs import Block as Block
+from ._shrink import propagate as propagate
+from ._shrink import shrink as shrink
 from ._shape_specs import NM as NM
 from ._shape_specs import PerSlice as PerSlice
 from ._spec import Chain as Chain
@@ -156,9 +163,11 @@ __all__ = [
     "input_norms",
     "mask_gradients",
     "mask_gradients_",
+    "propagate",
     "prunable",
     "prune",
     "saliency",
+    "shrink",
     "sparsity_report",
     "taylor",
     "to_multipliers",

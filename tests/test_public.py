@@ -14,7 +14,7 @@ DESIGN_NAMES = [
     "LnStructured", "CustomFromMask", "Chain", "chain", "compute_mask", "prune",
     "Plan", "global_unstructured", "apply_masks",
     "saliency", "taylor", "wanda", "input_norms", "NM", "Block", "PerSlice",
-    "global_structured",
+    "global_structured", "bake", "propagate", "shrink", "to_sparse",
 ]  # fmt: skip
 DESIGN_SIGNATURES = {
     fp.compute_mask: "(spec, scores, default_mask=None, *, generator=None)",
@@ -35,6 +35,10 @@ DESIGN_SIGNATURES = {
     fp.Block: "(amount=None, shape=None, *, sparsity=None)",
     fp.PerSlice: "(spec, dim=0)",
     fp.global_structured: "(names, spec, *, normalize=None)",
+    fp.bake: "(module, masks)",
+    fp.propagate: "(module, masks, example_inputs)",
+    fp.shrink: "(module, masks, example_inputs)",
+    fp.to_sparse: "(params, masks, *, layout, blocksize=None, below_break_even='warn')",
 }
 
 

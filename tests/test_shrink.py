@@ -1,0 +1,484 @@
+"""Shrinking (funcprune._shrink, _graph): smaller models with the outputs of the closure's masks."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeVar
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import funcprune as fp
+
+Tensor = torch.Tensor
+Masks = dict[str, Tensor]
+_M = TypeVar("_M", bound=nn.Module)
+
+
+# --- models ------------------------------------------------------------------
+
+
+def mlp() -> nn.Sequential:
+    return nn.Sequential(
+        nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16), nn.GELU(), nn.Linear(16, 4)
+    )
+
+
+def cnn() -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 5),
+    )  # fmt: skip
+
+
+class ResidualNet(nn.Module):
+    """A stem, one ResNet basic block (identity shortcut), a pooled head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn0 = nn.BatchNorm2d(8)
+        self.conv1 = nn.Conv2d(8, 6, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(6)
+        self.conv2 = nn.Conv2d(6, 8, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.bn0(self.stem(x)))
+        out = F.relu(self.bn1(self.conv1(h)))
+        out = F.relu(self.bn2(self.conv2(out)) + h)
+        logits: Tensor = self.fc(torch.flatten(F.adaptive_avg_pool2d(out, 1), 1))
+        return logits
+
+
+class ConvToLinear(nn.Module):
+    """Conv, pool, then ``flatten`` (or ``view(size(0), -1)``) into a Linear."""
+
+    def __init__(self, *, view: bool = False) -> None:
+        super().__init__()
+        self.view = view
+        self.conv = nn.Conv2d(3, 6, 3)
+        self.fc1 = nn.Linear(6 * 3 * 3, 10)
+        self.fc2 = nn.Linear(10, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.max_pool2d(F.relu(self.conv(x)), 2)
+        h = h.view(h.size(0), -1) if self.view else torch.flatten(h, 1)
+        out: Tensor = self.fc2(F.relu(self.fc1(h)))
+        return out
+
+
+class TransformerMLP(nn.Module):
+    """A pre-norm transformer MLP block: ``x + fc2(gelu(fc1(ln(x))))``."""
+
+    def __init__(self, dim: int = 8, hidden: int = 32) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        update: Tensor = self.fc2(F.gelu(self.fc1(self.ln(x))))
+        return x + update
+
+
+def image(batch: int = 2, size: int = 8, seed: int = 0) -> Tensor:
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def seeded(model: _M, seed: int = 0) -> _M:
+    """``model`` with seeded weights and BatchNorm statistics away from their defaults."""
+    torch.manual_seed(seed)
+    for mod in model.modules():
+        if isinstance(mod, nn.Linear | nn.Conv2d):
+            mod.reset_parameters()
+        if isinstance(mod, nn.BatchNorm2d):
+            with torch.no_grad():
+                mod.weight.uniform_(0.5, 1.5)
+                mod.bias.uniform_(-0.5, 0.5)
+                assert mod.running_mean is not None and mod.running_var is not None
+                mod.running_mean.uniform_(-0.5, 0.5)
+                mod.running_var.uniform_(0.5, 2.0)
+    return model.eval()
+
+
+# --- helpers -----------------------------------------------------------------
+
+
+def params_of(model: nn.Module) -> dict[str, Tensor]:
+    return dict(model.named_parameters())
+
+
+def layer(model: nn.Module, name: str, kind: type[_M]) -> _M:
+    """The submodule ``name`` of ``model``, checked to be a ``kind``."""
+    mod = model.get_submodule(name)
+    assert isinstance(mod, kind), (name, mod)
+    return mod
+
+
+def count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def channel_masks(model: nn.Module, pruned: Mapping[str, Iterable[int]]) -> Masks:
+    """Masks pruning the given output rows (channels) of the given weights."""
+    params = params_of(model)
+    masks: Masks = {}
+    for name, rows in pruned.items():
+        mask = torch.ones_like(params[name], dtype=torch.bool)
+        mask[list(rows)] = False
+        masks[name] = mask
+    return masks
+
+
+def half_channels(model: nn.Module, names: Sequence[str], amount: float = 0.5) -> Masks:
+    plan = fp.Plan({name: fp.LnStructured(amount, n=2, dim=0) for name in names})
+    return plan(params_of(model))
+
+
+def check_equal_outputs(model: nn.Module, masks: Masks, inputs: Tensor) -> nn.Module:
+    """Shrink, compare with the closure-masked dense model in eval mode; return the shrunk one."""
+    model.eval()
+    closure = fp.propagate(model, masks, inputs)
+    small = fp.shrink(model, masks, inputs).eval()
+    with torch.no_grad():
+        expected = fp.functional_call_masked(model, params_of(model), closure, inputs)
+        got = small(inputs)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    for name, mask in masks.items():  # the closure never revives
+        assert not (closure[name] & ~mask).any(), name
+    return small
+
+
+def snapshot(model: nn.Module) -> dict[str, Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def unchanged(model: nn.Module, before: dict[str, Tensor]) -> bool:
+    after = model.state_dict()
+    return after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+
+
+# --- the five models -----------------------------------------------------------
+
+
+def test_mlp_loses_its_pruned_hidden_units() -> None:
+    model = seeded(mlp())
+    masks = half_channels(model, ["0.weight", "2.weight"])
+    small = check_equal_outputs(model, masks, torch.randn(4, 8))
+    shapes = [layer(small, name, nn.Linear).weight.shape for name in ("0", "2", "4")]
+    assert shapes == [(16, 8), (8, 16), (4, 8)]
+    assert count(small) == (8 * 16 + 16) + (16 * 8 + 8) + (8 * 4 + 4)
+    assert layer(small, "0", nn.Linear).out_features == 16
+
+
+def test_cnn_with_batchnorm_slices_the_norms_and_their_statistics() -> None:
+    model = seeded(cnn())
+    masks = half_channels(model, ["0.weight", "3.weight"], amount=0.25)
+    small = check_equal_outputs(model, masks, image())
+    conv0, conv3 = layer(small, "0", nn.Conv2d), layer(small, "3", nn.Conv2d)
+    bn0, bn4 = layer(small, "1", nn.BatchNorm2d), layer(small, "4", nn.BatchNorm2d)
+    fc = layer(small, "8", nn.Linear)
+    assert (conv0.out_channels, bn0.num_features, conv3.in_channels) == (6, 6, 6)
+    assert (conv3.out_channels, bn4.num_features, fc.in_features) == (12, 12, 12)
+    assert bn4.running_mean is not None and bn4.running_mean.shape == (12,)
+    kept = [i for i in range(16) if masks["3.weight"][i].any()]
+    original_bn = layer(model, "4", nn.BatchNorm2d)
+    assert original_bn.running_var is not None
+    assert bn4.running_var is not None
+    assert torch.equal(bn4.running_var, original_bn.running_var[kept])
+    convs = (6 * 3 * 9 + 6) + (12 * 6 * 9 + 12)
+    assert count(small) == convs + 2 * 6 + 2 * 12 + (5 * 12 + 5)
+
+
+def test_residual_channels_go_only_where_both_sides_prune_them() -> None:
+    model = seeded(ResidualNet())
+    masks = channel_masks(model, {"stem.weight": [0, 1, 2], "conv2.weight": [1, 2, 5],
+                                  "conv1.weight": [4]})  # fmt: skip
+    small = check_equal_outputs(model, masks, image())
+    assert isinstance(small, ResidualNet)
+    assert (small.stem.out_channels, small.conv2.out_channels, small.fc.in_features) == (6, 6, 6)
+    assert (small.conv1.in_channels, small.conv1.out_channels, small.conv2.in_channels) == (6, 5, 5)
+    closure = fp.propagate(model, masks, image())
+    assert closure["bn0.weight"].tolist() == [True, False, False] + [True] * 5
+    assert closure["fc.weight"][:, 0].all() and not closure["fc.weight"][:, 1:3].any()
+    # pruned in one branch only: the channel stays, and the closure adds nothing for it
+    assert closure["stem.weight"][0].sum() == 0 and closure["bn0.bias"][0]
+
+
+def test_conv_flatten_linear_maps_each_channel_to_its_block_of_columns() -> None:
+    for view in (False, True):
+        model = seeded(ConvToLinear(view=view))
+        masks = channel_masks(model, {"conv.weight": [1, 4]})
+        small = check_equal_outputs(model, masks, image())
+        assert isinstance(small, ConvToLinear)
+        assert (small.conv.out_channels, small.fc1.in_features) == (4, 4 * 9)
+        closure = fp.propagate(model, masks, image())
+        columns = closure["fc1.weight"].all(0).view(6, 9)
+        assert columns.all(1).tolist() == [True, False, True, True, False, True]
+
+
+def test_transformer_mlp_block_shrinks_its_hidden_dim_only() -> None:
+    model = seeded(TransformerMLP())
+    masks = half_channels(model, ["fc1.weight", "fc2.weight"], amount=0.25)
+    x = torch.randn(2, 5, 8)
+    small = check_equal_outputs(model, masks, x)
+    assert isinstance(small, TransformerMLP)
+    assert (small.fc1.out_features, small.fc2.in_features) == (24, 24)
+    assert small.fc2.out_features == 8  # the residual with the input keeps it whole
+    assert count(small) == count(model) - 8 * (8 + 1 + 8)
+
+
+# --- what blocks, what is refused ------------------------------------------------
+
+
+class Normed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.ln, self.fc2 = nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.fc2(self.ln(self.fc1(x)))
+        return out
+
+
+def test_layernorm_across_channels_keeps_them() -> None:
+    model = seeded(Normed())
+    masks = channel_masks(model, {"fc1.weight": [0, 3]})
+    small = check_equal_outputs(model, masks, torch.randn(3, 4))
+    assert count(small) == count(model)
+    assert fp.propagate(model, masks, torch.randn(3, 4)).keys() == masks.keys()
+
+
+class Rolled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 6), nn.Linear(6, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.fc2(torch.roll(F.relu(self.fc1(x)), 1, dims=-1))
+        return out
+
+
+def test_an_op_it_cannot_reason_about_is_refused_naming_the_node() -> None:
+    model = Rolled()
+    before = snapshot(model)
+    masks = channel_masks(model, {"fc1.weight": [2]})
+    for fn in (fp.shrink, fp.propagate):
+        refused = r"node 'roll' \(call_function torch.roll\) reads .*\(fc1\[2\]\)"
+        with pytest.raises(ValueError, match=rf"{fn.__name__}: {refused}"):
+            fn(model, masks, torch.randn(1, 4))
+    assert unchanged(model, before)
+    # masks that keep the channels it reads are fine
+    partial = {"fc1.weight": torch.rand(6, 4) > 0.5}
+    partial["fc1.weight"][:, 0] = True
+    check_equal_outputs(model, partial, torch.randn(3, 4))
+
+
+class LeNetView(nn.Module):
+    """A forward that spells the flattened size out: ``x.view(-1, 6 * 3 * 3)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 6, 3), nn.Linear(6 * 3 * 3, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.fc(F.max_pool2d(self.conv(x), 2).view(-1, 6 * 3 * 3))
+        return out
+
+
+def test_a_view_with_spelled_out_sizes_keeps_the_channels() -> None:
+    model = seeded(LeNetView())
+    small = check_equal_outputs(model, channel_masks(model, {"conv.weight": [0, 1]}), image())
+    assert count(small) == count(model)
+
+
+class Keeper(nn.Module):
+    """``fc1 -> (something that keeps fc1's channels) -> fc2``."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.fc1, self.fc2 = nn.Linear(4, 6), nn.Linear(6, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.fc1(x))
+        if self.how == "shared":  # some channels selected, fc2 also called on its own outputs
+            h = torch.cat([h[:, :4], self.fc2(h)], 1)
+        elif self.how == "weight read":
+            h = h * self.fc1.weight.sum()
+        elif self.how == "channel mean":
+            h = h - h.mean(-1, keepdim=True)
+        elif self.how == "channel count":
+            h = h / h.shape[1]
+        elif self.how == "softmax":
+            h = h.softmax(-1)
+        elif self.how == "per-channel tensor":
+            h = h + torch.arange(6.0)
+        out: Tensor = self.fc2(h)
+        return out
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["shared", "weight read", "channel mean", "channel count", "softmax", "per-channel tensor"],
+)
+def test_what_reads_every_channel_keeps_them(how: str) -> None:
+    model = seeded(Keeper(how))
+    masks = channel_masks(model, {"fc1.weight": [0, 5]})
+    small = check_equal_outputs(model, masks, torch.randn(3, 4))
+    assert count(small) == count(model)
+
+
+class Branches(nn.Module):
+    """Two convs concatenated, a depthwise conv, then a 1x1 conv (and a grouped one)."""
+
+    def __init__(self, *, grouped: bool) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 4, 1)
+        self.dw = nn.Conv2d(8, 16, 3, padding=1, groups=8)
+        self.bn = nn.BatchNorm2d(16)
+        self.mix = nn.Conv2d(16, 2, 1)
+        self.grouped = nn.Conv2d(16, 2, 1, groups=2) if grouped else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.bn(self.dw(torch.cat([self.a(x), self.b(x)], dim=1))))
+        out: Tensor = self.mix(h)
+        return out if self.grouped is None else out + self.grouped(h)
+
+
+def test_cat_offsets_and_depthwise_convolutions_follow_their_channels() -> None:
+    model = seeded(Branches(grouped=False))
+    masks = channel_masks(model, {"a.weight": [1], "b.weight": [0, 3]})
+    small = check_equal_outputs(model, masks, image())
+    assert isinstance(small, Branches)
+    assert (small.a.out_channels, small.b.out_channels) == (3, 2)
+    assert (small.dw.in_channels, small.dw.out_channels, small.dw.groups) == (5, 10, 5)
+    assert (small.bn.num_features, small.mix.in_channels) == (10, 10)
+    closure = fp.propagate(model, masks, image())
+    assert closure["dw.bias"].view(8, 2).all(1).tolist() == [True, False, True, True] + [
+        False, True, True, False
+    ]  # fmt: skip
+
+
+def test_a_grouped_convolution_keeps_the_channels_it_reads() -> None:
+    model = seeded(Branches(grouped=True))
+    masks = channel_masks(model, {"a.weight": [1], "b.weight": [0, 3]})
+    small = check_equal_outputs(model, masks, image())
+    assert count(small) == count(model)
+
+
+def test_a_layer_keeps_one_channel_when_the_masks_prune_all() -> None:
+    model = seeded(mlp())
+    masks = channel_masks(model, {"2.weight": range(16)})
+    small = check_equal_outputs(model, masks, torch.randn(3, 8))
+    assert layer(small, "2", nn.Linear).out_features == 1
+
+
+def test_unstructured_masks_are_applied_to_what_stays() -> None:
+    model = seeded(cnn())
+    masks = half_channels(model, ["0.weight"])
+    masks["3.weight"] = torch.rand(16, 8, 3, 3, generator=torch.Generator().manual_seed(1)) > 0.3
+    masks["8.bias"] = torch.tensor([True, False, True, True, False])
+    small = check_equal_outputs(model, masks, image())
+    assert layer(small, "8", nn.Linear).bias.tolist()[1] == 0.0
+
+
+def test_the_original_is_untouched_and_the_copy_keeps_class_and_mode() -> None:
+    model = seeded(ResidualNet()).train()
+    before = snapshot(model)
+    masks = channel_masks(model, {"stem.weight": [0], "conv2.weight": [0], "conv1.weight": [1]})
+    small = fp.shrink(model, masks, image())
+    assert unchanged(model, before) and model.training and model.conv1.out_channels == 6
+    assert type(small) is ResidualNet and small.training
+    assert small.conv1.weight.requires_grad and small.conv1.out_channels == 5
+    assert small.conv1.weight is not model.conv1.weight
+
+
+# --- bad input -------------------------------------------------------------------------
+
+
+class Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.fc(x) if x.sum() > 0 else x
+        return out
+
+
+def test_errors_name_the_function_and_what_was_given() -> None:
+    model = mlp()
+    with pytest.raises(fp.UnknownNameError, match=r"shrink: .*'0.wieght'.*did you mean '0.weight'"):
+        fp.shrink(model, {"0.wieght": torch.ones(32, 8, dtype=torch.bool)}, torch.randn(1, 8))
+    with pytest.raises(TypeError, match=r"propagate: example_inputs must be a tensor or a tuple"):
+        fp.propagate(model, {}, [torch.randn(1, 8)])
+    with pytest.raises(TypeError, match=r"shrink: module must be a torch.nn.Module, got dict"):
+        fp.shrink(params_of(model), {}, torch.randn(1, 8))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"shrink: torch.fx.symbolic_trace cannot trace Branchy"):
+        fp.shrink(Branchy(), {}, torch.randn(1, 2))
+    with pytest.raises(ValueError, match=r"shrink: the model failed on example_inputs"):
+        fp.shrink(model, {}, torch.randn(1, 7))
+    with pytest.raises(ValueError, match=r"shrink: the mask for '0.weight'"):
+        fp.shrink(model, {"0.weight": torch.ones(3, dtype=torch.bool)}, torch.randn(1, 8))
+
+
+# --- properties ------------------------------------------------------------------------
+
+
+def random_rows(draw: st.DrawFn, model: nn.Module, names: Sequence[str]) -> Masks:
+    params = params_of(model)
+    pruned = {
+        name: draw(st.sets(st.integers(0, params[name].shape[0] - 1))) for name in names
+    }
+    return channel_masks(model, pruned)
+
+
+@st.composite
+def mlp_case(draw: st.DrawFn) -> tuple[nn.Module, Masks]:
+    model = seeded(mlp(), draw(st.integers(0, 100)))
+    return model, random_rows(draw, model, ["0.weight", "2.weight", "4.weight"])
+
+
+@st.composite
+def residual_case(draw: st.DrawFn) -> tuple[nn.Module, Masks]:
+    model = seeded(ResidualNet(), draw(st.integers(0, 100)))
+    return model, random_rows(draw, model, ["stem.weight", "conv1.weight", "conv2.weight"])
+
+
+def expected_mlp_count(masks: Masks) -> int:
+    def kept(name: str) -> int:
+        return max(1, int(masks[name].any(1).sum()))
+
+    h1, h2 = kept("0.weight"), kept("2.weight")
+    return (8 * h1 + h1) + (h1 * h2 + h2) + (h2 * 4 + 4)
+
+
+@settings(max_examples=30)
+@given(mlp_case())
+def test_random_channel_masks_on_an_mlp_give_equal_outputs(case: tuple[nn.Module, Masks]) -> None:
+    model, masks = case
+    small = check_equal_outputs(model, masks, torch.randn(3, 8))
+    assert count(small) == expected_mlp_count(masks)
+
+
+@settings(max_examples=20)
+@given(residual_case())
+def test_random_channel_masks_on_a_residual_cnn_give_equal_outputs(
+    case: tuple[nn.Module, Masks],
+) -> None:
+    model, masks = case
+    small = check_equal_outputs(model, masks, image(batch=1, size=6))
+    assert isinstance(small, ResidualNet)
+    gone = masks["stem.weight"].flatten(1).any(1) | masks["conv2.weight"].flatten(1).any(1)
+    assert small.stem.out_channels == max(1, int(gone.sum()))
+    assert small.conv1.out_channels == max(1, int(masks["conv1.weight"].flatten(1).any(1).sum()))
