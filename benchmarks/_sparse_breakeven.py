@@ -22,7 +22,9 @@ speedups (dense time / sparse time: above 1, sparse is faster). The last
 table interpolates, for each layout and batch size, the sparsity where the
 speedup crosses 1 (linearly in the log of the speedup, between the two
 sparsities measured around it): the break-even constants of
-``funcprune/_sparse.py`` come from it.
+``funcprune/_sparse.py`` come from it. ``run.py``'s payoff table (``payoff.py``)
+measures the CSR and BSR rows of this sweep at 4096x4096; this script adds
+options (size, dtype, CUDA with 2:4, torch's own CSR conversion).
 """
 
 from __future__ import annotations
@@ -44,9 +46,7 @@ import torch.nn.functional as F
 
 import funcprune as fp
 from funcprune._sparse import Layout, to_sparse
-
-SPARSITIES = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
-
+from payoff import SPARSITIES, break_even
 
 @dataclass(frozen=True)
 class Case:
@@ -146,18 +146,6 @@ def run_case(
     return Row(case, batch, sparsity, times[0] * 1e3, times[1] * 1e3, times[2])
 
 
-def break_even(rows: Sequence[Row]) -> str:
-    """The sparsity where the speedup crosses 1, interpolated in log speedup."""
-    points = sorted((r.sparsity, r.speedup) for r in rows)
-    if points[0][1] >= 1.0:
-        return f"<= {points[0][0]:.0%}"
-    for (s0, v0), (s1, v1) in zip(points, points[1:]):
-        if v0 < 1.0 <= v1:
-            t = -math.log(v0) / (math.log(v1) - math.log(v0))
-            return f"{s0 + t * (s1 - s0):.1%}"
-    return f"> {points[-1][0]:.0%}"
-
-
 def cases(device: str) -> list[Case]:
     found = [
         Case("csr", "csr"),
@@ -191,7 +179,8 @@ def print_tables(rows: Sequence[Row], batches: Sequence[int]) -> None:
     for label in dict.fromkeys(r.case.label for r in rows):
         if label.startswith("2:4"):
             continue
-        found = [break_even([r for r in rows if r.case.label == label and r.batch == b]) for b in batches]
+        found = [break_even([(r.sparsity, r.speedup) for r in rows if r.case.label == label and r.batch == b])
+                 for b in batches]  # fmt: skip
         print(f"{label:<12} " + ", ".join(f"batch {b}: {f}" for b, f in zip(batches, found)))
 
 

@@ -14,7 +14,8 @@ is one pass that reads every weight and writes one byte per weight:
 ``torch.gt(w, c, out=preallocated_bool)``. Masks are compared with torch's:
 the script exits with status 1 if they differ beyond ties (equal scores),
 and prints a digest of funcprune's masks, so that two runs can be checked
-identical.
+identical. A second table (``payoff.py``; ``--no-payoff`` skips it) times
+shrunk and sparse models against the masked dense model.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from torch import nn
 from torch.func import stack_module_state, vmap
 
 import funcprune as fp
+import payoff
+from _timing import HEADER, Contender, Row, interleaved
 
 Masks = dict[str, torch.Tensor]
 
@@ -69,62 +72,6 @@ class Holder(nn.Module):
         """The ``weight_mask`` buffer torch's pruning registered."""
         mask: torch.Tensor = getattr(self, "weight_mask")
         return mask
-
-
-@dataclass(frozen=True)
-class Contender:
-    """One side of a comparison: what is timed, and untimed set-up before it."""
-
-    run: Callable[[], object]
-    setup: Callable[[], object] | None = None
-
-
-def interleaved(contenders: Mapping[str, Contender], repeats: int) -> dict[str, list[float]]:
-    """Wall times of ``repeats`` alternating runs of each contender, after a warm-up."""
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    for i in range(repeats + 1):
-        for name, c in contenders.items():
-            if c.setup is not None:
-                c.setup()
-            start = time.perf_counter()
-            c.run()
-            if i:  # the first round warms up
-                times[name].append(time.perf_counter() - start)
-    return times
-
-
-@dataclass(frozen=True)
-class Row:
-    """One comparison: ``numerator / denominator`` per repetition, against a target."""
-
-    case: str
-    numerator: str
-    denominator: str
-    times: dict[str, list[float]]
-    target: float | None  # None: reported, no target
-    at_least: bool = True  # the ratio must be >= target (else <= target)
-    masks: str = ""
-
-    @property
-    def ratios(self) -> list[float]:
-        return [a / b for a, b in zip(self.times[self.numerator], self.times[self.denominator], strict=True)]
-
-    @property
-    def met(self) -> bool | None:
-        if self.target is None:
-            return None
-        ratio = statistics.median(self.ratios)
-        return ratio >= self.target if self.at_least else ratio <= self.target
-
-    def line(self, threads: int) -> str:
-        ms = {name: 1e3 * statistics.median(t) for name, t in self.times.items()}
-        target = "(reported)" if self.target is None else f"{'>=' if self.at_least else '<='} {self.target:g}"
-        met = {None: "", True: "yes", False: "**no**"}[self.met]
-        return (
-            f"| {self.case} | {threads} | {self.numerator} {ms[self.numerator]:.1f} ms | "
-            f"{self.denominator} {ms[self.denominator]:.1f} ms | {self.numerator} / {self.denominator} | "
-            f"{statistics.median(self.ratios):.2f} | {min(self.ratios):.2f} | {target} | {met} | {self.masks} |"
-        )
 
 
 def compare_masks(ours: Masks, theirs: Masks, scores: Masks) -> str:
@@ -295,6 +242,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="2 repetitions per comparison (else 5)")
     parser.add_argument("--threads", default=f"1,{torch.get_num_threads()}", help="comma-separated thread counts")
+    parser.add_argument("--no-payoff", action="store_true", help="skip the payoff table (shrink, sparse)")
     args = parser.parse_args()
     repeats = 2 if args.quick else 5
     torch.manual_seed(0)
@@ -303,8 +251,7 @@ def main() -> int:
     print(f"{datetime.date.today()}: funcprune {fp.__version__} vs torch.nn.utils.prune, torch {torch.__version__}")
     print(f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print(f"ResNet-50 weight set: {len(params)} tensors, {total / 1e6:.1f}M weights; {repeats} interleaved repetitions\n")
-    print("| case | threads | A (median) | B (median) | ratio | median | min | target | met | masks |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(HEADER)
     failed = False
     for threads in sorted({int(t) for t in args.threads.split(",")}):
         rows, digest, floor = run(threads, repeats, params)
@@ -315,6 +262,15 @@ def main() -> int:
     print(f"\n{memory_line(params)}")
     if failed:
         print("funcprune's masks differ from torch's beyond ties", file=sys.stderr)
+    if not args.no_payoff:
+        print("\nPayoff: shrunk and sparse models against the masked dense model (ratio > 1: faster)\n")
+        print(HEADER)
+        for threads in sorted({int(t) for t in args.threads.split(",")}):
+            lines, ok = payoff.section(threads, repeats, size=1024 if args.quick else 4096)
+            print("\n".join(lines), flush=True)
+            if not ok:
+                print("a shrunk or sparse model's outputs differ from the masked dense model's", file=sys.stderr)
+                failed = True
     return 1 if failed else 0
 
 
