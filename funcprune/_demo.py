@@ -6,15 +6,19 @@ CNN densely, then shows: gradual (cubic) magnitude pruning while training,
 iterative magnitude pruning with rewinding (the lottery ticket) against
 random masks at the same sparsities, ERK against uniform allocation, an
 ensemble with its own masks per model trained in one ``vmap(grad(...))``,
-and the tutorial's steps in hook mode through ``funcprune.compat`` with the
-same masks as ``torch.nn.utils.prune``. All training is functional: a
+the tutorial's steps in hook mode through ``funcprune.compat`` with the
+same masks as ``torch.nn.utils.prune``, and at last the payoff: half the
+channels pruned across layers, fine-tuned, and the CNN shrunk to a smaller,
+faster model with the same accuracy. All training is functional: a
 parameter dict, a mask dict, ``torch.func.grad`` and
 ``functional_call_masked``. It saves the curves as a PNG with matplotlib.
 """
 
 from __future__ import annotations
 
+import copy
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,14 +27,16 @@ import torch
 from torch import nn
 
 from ._allocate import erk_sparsity, uniform_sparsity
-from ._apply import apply_masks
+from ._apply import apply_masks, functional_call_masked
 from ._digits import Adam, Data, DigitsCNN, accuracy, adam_step, load_data, loss_of, params_of, train_steps
 from ._global import global_unstructured
+from ._global_structured import global_structured
 from ._plan import Plan
 from ._prunable import prunable
 from ._report import sparsity_report
 from ._schedules import Iterative, Polynomial
-from ._specs import L1Unstructured, RandomUnstructured
+from ._shrink import propagate, shrink
+from ._specs import L1Unstructured, LnStructured, RandomUnstructured
 from ._tutorial import tutorial
 from ._types import Masks, Params
 
@@ -232,6 +238,51 @@ def ensemble(
     print(f"   (time so far {clock})")
 
 
+def payoff(model: nn.Module, trained: Params, data: tuple[Data, Data], budget: Budget, clock: Clock) -> None:
+    """Part 7: half the channels pruned across layers, fine-tuned, and the model shrunk."""
+    train, test = data
+    names = ["conv1.weight", "conv2.weight", "fc1.weight"]  # fc2's outputs are the classes
+    plan = global_structured(names, LnStructured(0.5, n=2, dim=0), normalize="mean")
+    example = test[0][:1]
+    masks = propagate(model, plan(trained), example)  # the channels' biases and input columns too
+    print(f"7. Payoff: {plan}")
+    print("   prunes half the channels of conv1, conv2 and fc1 jointly; fp.propagate adds their")
+    print(f"   biases and the columns that read them; {budget.finetune} steps of fine-tuning, then")
+    print("   fp.shrink(model, masks, example) builds the smaller model")
+    params, masks = train_steps(model, trained, masks, train, budget.finetune, seed=40)
+    tuned = copy.deepcopy(model)
+    tuned.load_state_dict(params)
+    small = shrink(tuned, masks, example)
+    kept = ", ".join(f"{n.removesuffix('.weight')} {small.get_parameter(n).shape[0]}" for n in names)
+    print(f"   output channels kept: {kept} (of 16, 32, 64)")
+    with torch.no_grad():
+        shrunk_acc = 100.0 * float((small(test[0]).argmax(1) == test[1]).float().mean())
+        times = _interleaved(lambda: functional_call_masked(model, params, masks, test[0]), lambda: small(test[0]))
+    print(f"   {'model':<13} {'parameters':>10}  {'test accuracy':>13}  {'forward, 449 images':>19}")
+    dense_ms, small_ms = (1e3 * statistics.median(t) for t in times)
+    print(f"   {'masked dense':<13} {_count(tuned):>10,}  {accuracy(model, params, masks, test):12.1f}%  {dense_ms:16.2f} ms")
+    print(f"   {'shrunk':<13} {_count(small):>10,}  {shrunk_acc:12.1f}%  {small_ms:16.2f} ms")
+    ratio = statistics.median(d / s for d, s in zip(*times))
+    print(f"   shrunk: {_count(tuned) / _count(small):.1f}x fewer parameters, {ratio:.1f}x faster forward")
+    print(f"   (median of {len(times[0])} interleaved repetitions; time so far {clock})")
+
+
+def _count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _interleaved(a: Callable[[], object], b: Callable[[], object], repeats: int = 21) -> tuple[list[float], list[float]]:
+    """Seconds per call of ``a`` and ``b``, alternating, after one untimed call of each."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for i in range(repeats + 1):
+        for run, record in zip((a, b), times):
+            start = time.perf_counter()
+            run()
+            if i:
+                record.append(time.perf_counter() - start)
+    return times
+
+
 def save_png(path: str, curves: Curves, title: str) -> str:
     """Plot the curves and per-layer sparsities into ``path``; says what it did."""
     try:
@@ -283,5 +334,6 @@ def main(*, quick: bool = False, png: str = "funcprune-demo.png") -> None:
     allocations(model, trained, (train, test), budget, clock, curves)
     ensemble(model, (train, test), budget, clock)
     tutorial()
+    payoff(model, trained, (train, test), budget, clock)
     print(save_png(png, curves, "digits" if "scikit" in name else "synthetic digits"))
     print(f"done in {time.perf_counter() - clock.start:.1f} s")

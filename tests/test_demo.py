@@ -163,3 +163,17 @@ def test_without_matplotlib_the_png_is_skipped(monkeypatch: pytest.MonkeyPatch, 
     path = tmp_path / "skipped.png"
     assert save_png(str(path), Curves(), "digits").startswith("PNG skipped: matplotlib is not installed")
     assert not path.exists()
+
+
+def test_the_pruned_cnn_is_shrunk_with_its_accuracy_unchanged(output: str) -> None:
+    part = output[output.index("\n7. Payoff: global_structured(") :]
+    kept = re.search(r"output channels kept: conv1 (\d+), conv2 (\d+), fc1 (\d+) \(of 16, 32, 64\)", part)
+    assert kept, "no channel counts"
+    assert sum(int(k) for k in kept.groups()) == 56  # half of the 112 channels, ranked jointly
+    dense = table_row(part, "masked dense", "7. Payoff")
+    shrunk = table_row(part, "shrunk", "7. Payoff")
+    assert int(shrunk[0].replace(",", "")) < int(dense[0].replace(",", "")) / 3
+    assert shrunk[1] == dense[1]  # the same accuracy: the shrunk model computes the closure's outputs
+    assert re.search(r"shrunk: [\d.]+x fewer parameters, [\d.]+x faster forward", part)
+    if HAS_SKLEARN:
+        assert percent(shrunk[1]) > 85.0
