@@ -1,0 +1,204 @@
+"""What ops that reshape, index or concatenate tensors do to their channels.
+
+Each handler takes the :class:`~funcprune._graph_walk.Walk` and a
+``call_function`` or ``call_method`` node; :data:`HANDLERS` maps targets
+(functions, and method names) to them:
+
+- ``flatten`` (and ``view``/``reshape`` to ``(d0, ..., dk, -1)``) repeats
+  each channel over the entries it becomes, so a Conv channel maps to its
+  block of columns of the next Linear; a view that spells sizes out blocks;
+- ``torch.cat`` along the channel axis concatenates the parts' channels (a
+  part without channels brings blocked atoms of its own); along another
+  dim, the parts' channels pair up;
+- indexing with constant ints and slices passes the channels on if it
+  leaves the channel axis whole, and blocks them if it selects some;
+- ``x.shape`` and ``x.size()`` carry :class:`~funcprune._graph_types.Sizes`:
+  reading the channel count from them blocks the channels.
+
+>>> import torch
+>>> from torch import nn
+>>> from funcprune._graph import trace_channels
+>>> model = nn.Sequential(nn.Conv2d(3, 2, 1), nn.Flatten(), nn.Linear(8, 3))
+>>> graph = trace_channels("example", model, torch.randn(1, 3, 2, 2))
+>>> graph.roles["2"].in_atoms  # each Conv channel becomes 4 Linear columns
+(0, 0, 0, 0, 1, 1, 1, 1)
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Mapping
+
+import torch
+from torch import fx
+
+from ._graph_types import Layout, Sizes, Value
+from ._graph_walk import Handler, Walk, as_dim, call_arg, shape_of
+
+__all__ = ["HANDLERS", "flatten_dims"]
+
+_FLATTEN = frozenset({torch.flatten, "flatten"})
+_RESHAPE = frozenset({torch.reshape, "view", "reshape"})
+_CAT = frozenset({torch.cat, torch.concat, torch.concatenate})
+_HARMLESS_ATTRIBUTES = frozenset({"dtype", "device", "ndim", "is_cuda", "requires_grad"})
+
+
+# --- shapes and indexing -------------------------------------------------------------
+
+
+def getitem(walk: Walk, node: fx.Node) -> Value:
+    """``x[index]`` of a tensor with channels, or ``x.shape[index]``."""
+    container, index = node.args[0], node.args[1]
+    value = walk.value(container)
+    if isinstance(value, Sizes):
+        return _shape_item(walk, node, value, index)
+    x = walk.first(node)
+    return walk.unknown_op(node) if x is None else _index(walk, node, x[0], index)
+
+
+def _shape_item(walk: Walk, node: fx.Node, sizes: Sizes, index: object) -> Value:
+    """``x.shape[i]``: harmless unless it reads the channel count."""
+    if isinstance(index, int) and as_dim(index, sizes.ndim) != sizes.layout.axis:
+        return None
+    if isinstance(index, slice) and sizes.layout.axis not in range(sizes.ndim)[index]:
+        return None
+    walk.block(sizes.layout.atoms, f"{walk.describe(node)} reads the channel count")
+    return None
+
+
+def _index(walk: Walk, node: fx.Node, x: Layout, index: object) -> Value:
+    """``x[...]`` with constant ints and slices that leave the channel axis whole."""
+    items = index if isinstance(index, tuple) else (index,)
+    if not all(_is_constant_index(i) for i in items):
+        return walk.unknown_op(node)
+    if x.axis < len(items) and items[x.axis] != slice(None):
+        return walk.block_node(node, "selects some of the channels")
+    dropped = sum(1 for i in items[: x.axis] if isinstance(i, int))
+    return Layout(x.axis - dropped, x.atoms)
+
+
+def _is_constant_index(item: object) -> bool:
+    if isinstance(item, slice):
+        return not any(isinstance(p, fx.Node) for p in (item.start, item.stop, item.step))
+    return isinstance(item, int) and not isinstance(item, bool)
+
+
+def attribute(walk: Walk, node: fx.Node) -> Value:
+    """``x.shape`` carries sizes; ``x.dtype`` and the like are harmless; others unknown."""
+    x, attr = walk.first(node), node.args[1]
+    if x is not None and attr == "shape":
+        return Sizes(x[0], len(x[1]))
+    return None if attr in _HARMLESS_ATTRIBUTES else walk.unknown_op(node)
+
+
+def size(walk: Walk, node: fx.Node) -> Value:
+    """``x.size()`` carries sizes; ``x.size(d)`` blocks the channels if ``d`` is their dim."""
+    x, dim = walk.first(node), call_arg(node, 1, "dim")
+    if x is None:
+        return walk.unknown_op(node)
+    if dim is None:
+        return Sizes(x[0], len(x[1]))
+    if as_dim(dim, len(x[1])) != x[0].axis:
+        return None
+    walk.block(x[0].atoms, f"{walk.describe(node)} reads the channel count")
+    return None
+
+
+# --- flatten and reshape ---------------------------------------------------------------
+
+
+def flatten(walk: Walk, node: fx.Node) -> Value:
+    """``torch.flatten(x, start_dim, end_dim)`` or ``x.flatten(...)``."""
+    start, end = call_arg(node, 1, "start_dim", 0), call_arg(node, 2, "end_dim", -1)
+    return flatten_dims(walk, node, start, end)
+
+
+def flatten_dims(walk: Walk, node: fx.Node, start: object, end: object) -> Value:
+    """A flatten of dims ``start`` to ``end``: each channel repeats over its entries."""
+    x = walk.first(node)
+    if x is None:
+        return walk.unknown_op(node)
+    (lay, shape), ndim = x, len(x[1])
+    first, last = as_dim(start, ndim), as_dim(end, ndim)
+    if first is None or last is None:
+        return walk.unknown_op(node)
+    if lay.axis < first:
+        return lay
+    if lay.axis > last:
+        return Layout(lay.axis - (last - first), lay.atoms)
+    outer = math.prod(shape[first : lay.axis])
+    inner = math.prod(shape[lay.axis + 1 : last + 1])
+    atoms = tuple(a for _ in range(outer) for a in lay.atoms for _ in range(inner))
+    return Layout(first, atoms)
+
+
+def reshape(walk: Walk, node: fx.Node) -> Value:
+    """``view``/``reshape`` to ``(d0, ..., dk, -1)``: a flatten from ``dk + 1`` on.
+
+    Any other view spells out sizes that shrinking would break: it blocks.
+    """
+    x, out, sizes = walk.first(node), shape_of(node), _view_sizes(node)
+    if x is None or out is None or not sizes:
+        return walk.unknown_op(node)
+    (lay, shape), start = x, len(sizes) - 1
+    merged = shape[:start] + (math.prod(shape[start:]),)
+    if sizes[-1] == -1 and start <= lay.axis and out == merged:
+        return flatten_dims(walk, node, start, -1)
+    return walk.block_node(node, "reshapes the channels to sizes it spells out")
+
+
+def _view_sizes(node: fx.Node) -> tuple[object, ...]:
+    """The sizes of ``x.view(*sizes)``, ``x.view(sizes)`` or ``torch.reshape(x, sizes)``."""
+    if len(node.args) == 2 and isinstance(node.args[1], (tuple, list)):
+        return tuple(node.args[1])
+    return node.args[1:]
+
+
+# --- cat ---------------------------------------------------------------------------------
+
+
+def cat(walk: Walk, node: fx.Node) -> Value:
+    """``torch.cat``: along the channel axis, the parts' channels follow each other."""
+    parts, out = call_arg(node, 0, "tensors"), shape_of(node)
+    if not isinstance(parts, (tuple, list)) or out is None or walk.reads_more(node, parts):
+        return walk.unknown_op(node)
+    dim, layouts = as_dim(call_arg(node, 1, "dim", 0), len(out)), [walk.layout(p) for p in parts]
+    if dim is None:
+        return walk.unknown_op(node)
+    if any(lay is not None and lay.axis != dim for lay in layouts):
+        return _cat_across(walk, node, layouts)
+    atoms: list[int] = []
+    for part, lay in zip(parts, layouts):
+        atoms += lay.atoms if lay is not None else _foreign_atoms(walk, node, part, dim)
+    return Layout(dim, tuple(atoms))
+
+
+def _cat_across(walk: Walk, node: fx.Node, layouts: list[Layout | None]) -> Value:
+    """``cat`` along another dim than the channels: the parts' channels pair up."""
+    tracked = [lay for lay in layouts if lay is not None]
+    first = tracked[0]
+    if len(tracked) < len(layouts) or any(lay.axis != first.axis for lay in tracked):
+        return walk.block_node(node, "concatenates tensors whose channels do not line up")
+    for lay in tracked[1:]:
+        walk.pair(first.atoms, lay.atoms)
+    return first
+
+
+def _foreign_atoms(walk: Walk, node: fx.Node, part: object, dim: int) -> tuple[int, ...]:
+    """Blocked atoms for a concatenated part that carries no channels of ours."""
+    shape = shape_of(part)
+    atoms = walk.new_atoms(shape[dim] if shape is not None else 0)
+    walk.block(atoms, f"{walk.describe(node)} concatenates channels from elsewhere")
+    return atoms
+
+
+#: call_function targets and call_method names of these ops, and their handlers.
+HANDLERS: Mapping[object, Handler] = {
+    **{t: flatten for t in _FLATTEN},
+    **{t: reshape for t in _RESHAPE},
+    **{t: cat for t in _CAT},
+    operator.getitem: getitem,
+    getattr: attribute,
+    "size": size,
+}

@@ -1,0 +1,83 @@
+"""The values of the channel analysis: layouts, sizes, roles, the channel graph.
+
+An *atom* is one channel the analysis follows, numbered from 0 in the order
+the walk meets it: an output channel of a Linear or a Conv, or a channel
+that ``torch.cat`` brings in from a tensor the analysis does not follow. A
+tensor that carries atoms has a :class:`Layout`; ``x.shape`` or ``x.size()``
+of such a tensor is a :class:`Sizes`, so that reading the channel count from
+it can block the atoms. The walk (:func:`funcprune._graph.trace_channels`)
+ends in a :class:`ChannelGraph`: what each module owns, which atoms form a
+group, and which groups stay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, Union, final
+
+__all__ = ["ChannelGraph", "Layout", "Role", "RoleKind", "Sizes", "Value"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A tensor whose dim ``axis`` holds the channels ``atoms``, in order.
+
+    >>> Layout(1, (0, 0, 1, 1))  # a Conv's 2 channels, each repeated twice
+    Layout(axis=1, atoms=(0, 0, 1, 1))
+    """
+
+    axis: int
+    atoms: tuple[int, ...]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """``x.shape`` or ``x.size()`` of a tensor with channels, of ``ndim`` dims."""
+
+    layout: Layout
+    ndim: int
+
+
+#: What a node's result carries: channels, the sizes of a tensor with
+#: channels, or nothing the analysis follows (``None``).
+Value = Union[Layout, Sizes, None]
+#: ``linear``, ``conv``: weight rows are output atoms, columns input atoms.
+#: ``norm``, ``depthwise``: per-channel entries that follow their input atoms.
+RoleKind = Literal["linear", "conv", "norm", "depthwise"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Role:
+    """The atoms of one module: its output channels and input channels.
+
+    ``in_atoms`` is ``None`` when its input keeps all its channels.
+    """
+
+    kind: RoleKind
+    out_atoms: tuple[int, ...]
+    in_atoms: tuple[int, ...] | None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ChannelGraph:
+    """The channel dependencies of a model.
+
+    Attributes:
+        roles: each module that may shrink, by qualified name.
+        roots: for each atom, the atom that names its group.
+        produced: for each atom a Linear or Conv makes, ``(module, row)``.
+        blocked: the groups that keep their channels, with a reason.
+        unknown: the groups an op reads that shrink cannot reason about,
+            with that node's description.
+    """
+
+    roles: Mapping[str, Role]
+    roots: tuple[int, ...]
+    produced: Mapping[int, tuple[str, int]]
+    blocked: Mapping[int, str]
+    unknown: Mapping[int, str]

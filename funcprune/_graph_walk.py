@@ -1,0 +1,200 @@
+"""What one walk over a traced graph knows, and the helpers every op handler uses.
+
+A :class:`Walk` holds the state of the channel analysis while it visits the
+nodes of a traced model in order:
+
+- the atoms, in a union-find: :meth:`Walk.union` puts two atoms in one group
+  (the two sides of an ``add``, the inputs of a layer called twice), and
+  :meth:`Walk.find` names a group by its smallest atom;
+- the atoms that are *blocked*, with a reason (:meth:`Walk.block`,
+  :meth:`Walk.block_node`): their channels stay, however pruned;
+- the atoms read by an op the analysis cannot reason about, with that node
+  (:meth:`Walk.unknown_op`): shrink *refuses* the masks that would remove
+  them, rather than keeping them silently;
+- the :data:`~funcprune._graph_types.Value` of each node visited so far;
+- for each module with parameters, its kind and its output and input atoms
+  (:mod:`funcprune._graph_modules` fills and reads these).
+
+A handler is a function ``(walk, node) -> Value``: it reads the node's
+arguments through the walk, records what the node does to the channels it
+reads, and returns what the node's result carries.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
+from typing import final
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+from torch.fx.passes.shape_prop import TensorMetadata
+
+from ._graph_types import Layout, RoleKind, Sizes, Value
+
+__all__ = ["Handler", "Walk", "as_dim", "call_arg", "shape_of"]
+
+
+@final
+class Walk:
+    """The state of one pass over ``gm`` (see the module docstring).
+
+    Args:
+        gm: the traced model, its nodes annotated by ``ShapeProp``.
+        shared: the modules whose tensors are shared or read elsewhere.
+
+    >>> from torch import fx, nn
+    >>> walk = Walk(fx.symbolic_trace(nn.Identity()), shared=set())
+    >>> walk.new_atoms(3)
+    (0, 1, 2)
+    >>> walk.union(2, 1)
+    >>> [walk.find(atom) for atom in range(3)]  # a group is named by its smallest atom
+    [0, 1, 1]
+    """
+
+    def __init__(self, gm: fx.GraphModule, shared: AbstractSet[str]) -> None:
+        self.gm = gm
+        self.shared = shared
+        self.parent: list[int] = []
+        self.produced: dict[int, tuple[str, int]] = {}
+        self.blocked: dict[int, str] = {}
+        self.unknown: dict[int, str] = {}
+        self.values: dict[fx.Node, Value] = {}
+        self.kinds: dict[str, tuple[RoleKind, int]] = {}
+        self.out_atoms: dict[str, tuple[int, ...]] = {}
+        self.in_atoms: dict[str, tuple[int, ...] | None] = {}
+
+    # --- atoms: a union-find over channels -----------------------------------
+
+    def new_atoms(self, count: int) -> tuple[int, ...]:
+        """``count`` new atoms, each a group of its own."""
+        start = len(self.parent)
+        self.parent.extend(range(start, start + count))
+        return tuple(range(start, start + count))
+
+    def find(self, atom: int) -> int:
+        """The atom that names the group of ``atom``: its smallest."""
+        while self.parent[atom] != atom:
+            self.parent[atom] = self.parent[self.parent[atom]]
+            atom = self.parent[atom]
+        return atom
+
+    def union(self, a: int, b: int) -> None:
+        """Put ``a`` and ``b`` in one group."""
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+    def pair(self, left: Iterable[int], right: Iterable[int]) -> None:
+        """Put ``left`` and ``right`` in one group, atom by atom, as ``zip`` pairs them."""
+        for a, b in zip(left, right):
+            self.union(a, b)
+
+    # --- blocked and unknown atoms ---------------------------------------------
+
+    def block(self, atoms: Iterable[int], reason: str) -> None:
+        """Keep ``atoms`` whole, for ``reason`` (an atom keeps its first reason)."""
+        for atom in atoms:
+            self.blocked.setdefault(atom, reason)
+
+    def block_node(self, node: fx.Node, why: str) -> Value:
+        """Block every channel ``node`` reads; return ``None``: its result carries none."""
+        reason = f"{self.describe(node)} {why}"
+        for value in self.inputs(node):
+            self.block(value.atoms if isinstance(value, Layout) else value.layout.atoms, reason)
+        return None
+
+    def unknown_op(self, node: fx.Node) -> Value:
+        """Mark the channels ``node`` reads as read by an op shrink cannot reason about.
+
+        Returns ``None``: the node's result carries no channels.
+        """
+        description = self.describe(node)
+        for value in self.inputs(node):
+            for atom in value.atoms if isinstance(value, Layout) else ():
+                self.unknown.setdefault(atom, description)
+        return None
+
+    def describe(self, node: fx.Node) -> str:
+        """``node 'roll' (call_function torch.roll)``: how messages name a node."""
+        if node.op == "call_module":
+            kind = type(self.gm.get_submodule(str(node.target))).__name__
+            return f"node {node.name!r} (call_module {node.target}: {kind})"
+        if node.op == "call_method":
+            return f"node {node.name!r} (call_method .{node.target}())"
+        if node.op in ("output", "placeholder"):
+            return f"node {node.name!r} ({node.op})"
+        return f"node {node.name!r} ({node.op} {_callable_name(node.target)})"
+
+    # --- what the arguments carry ------------------------------------------------
+
+    def value(self, arg: object) -> Value:
+        """What ``arg`` carries: ``None`` for constants and nodes without channels."""
+        return self.values.get(arg) if isinstance(arg, fx.Node) else None
+
+    def layout(self, arg: object) -> Layout | None:
+        """The channels of ``arg``, if it is a tensor that carries some."""
+        value = self.value(arg)
+        return value if isinstance(value, Layout) else None
+
+    def inputs(self, node: fx.Node) -> list[Layout | Sizes]:
+        """The values with channels among ``node``'s inputs."""
+        return [v for n in node.all_input_nodes if (v := self.values.get(n)) is not None]
+
+    def first(self, node: fx.Node) -> tuple[Layout, tuple[int, ...]] | None:
+        """The layout and shape of the first argument, if it alone has channels."""
+        head = node.args[0] if node.args else None
+        x, shape = self.layout(head), shape_of(head)
+        others = [n for n in node.all_input_nodes if n is not head]
+        if x is None or shape is None or any(isinstance(self.values[n], Layout) for n in others):
+            return None
+        return x, shape
+
+    def reads_more(self, node: fx.Node, operands: Iterable[object]) -> bool:
+        """Whether ``node`` reads channels from other tensors than ``operands``."""
+        known = [n for n in operands if isinstance(n, fx.Node)]
+        return any(
+            isinstance(self.values[n], Layout) and all(n is not k for k in known)
+            for n in node.all_input_nodes
+        )
+
+
+#: What a node does to channels: records it in the walk, returns what the result carries.
+Handler = Callable[[Walk, fx.Node], Value]
+
+
+def shape_of(arg: object) -> tuple[int, ...] | None:
+    """The shape of a tensor node (``None`` for constants and non-tensors)."""
+    meta = arg.meta.get("tensor_meta") if isinstance(arg, fx.Node) else None
+    return tuple(meta.shape) if isinstance(meta, TensorMetadata) else None
+
+
+def as_dim(d: object, ndim: int) -> int | None:
+    """``d`` as a non-negative dim of an ``ndim``-d tensor, or ``None``.
+
+    >>> as_dim(-1, 4), as_dim(4, 4), as_dim(None, 4)
+    (3, None, None)
+    """
+    if isinstance(d, int) and not isinstance(d, bool) and -ndim <= d < max(ndim, 1):
+        return d % max(ndim, 1)
+    return None
+
+
+def call_arg(node: fx.Node, index: int, name: str, default: object = None) -> object:
+    """Argument ``name`` of a call, given by position ``index`` or by keyword."""
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _callable_name(target: object) -> str:
+    """``torch.roll``, ``torch.nn.functional.gelu``, ``operator.matmul``, ``mod.fn``."""
+    name = str(getattr(target, "__name__", repr(target)))
+    for prefix, namespace in (("torch.nn.functional", F), ("torch", torch), ("operator", operator)):
+        if getattr(namespace, name, None) is target:
+            return f"{prefix}.{name}"
+    module = getattr(target, "__module__", None)
+    qualname = str(getattr(target, "__qualname__", name))
+    return f"{module}.{qualname}" if module else qualname
