@@ -69,7 +69,7 @@ def test_order_statistics_equal_kthvalue(case: tuple[torch.Tensor, int, torch.Te
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_bracket, "_WINDOW_MIN", 1)
         found = _bracket._order_statistics(keys, *ranks)
-    assert torch.equal(torch.tensor(found), torch.tensor(expected))  # NaN equal to NaN
+    torch.testing.assert_close(torch.tensor(found), torch.tensor(expected), rtol=0, atol=0, equal_nan=True)
 
 
 SPECS = [
