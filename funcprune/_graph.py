@@ -22,13 +22,17 @@ dim of a Linear activation ``(..., F)``). Node by node:
   so a Conv channel maps to its block of columns of the next Linear;
 - some ops *block* the channels they read, which then stay whole: the
   model's outputs, norms whose statistics span the channels (LayerNorm,
-  GroupNorm, RMSNorm), softmax or a reduction over the channel axis, a view
-  or reshape that spells sizes out, reading the channel count
-  (``x.shape[1]``), grouped convolutions, arithmetic with a tensor that has
-  its own entries per channel, a layer whose parameters are shared or read
-  elsewhere;
+  GroupNorm, RMSNorm), softmax or a reduction over the channel axis (or
+  over every dim), a view or reshape that spells sizes out, reading the
+  channel count (``x.shape[1]``, or a dim or slice computed at run time,
+  which may be it), grouped convolutions, arithmetic with a tensor that has
+  its own entries per channel, a division by channels (``0 / 0`` is NaN), a
+  layer whose parameters are shared or read elsewhere;
 - any other op that reads channels is *unknown*: :mod:`funcprune._shrink`
-  refuses the masks that would remove channels it reads, naming the node.
+  refuses the masks that would remove channels it reads, naming the node;
+- a handler that fails on a node (a graph stranger than it expects) makes
+  the whole analysis fail with a ValueError naming the node, rather than
+  leave a half-recorded walk behind.
 
 The atoms live in a union-find: coupling two atoms merges their groups, and
 :mod:`funcprune._shrink` removes a group only if every layer that makes its
@@ -101,8 +105,8 @@ def trace_channels(fn: str, module: nn.Module, example_inputs: object) -> Channe
 
     Raises:
         TypeError: if ``module`` is not a module or the inputs are no tensors.
-        ValueError: if torch.fx cannot trace the model or the inputs do not
-            run through it.
+        ValueError: if torch.fx cannot trace the model, the inputs do not
+            run through it, or the analysis fails on one of its nodes.
 
     >>> import torch
     >>> from torch import nn
@@ -127,7 +131,7 @@ def trace_channels(fn: str, module: nn.Module, example_inputs: object) -> Channe
             f"{fn}: the model failed on example_inputs ({exc}); pass inputs that forward "
             "accepts, as a tensor or a tuple of positional arguments"
         ) from exc
-    return _walk(traced)
+    return _walk(fn, traced)
 
 
 def _trace(fn: str, module: nn.Module) -> fx.GraphModule:
@@ -141,11 +145,11 @@ def _trace(fn: str, module: nn.Module) -> fx.GraphModule:
         ) from exc
 
 
-def _walk(gm: fx.GraphModule) -> ChannelGraph:
+def _walk(fn: str, gm: fx.GraphModule) -> ChannelGraph:
     """Visit the nodes of ``gm`` in order, then read the groups off the union-find."""
     walk = Walk(gm, shared_modules(gm))
     for node in gm.graph.nodes:
-        walk.values[node] = _visit(walk, node)
+        walk.values[node] = _guarded_visit(fn, walk, node)
     roots = tuple(walk.find(a) for a in range(len(walk.parent)))
     return ChannelGraph(
         roles=roles(walk),
@@ -161,18 +165,39 @@ def _by_group(notes: Mapping[int, str], roots: tuple[int, ...]) -> dict[int, str
     return {roots[a]: note for a, note in sorted(notes.items(), reverse=True)}
 
 
+def _guarded_visit(fn: str, walk: Walk, node: fx.Node) -> Value:
+    """:func:`_visit`, with any failure of a handler a ValueError naming ``node``."""
+    try:
+        return _visit(walk, node)
+    except Exception as exc:  # a graph no handler expects: fail, never half-record it
+        raise ValueError(
+            f"{fn}: cannot follow the channels through {_name(walk, node)} "
+            f"({type(exc).__name__}: {exc}); nothing was changed. Write that part of forward "
+            "with ops funcprune follows (activations, add, cat, flatten, pooling, Linear, Conv, "
+            "BatchNorm), or report the model"
+        ) from exc
+
+
+def _name(walk: Walk, node: fx.Node) -> str:
+    """``walk.describe(node)``, or the node's name if even that fails."""
+    try:
+        return walk.describe(node)
+    except Exception:  # describing is best effort here: the node's name always exists
+        return f"node {node.name!r}"
+
+
 def _visit(walk: Walk, node: fx.Node) -> Value:
     """Record what ``node`` does to the channels it reads; return what its result carries."""
     if node.op in ("placeholder", "get_attr"):
         return None
     if node.op == "output":
         return walk.block_node(node, "is an output of the model, whose shape stays")
+    if node.target is not operator.getitem:
+        _block_shape_reads(walk, node)
     if node.op == "call_module":
         return call_module(walk, node)
     if not walk.inputs(node):
         return None
-    if node.target is not operator.getitem:
-        _block_shape_reads(walk, node)
     handler = _HANDLERS.get(node.target)
     return walk.unknown_op(node) if handler is None else handler(walk, node)
 

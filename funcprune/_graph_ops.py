@@ -7,11 +7,17 @@ Each handler takes the :class:`~funcprune._graph_walk.Walk` and a
 - channel-wise ops pass the channels on: activations, dropout, casts
   (:func:`unary`), pooling and interpolation over the dims after the
   channels (:func:`spatial`), reductions and softmax over other dims;
-- reductions and softmax over the channel axis, and norms whose statistics
-  span the channels (``F.layer_norm``...), *block* them;
+- reductions and softmax over the channel axis (or over every dim, as
+  ``dim=()`` does), and norms whose statistics span the channels
+  (``F.layer_norm``...), *block* them;
 - arithmetic of two channel tensors couples their channels pairwise;
   with a scalar, or a tensor that is 1 along the channel axis, it passes
   them on; with a tensor of its own entries per channel, it blocks them;
+- a division (``/``, ``//``, ``%``, ``torch.fmod``...) *by* channels blocks
+  the divisor's channels (and so the numerator's, which pair with them):
+  a removed channel is a zero, and ``0 / 0`` is no zero but NaN, so the
+  quotient's channel cannot go with them. Dividing channels by a scalar,
+  or by a tensor that is 1 along the channel axis, passes them on;
 - anything else these handlers cannot follow is *unknown*
   (:meth:`~funcprune._graph_walk.Walk.unknown_op`).
 
@@ -57,7 +63,12 @@ _BINARY = frozenset({
     operator.add, operator.sub, operator.mul, operator.iadd, operator.isub, operator.imul,
     torch.add, torch.sub, torch.mul, "add", "sub", "mul", "add_", "sub_", "mul_",
 })  # fmt: skip
-_DIVIDE = frozenset({operator.truediv, operator.itruediv, torch.div, "div", "div_"})
+_DIVIDE = frozenset({
+    operator.truediv, operator.itruediv, operator.floordiv, operator.ifloordiv, operator.mod,
+    operator.imod, torch.div, torch.divide, torch.true_divide, torch.floor_divide,
+    torch.remainder, torch.fmod, "div", "div_", "divide", "divide_", "true_divide",
+    "true_divide_", "floor_divide", "floor_divide_", "remainder", "remainder_", "fmod", "fmod_",
+})  # fmt: skip
 _SPANNING_FUNCTIONS = frozenset({F.layer_norm, F.group_norm, F.rms_norm, F.normalize})
 _POOL_FUNCTIONS: Mapping[object, int] = {
     getattr(F, f"{kind}{k}d"): k
@@ -98,16 +109,20 @@ def _spatial_handler(k: int | None) -> Handler:
 
 
 def reduction(walk: Walk, node: fx.Node) -> Value:
-    """``mean``, ``sum``, ``amax``, ``amin``: blocks the channels if it reduces over them."""
-    x, dim = walk.first(node), call_arg(node, 1, "dim")
-    if x is None or shape_of(node) is None:
+    """``mean``, ``sum``, ``amax``, ``amin``: blocks the channels if it reduces over them.
+
+    No ``dim``, ``dim=None`` and ``dim=()`` all reduce over every dim. Whether
+    the reduced dims stay (``keepdim``) is read off the result's shape.
+    """
+    x, dim, out = walk.first(node), call_arg(node, 1, "dim"), shape_of(node)
+    if x is None or out is None:
         return walk.unknown_op(node)
     lay, shape = x
-    dims = [as_dim(d, len(shape)) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))]
-    if None in dims or lay.axis in dims:
+    dims = {as_dim(d, len(shape)) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))}
+    if not dims or None in dims or lay.axis in dims:
         return walk.block_node(node, "reduces over the channels")
-    keepdim = call_arg(node, 2, "keepdim", False)
-    dropped = 0 if keepdim else sum(1 for d in dims if d is not None and d < lay.axis)
+    kept = len(out) == len(shape)  # keepdim
+    dropped = 0 if kept else sum(1 for d in dims if d is not None and d < lay.axis)
     return Layout(lay.axis - dropped, lay.atoms)
 
 
@@ -135,16 +150,29 @@ def spanning(walk: Walk, node: fx.Node) -> Value:
 
 
 def binary(walk: Walk, node: fx.Node) -> Value:
-    """``add``, ``sub``, ``mul``, ``div`` of a channel tensor and another operand."""
-    a, b, out = call_arg(node, 0, "input"), call_arg(node, 1, "other"), shape_of(node)
-    la, lb = walk.layout(a), walk.layout(b)
+    """``add``, ``sub``, ``mul``, ``div``... of a channel tensor and another operand.
+
+    A division by channels blocks them: see the module docstring.
+    """
+    a, b = call_arg(node, 0, "input"), call_arg(node, 1, "other")
+    value = _combine(walk, node, a, b)
+    divisor = walk.layout(b)
+    if divisor is not None and node.target in _DIVIDE:
+        reason = "divides by the channels, which a removed channel would turn into 0 / 0"
+        walk.block(divisor.atoms, f"{walk.describe(node)} {reason}")
+    return value
+
+
+def _combine(walk: Walk, node: fx.Node, a: object, b: object) -> Value:
+    """Operands ``a`` and ``b`` combined entry by entry, with broadcasting."""
+    la, lb, out = walk.layout(a), walk.layout(b), shape_of(node)
     if out is None or walk.reads_more(node, (a, b)):
         return walk.unknown_op(node)
     if la is not None and lb is not None:
         return _couple(walk, node, (la, shape_of(a)), (lb, shape_of(b)), out)
     if la is not None:
         return _broadcast(walk, node, la, shape_of(a), b, out)
-    if lb is not None and node.target not in _DIVIDE:  # not a division by channels
+    if lb is not None:
         return _broadcast(walk, node, lb, shape_of(b), a, out)
     return walk.unknown_op(node)
 
@@ -184,7 +212,7 @@ def _out_axis(x: Layout, shape: tuple[int, ...] | None, out: tuple[int, ...]) ->
     if shape is None:
         return None
     axis = x.axis + len(out) - len(shape)
-    return axis if out[axis] == len(x.atoms) else None
+    return axis if 0 <= axis < len(out) and out[axis] == len(x.atoms) else None
 
 
 #: call_function targets and call_method names of these ops, and their handlers.

@@ -7,13 +7,15 @@ Each handler takes the :class:`~funcprune._graph_walk.Walk` and a
 - ``flatten`` (and ``view``/``reshape`` to ``(d0, ..., dk, -1)``) repeats
   each channel over the entries it becomes, so a Conv channel maps to its
   block of columns of the next Linear; a view that spells sizes out blocks;
-- ``torch.cat`` along the channel axis concatenates the parts' channels (a
-  part without channels brings blocked atoms of its own); along another
-  dim, the parts' channels pair up;
+- ``torch.cat`` (``concat``, ``concatenate``; ``dim`` or ``axis``) along
+  the channel axis concatenates the parts' channels (a part without
+  channels brings blocked atoms of its own); along another dim, the parts'
+  channels pair up;
 - indexing with constant ints and slices passes the channels on if it
   leaves the channel axis whole, and blocks them if it selects some;
 - ``x.shape`` and ``x.size()`` carry :class:`~funcprune._graph_types.Sizes`:
-  reading the channel count from them blocks the channels.
+  reading the channel count from them blocks the channels, and so does
+  reading a dim or a slice of them that is computed at run time.
 
 >>> import torch
 >>> from torch import nn
@@ -58,11 +60,12 @@ def getitem(walk: Walk, node: fx.Node) -> Value:
 
 
 def _shape_item(walk: Walk, node: fx.Node, sizes: Sizes, index: object) -> Value:
-    """``x.shape[i]``: harmless unless it reads the channel count."""
+    """``x.shape[i]``: harmless unless it reads the channel count (or may: ``i`` computed)."""
     if isinstance(index, int) and as_dim(index, sizes.ndim) != sizes.layout.axis:
         return None
-    if isinstance(index, slice) and sizes.layout.axis not in range(sizes.ndim)[index]:
-        return None
+    if isinstance(index, slice) and _is_constant_index(index):
+        if sizes.layout.axis not in range(sizes.ndim)[index]:
+            return None
     walk.block(sizes.layout.atoms, f"{walk.describe(node)} reads the channel count")
     return None
 
@@ -79,8 +82,13 @@ def _index(walk: Walk, node: fx.Node, x: Layout, index: object) -> Value:
 
 
 def _is_constant_index(item: object) -> bool:
+    """Whether ``item`` is an int, or a slice of ints and ``None``, known before running."""
     if isinstance(item, slice):
-        return not any(isinstance(p, fx.Node) for p in (item.start, item.stop, item.step))
+        return all(p is None or _is_int(p) for p in (item.start, item.stop, item.step))
+    return _is_int(item)
+
+
+def _is_int(item: object) -> bool:
     return isinstance(item, int) and not isinstance(item, bool)
 
 
@@ -93,13 +101,17 @@ def attribute(walk: Walk, node: fx.Node) -> Value:
 
 
 def size(walk: Walk, node: fx.Node) -> Value:
-    """``x.size()`` carries sizes; ``x.size(d)`` blocks the channels if ``d`` is their dim."""
+    """``x.size()`` carries sizes; ``x.size(d)`` blocks the channels if ``d`` is their dim.
+
+    A ``d`` computed at run time may be their dim: it blocks them too.
+    """
     x, dim = walk.first(node), call_arg(node, 1, "dim")
     if x is None:
         return walk.unknown_op(node)
     if dim is None:
         return Sizes(x[0], len(x[1]))
-    if as_dim(dim, len(x[1])) != x[0].axis:
+    d = as_dim(dim, len(x[1]))
+    if d is not None and d != x[0].axis:
         return None
     walk.block(x[0].atoms, f"{walk.describe(node)} reads the channel count")
     return None
@@ -163,7 +175,7 @@ def cat(walk: Walk, node: fx.Node) -> Value:
     parts, out = call_arg(node, 0, "tensors"), shape_of(node)
     if not isinstance(parts, (tuple, list)) or out is None or walk.reads_more(node, parts):
         return walk.unknown_op(node)
-    dim, layouts = as_dim(call_arg(node, 1, "dim", 0), len(out)), [walk.layout(p) for p in parts]
+    dim, layouts = as_dim(_cat_dim(node), len(out)), [walk.layout(p) for p in parts]
     if dim is None:
         return walk.unknown_op(node)
     if any(lay is not None and lay.axis != dim for lay in layouts):
@@ -172,6 +184,13 @@ def cat(walk: Walk, node: fx.Node) -> Value:
     for part, lay in zip(parts, layouts):
         atoms += lay.atoms if lay is not None else _foreign_atoms(walk, node, part, dim)
     return Layout(dim, tuple(atoms))
+
+
+def _cat_dim(node: fx.Node) -> object:
+    """The dim of ``torch.cat``: ``dim`` (or ``axis``), by position or by keyword; 0 if none."""
+    if len(node.args) > 1:
+        return node.args[1]
+    return node.kwargs.get("dim", node.kwargs.get("axis", 0))
 
 
 def _cat_across(walk: Walk, node: fx.Node, layouts: list[Layout | None]) -> Value:
@@ -186,9 +205,12 @@ def _cat_across(walk: Walk, node: fx.Node, layouts: list[Layout | None]) -> Valu
 
 
 def _foreign_atoms(walk: Walk, node: fx.Node, part: object, dim: int) -> tuple[int, ...]:
-    """Blocked atoms for a concatenated part that carries no channels of ours."""
+    """Blocked atoms for a concatenated part that carries no channels of ours.
+
+    An empty 1-d part, which ``torch.cat`` skips whatever the dim, brings none.
+    """
     shape = shape_of(part)
-    atoms = walk.new_atoms(shape[dim] if shape is not None else 0)
+    atoms = walk.new_atoms(shape[dim] if shape is not None and dim < len(shape) else 0)
     walk.block(atoms, f"{walk.describe(node)} concatenates channels from elsewhere")
     return atoms
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import funcprune as fp
+from funcprune import _graph
 
 Tensor = torch.Tensor
 Masks = dict[str, Tensor]
@@ -307,7 +309,7 @@ class Keeper(nn.Module):
     def __init__(self, how: str) -> None:
         super().__init__()
         self.how = how
-        self.fc1, self.fc2 = nn.Linear(4, 6), nn.Linear(6, 2)
+        self.fc1, self.fc2, self.id = nn.Linear(4, 6), nn.Linear(6, 2), nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
         h = F.relu(self.fc1(x))
@@ -323,19 +325,125 @@ class Keeper(nn.Module):
             h = h.softmax(-1)
         elif self.how == "per-channel tensor":
             h = h + torch.arange(6.0)
+        elif self.how == "computed size":  # x.dim() - 1 == 1: the channel count
+            h = h / h.size(x.dim() - 1)
+        elif self.how == "empty dims":  # dim=() reduces over every dim
+            h = h * h.sum(dim=())
+        elif self.how == "computed shape slice":
+            h = h + torch.zeros(h.shape[: x.dim() - 1]).sum()
+        elif self.how == "shape through a module":
+            h = h / self.id(h.shape)[1]
         out: Tensor = self.fc2(h)
         return out
 
 
 @pytest.mark.parametrize(
     "how",
-    ["shared", "weight read", "channel mean", "channel count", "softmax", "per-channel tensor"],
-)
+    ["shared", "weight read", "channel mean", "channel count", "softmax", "per-channel tensor",
+     "computed size", "empty dims", "computed shape slice", "shape through a module"],
+)  # fmt: skip
 def test_what_reads_every_channel_keeps_them(how: str) -> None:
     model = seeded(Keeper(how))
     masks = channel_masks(model, {"fc1.weight": [0, 5]})
     small = check_equal_outputs(model, masks, torch.randn(3, 4))
     assert count(small) == count(model)
+
+
+Op = Callable[[Tensor, Tensor], Tensor]
+
+
+class Quotient(nn.Module):
+    """``fc(op(a(x), b(x)))``: two Linears combined by a division-like ``op``."""
+
+    def __init__(self, op: Op) -> None:
+        super().__init__()
+        self.op = op
+        self.a, self.b, self.fc = nn.Linear(4, 6), nn.Linear(4, 6), nn.Linear(6, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.fc(self.op(self.a(x), self.b(x)))
+        return out
+
+
+_BY_CHANNELS: dict[str, Op] = {
+    "truediv": operator.truediv,
+    "torch.div": torch.div,
+    "true_divide": torch.true_divide,
+    "floor_divide": torch.floor_divide,
+    "remainder": torch.remainder,
+    "fmod": torch.fmod,
+    "method div": lambda a, b: a.div(b),
+    "scalar over channels": lambda a, b: a + 1 / b,
+}
+_BY_SCALARS: dict[str, Op] = {
+    "truediv": lambda a, b: (a + b) / 2,
+    "size-1 tensor": lambda a, b: (a + b) / torch.full((1,), 2.0),
+    "floor_divide": lambda a, b: torch.floor_divide(a + b, 0.5),
+    "remainder": lambda a, b: (a + b).remainder(3.0),
+    "fmod": lambda a, b: torch.fmod(a + b, 3.0),
+}
+
+
+@pytest.mark.parametrize("how", list(_BY_CHANNELS))
+def test_a_divisor_keeps_its_channels(how: str) -> None:
+    model = seeded(Quotient(_BY_CHANNELS[how]))  # a zero divisor would make 0 / 0
+    masks = channel_masks(model, {"a.weight": [0, 1], "b.weight": [0, 1]})
+    small = check_equal_outputs(model, masks, torch.randn(3, 4))
+    assert count(small) == count(model)
+
+
+@pytest.mark.parametrize("how", list(_BY_SCALARS))
+def test_channels_divided_by_a_scalar_still_go(how: str) -> None:
+    model = seeded(Quotient(_BY_SCALARS[how]))
+    masks = channel_masks(model, {"a.weight": [0, 1], "b.weight": [0, 1]})
+    small = check_equal_outputs(model, masks, torch.randn(3, 4))
+    assert isinstance(small, Quotient)
+    assert (small.a.out_features, small.b.out_features, small.fc.in_features) == (4, 4, 4)
+
+
+class Concatenated(nn.Module):
+    """Two Linears concatenated along the features, then one Linear."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.a, self.b, self.fc = nn.Linear(4, 3), nn.Linear(4, 3), nn.Linear(6, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        parts = [self.a(x), self.b(x)]
+        if self.how == "cat axis":
+            h = torch.cat(parts, axis=1)  # type: ignore[call-arg]
+        elif self.how == "concat axis":
+            h = torch.concat(parts, axis=-1)  # type: ignore[call-arg]
+        elif self.how == "concatenate axis":
+            h = torch.concatenate(parts, axis=1)  # type: ignore[call-arg]
+        else:  # an empty 1-d part, which torch.cat skips
+            h = torch.cat([*parts, torch.empty(0)], 1)
+        out: Tensor = self.fc(h)
+        return out
+
+
+@pytest.mark.parametrize("how", ["cat axis", "concat axis", "concatenate axis", "empty part"])
+def test_every_spelling_of_cat_concatenates_the_channels(how: str) -> None:
+    model = seeded(Concatenated(how))
+    masks = channel_masks(model, {"a.weight": [0], "b.weight": [0, 2]})
+    small = check_equal_outputs(model, masks, torch.randn(3, 4))
+    assert isinstance(small, Concatenated)
+    assert (small.a.out_features, small.b.out_features, small.fc.in_features) == (2, 1, 3)
+
+
+def test_an_internal_error_of_the_analysis_is_a_value_error_naming_the_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(walk: object, node: object) -> None:
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setitem(_graph._HANDLERS, torch.roll, broken)
+    model = Rolled()
+    for fn in (fp.shrink, fp.propagate):
+        failed = rf"{fn.__name__}: cannot follow the channels through node 'roll' \(call_function"
+        with pytest.raises(ValueError, match=rf"{failed} torch.roll\) \(IndexError: tuple index"):
+            fn(model, {}, torch.randn(1, 4))
 
 
 class Branches(nn.Module):
