@@ -469,6 +469,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seeds everything (default 0)")
     args = parser.parse_args(argv)
     config = Config.quick(args.seed) if args.quick else Config(seed=args.seed)
+    # The model's ops are too small to gain from a second thread, and they slow
+    # down many times over when another process keeps the other core busy.
+    torch.set_num_threads(1)
     print(report(run(config)))
 
 

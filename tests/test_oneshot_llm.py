@@ -33,8 +33,14 @@ METHODS = ["magnitude", "wanda"]
 
 
 @pytest.fixture(scope="module")
-def result() -> ol.Result:
-    return ol.run(ol.Config.quick(seed=0))
+def result() -> Iterator[ol.Result]:
+    """The quick run, at 1 thread as the command line runs it (small ops, steady under load)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield ol.run(ol.Config.quick(seed=0))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def weights(result: ol.Result) -> dict[str, Tensor]:
