@@ -15,7 +15,7 @@ from typing import ClassVar, final
 import torch
 
 from ._masks import compute_joint_masks
-from ._names import match_names
+from ._names import select_names
 from ._plan import AbstractPlan, as_spec, naming, scores_for, spec_repr
 from ._spec import Spec
 from ._types import Params, Scores, Tensor
@@ -69,9 +69,7 @@ class GlobalPlan(AbstractPlan):
         scores: Scores,
         generator: torch.Generator | None,
     ) -> dict[str, Tensor]:
-        names = tuple(params)
-        found = (n for pattern in self.names for n in match_names(self._FN, "name", pattern, names))
-        selected = tuple(dict.fromkeys(found))  # listed order, each name once
+        selected = select_names(self._FN, self.names, tuple(params))
         each = [scores_for(params[n], masks.get(n), scores.get(n)) for n in selected]
         what = "[" + ", ".join(map(repr, selected)) + "] jointly"
         with naming(self._FN, what, self.spec):

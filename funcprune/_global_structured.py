@@ -22,7 +22,7 @@ import torch
 
 from ._kernels import check_matrix_norm, unpruned_units
 from ._masks import compute_mask
-from ._names import match_names
+from ._names import select_names
 from ._plan import AbstractPlan, naming, scores_for
 from ._spec import Spec
 from ._specs import L1Unstructured, LnStructured, RandomStructured, RandomUnstructured
@@ -88,9 +88,7 @@ class GlobalStructuredPlan(AbstractPlan):
         scores: Scores,
         generator: torch.Generator | None,
     ) -> dict[str, Tensor]:
-        names = tuple(params)
-        found = (n for pattern in self.names for n in match_names(self._FN, "name", pattern, names))
-        selected = tuple(dict.fromkeys(found))  # listed order, each name once
+        selected = select_names(self._FN, self.names, tuple(params))
         parts = []
         for name in selected:
             with naming(self._FN, repr(name), self.spec):

@@ -23,6 +23,7 @@ from ._validate import check_fits, is_concrete, non_binary
 __all__ = [
     "UnknownNameError",
     "match_names",
+    "select_names",
     "check_params",
     "check_not_hook_mode",
     "check_masks",
@@ -186,6 +187,16 @@ def match_names(fn: str, kind: str, pattern: str, names: tuple[str, ...]) -> tup
     if not found:
         raise unknown_name(fn, f"{kind} {pattern!r} matches no parameter", pattern, names)
     return found
+
+
+def select_names(fn: str, patterns: Sequence[str], names: tuple[str, ...]) -> tuple[str, ...]:
+    """The names a global group's ``patterns`` select, each once.
+
+    In listed order, each pattern's matches in the order of ``names``; a
+    pattern that matches nothing raises as :func:`match_names` does.
+    """
+    found = (n for pattern in patterns for n in match_names(fn, "name", pattern, names))
+    return tuple(dict.fromkeys(found))
 
 
 # Name resolution is pure Python over strings (fnmatch uses re, which dynamo
