@@ -121,6 +121,8 @@ class BreakEven(NamedTuple):
 CSR_BREAK_EVEN = BreakEven(batch_1=0.65, batch_64=0.93)
 #: BSR (``layout="bsr"``, blocks of 16x16 or 32x32): break-even as the fraction of blocks pruned.
 BSR_BREAK_EVEN = BreakEven(batch_1=0.65, batch_64=0.94)
+#: The smallest block side BSR's break-even was measured with; smaller blocks always warn.
+BSR_MEASURED_BLOCK = 16
 
 
 def to_sparse(
@@ -157,8 +159,10 @@ def to_sparse(
             masks as ``fp.NM(2, 4)`` makes them, float16 or bfloat16 CUDA
             weights, through :func:`torch.sparse.to_sparse_semi_structured`).
         blocksize: for ``"bsr"``, and only for it: the ``(rows, cols)`` of a
-            block, which must tile every masked weight. A block with any
-            kept entry is stored whole.
+            block, which must tile every masked weight, square for CPU
+            weights (torch's CPU BSR matmul takes no other). A block with
+            any kept entry is stored whole. Blocks smaller than 16x16 (from
+            which the break-even was measured) always count as below it.
         below_break_even: what to do with a weight whose sparsity (the
             fraction of entries pruned; for ``"bsr"``, of whole blocks) is
             below the layout's break-even: ``"warn"`` converts it with a
@@ -260,6 +264,12 @@ def _check_weight(
             "matmul does not run; expected torch.float32 or torch.float64"
         )
     rows, cols = weight.shape
+    if layout == "bsr" and weight.device.type == "cpu" and block[0] != block[1]:
+        raise ValueError(
+            f"{fn}: blocksize={block} is not square, and torch's CPU BSR matmul (MKL) takes "
+            f"square blocks only; the parameter {name!r} is on the CPU; use blocksize="
+            f"({min(block)}, {min(block)}) or ({max(block)}, {max(block)})"
+        )
     if rows % block[0] or cols % block[1]:
         raise ValueError(
             f"{fn}: blocksize={block} does not tile the parameter {name!r} of shape "
@@ -298,20 +308,36 @@ def _sparsity(mask: Tensor, block: tuple[int, int]) -> float:
 def _check_break_even(
     fn: str, masks: Masks, layout: Layout, block: tuple[int, int], action: BelowBreakEven
 ) -> None:
-    """Warn, raise or pass for the weights below ``layout``'s break-even sparsity."""
+    """Warn, raise or pass for the weights below ``layout``'s break-even sparsity.
+
+    BSR's break-even was measured with blocks of 16x16 and 32x32 entries;
+    with smaller blocks no sparsity is known to be fast enough (4x4 blocks
+    ran at 0.2-0.3x dense at 95-97% for 64 rows), so every weight is reported.
+    """
     if action == "allow" or layout == "semi_structured":
         return  # 2:4 is always 50%: no sparsity to compare
     measured = CSR_BREAK_EVEN if layout == "csr" else BSR_BREAK_EVEN
-    slow = {n: s for n, m in masks.items() if (s := _sparsity(m, block)) < measured.sparsity}
-    if not slow:
+    if layout == "bsr" and min(block) < BSR_MEASURED_BLOCK:
+        listed = ", ".join(map(repr, masks))
+        where = (
+            f"blocks of {block[0]}x{block[1]} entries, smaller than the {BSR_MEASURED_BLOCK}x"
+            f"{BSR_MEASURED_BLOCK} from which BSR's break-even was measured (4x4 blocks were slower "
+            "than dense even at 95-97% sparsity)"
+        )
+    else:
+        slow = {n: s for n, m in masks.items() if (s := _sparsity(m, block)) < measured.sparsity}
+        what = "blocks pruned" if layout == "bsr" else "pruned"
+        listed = ", ".join(f"{n!r} ({s:.0%} {what})" for n, s in slow.items())
+        where = (
+            f"below the break-even sparsity of layout={layout!r}, where F.linear with it was slower "
+            f"than dense ({measured.batch_1:.0%} for a single input row, {measured.batch_64:.0%} "
+            "for 64 rows, measured on a CPU)"
+        )
+    if not listed:
         return
-    what = "blocks pruned" if layout == "bsr" else "pruned"
-    listed = ", ".join(f"{n!r} ({s:.0%} {what})" for n, s in slow.items())
     message = (
-        f"{fn}: {listed}: below the break-even sparsity of layout={layout!r}, where F.linear "
-        f"with it was slower than dense ({measured.batch_1:.0%} for a single input row, "
-        f"{measured.batch_64:.0%} for 64 rows, measured on a CPU); keep those weights dense "
-        "(leave them out of masks), or pass below_break_even='allow'"
+        f"{fn}: {listed}: {where}; keep those weights dense (leave them out of masks), or pass "
+        "below_break_even='allow'"
     )
     if action == "raise":
         raise ValueError(message)
@@ -334,11 +360,11 @@ def _convert(
     """
     with torch.inference_mode(), warnings.catch_warnings():
         # torch warns once a process that these layouts are beta or prototype
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support", category=UserWarning)
+        warnings.filterwarnings("ignore", message="Sparse (CSR|BSR) tensor support", category=UserWarning)
         warnings.filterwarnings("ignore", message="The PyTorch API of SparseSemiStructuredTensor")
         values = torch.where(mask, weight.detach(), 0.0)
         if layout != "semi_structured":
-            return _compressed(values, mask, block)
+            return _compressed(values, mask, block, bsr=layout == "bsr")
         try:
             out: Tensor = torch.sparse.to_sparse_semi_structured(values.contiguous())
         except RuntimeError as err:  # a shape its kernels do not take
@@ -346,8 +372,8 @@ def _convert(
         return out
 
 
-def _compressed(values: Tensor, mask: Tensor, block: tuple[int, int]) -> Tensor:
-    """A CSR (``block`` ``(1, 1)``) or BSR tensor of the blocks that ``mask`` keeps.
+def _compressed(values: Tensor, mask: Tensor, block: tuple[int, int], *, bsr: bool) -> Tensor:
+    """A BSR tensor of the blocks that ``mask`` keeps, or a CSR one (``block`` ``(1, 1)``).
 
     Its structure comes from the mask, not from the values: a kept zero is
     stored. Indices are ``int32`` where they fit, as MKL takes them: with
@@ -361,7 +387,7 @@ def _compressed(values: Tensor, mask: Tensor, block: tuple[int, int]) -> Tensor:
     crow = torch.cat([counts.new_zeros(1), counts.cumsum(dim=0)]).to(index)
     col = kept.nonzero()[:, 1].to(index)
     blocks = values.reshape(rows // br, br, cols // bc, bc).transpose(1, 2)[kept]
-    if block == (1, 1):
+    if not bsr:
         flat = blocks.reshape(-1)
         return torch.sparse_csr_tensor(crow, col, flat, (rows, cols), check_invariants=False)
     blocks = blocks.contiguous()

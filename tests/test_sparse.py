@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -35,13 +37,13 @@ def params_of(module: nn.Module) -> dict[str, Tensor]:
 
 
 def masks_for(params: dict[str, Tensor], layout: Layout, sparsity: float = 0.99) -> dict[str, Tensor]:
-    """Masks above break-even: unstructured for CSR, whole 8x8 blocks for BSR."""
-    spec = fp.L1Unstructured(sparsity=sparsity) if layout == "csr" else fp.Block(sparsity=sparsity, shape=(8, 8))
+    """Masks above break-even: unstructured for CSR, whole 16x16 blocks for BSR."""
+    spec = fp.L1Unstructured(sparsity=sparsity) if layout == "csr" else fp.Block(sparsity=sparsity, shape=(16, 16))
     return fp.Plan({"*.weight": spec})(params)
 
 
 def blocksize(layout: Layout) -> tuple[int, int] | None:
-    return (8, 8) if layout == "bsr" else None
+    return (16, 16) if layout == "bsr" else None
 
 
 def dense_equal(sparse: Tensor, dense: Tensor) -> bool:
@@ -96,8 +98,15 @@ def test_the_structure_comes_from_the_mask_not_from_the_values() -> None:
     csr = to_sparse({"w": weight}, {"w": mask}, layout="csr", below_break_even="allow")["w"]
     assert csr.col_indices().tolist() == [0, 2, 1, 3]  # kept zeros are stored
     assert csr.values().tolist() == [0.0, 2.0, 0.0, 4.0]
-    bsr = to_sparse({"w": weight}, {"w": mask}, layout="bsr", blocksize=(1, 2), below_break_even="allow")["w"]
-    assert dense_equal(bsr, weight * mask) and bsr.values().shape == (4, 1, 2)
+    bsr = to_sparse({"w": weight}, {"w": mask}, layout="bsr", blocksize=(2, 2), below_break_even="allow")["w"]
+    assert bsr.layout == torch.sparse_bsr and bsr.values().shape == (2, 2, 2)  # both blocks keep an entry
+    assert dense_equal(bsr, weight * mask)
+    ones = to_sparse({"w": weight}, {"w": mask}, layout="bsr", blocksize=(1, 1), below_break_even="allow")["w"]
+    assert ones.layout == torch.sparse_bsr and ones.values().shape == (4, 1, 1)
+    with torch.inference_mode():  # BSR runs, including the 1x1 blocks
+        x = torch.randn(3, 4)
+        for sparse in (bsr, ones):
+            torch.testing.assert_close(torch.nn.functional.linear(x, sparse), x @ (weight * mask).T)
 
 
 def test_inputs_are_untouched() -> None:
@@ -153,9 +162,32 @@ def test_below_break_even_warns_raises_or_passes_as_asked(layout: Layout) -> Non
 
 def test_bsr_counts_whole_blocks_for_the_break_even() -> None:
     params = params_of(mlp())
-    scattered = masks_for(params, "csr", 0.99)  # 99% of entries, few whole 8x8 blocks
+    scattered = masks_for(params, "csr", 0.99)  # 99% of entries, few whole 16x16 blocks
     with pytest.warns(SlowSparseWarning, match=r"blocks pruned"):
-        to_sparse(params, scattered, layout="bsr", blocksize=(8, 8))
+        to_sparse(params, scattered, layout="bsr", blocksize=(16, 16))
+
+
+def test_bsr_blocks_smaller_than_measured_always_warn() -> None:
+    params = params_of(mlp())
+    masks = fp.Plan({"*.weight": fp.Block(sparsity=0.99, shape=(4, 4))})(params)
+    with pytest.warns(SlowSparseWarning, match=r"'0.weight', '2.weight': blocks of 4x4 entries, smaller than the 16x16"):
+        to_sparse(params, masks, layout="bsr", blocksize=(4, 4))
+    with pytest.raises(ValueError, match=r"blocks of 4x4 entries"):
+        to_sparse(params, masks, layout="bsr", blocksize=(4, 4), below_break_even="raise")
+
+
+def test_a_bsr_weight_alone_raises_no_beta_warning() -> None:
+    """torch warns once a process that BSR is beta: not through to_sparse (the first BSR made here)."""
+    script = (
+        "import warnings, torch, funcprune as fp\n"
+        "warnings.simplefilter('error')\n"
+        "w = {'w': torch.randn(32, 32)}\n"
+        "m = {'w': fp.compute_mask(fp.Block(sparsity=0.99, shape=(16, 16)), w['w'])}\n"
+        "fp.to_sparse(w, m, layout='bsr', blocksize=(16, 16))\n"
+    )
+    done = subprocess.run([sys.executable, "-W", "ignore:Failed to initialize NumPy", "-c", script],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
 
 
 def test_the_break_even_constants_are_sparsities() -> None:
@@ -181,12 +213,14 @@ def test_errors_name_the_argument_and_what_was_expected() -> None:
         to_sparse(params, conv, layout="csr")
     with pytest.raises(ValueError, match=r"to_sparse: layout='bsr' needs blocksize"):
         to_sparse(params, mask, layout="bsr")
-    with pytest.raises(ValueError, match=r"to_sparse: blocksize=\(3, 4\) does not tile the parameter 'fc.weight'"):
-        to_sparse(params, mask, layout="bsr", blocksize=(3, 4))
+    with pytest.raises(ValueError, match=r"to_sparse: blocksize=\(3, 3\) does not tile the parameter 'fc.weight'"):
+        to_sparse(params, mask, layout="bsr", blocksize=(3, 3))
     with pytest.raises(ValueError, match=r"to_sparse: blocksize must be a tuple of two positive ints, got \(0, 4\)"):
         to_sparse(params, mask, layout="bsr", blocksize=(0, 4))
     with pytest.raises(ValueError, match=r"to_sparse: blocksize is for layout='bsr' only"):
         to_sparse(params, mask, layout="csr", blocksize=(4, 4))
+    with pytest.raises(ValueError, match=r"to_sparse: blocksize=\(1, 4\) is not square, .*CPU BSR matmul"):
+        to_sparse(params, mask, layout="bsr", blocksize=(1, 4))
 
 
 def test_masks_and_dtypes_are_checked() -> None:
