@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from ._allocate import erk_sparsity, uniform_sparsity
-from ._apply import apply_masks, functional_call_masked
+from ._apply import apply_masks
+from ._bake import bake
 from ._digits import Adam, Data, DigitsCNN, accuracy, adam_step, load_data, loss_of, params_of, train_steps
 from ._global import global_unstructured
 from ._global_structured import global_structured
@@ -248,16 +249,18 @@ def payoff(model: nn.Module, trained: Params, data: tuple[Data, Data], budget: B
     print(f"7. Payoff: {plan}")
     print("   prunes half the channels of conv1, conv2 and fc1 jointly; fp.propagate adds their")
     print(f"   biases and the columns that read them; {budget.finetune} steps of fine-tuning, then")
-    print("   fp.shrink(model, masks, example) builds the smaller model")
+    print("   fp.shrink(model, masks, example) builds the smaller model (timed against fp.bake's")
+    print("   masked dense copy)")
     params, masks = train_steps(model, trained, masks, train, budget.finetune, seed=40)
     tuned = copy.deepcopy(model)
     tuned.load_state_dict(params)
     small = shrink(tuned, masks, example)
     kept = ", ".join(f"{n.removesuffix('.weight')} {small.get_parameter(n).shape[0]}" for n in names)
     print(f"   output channels kept: {kept} (of 16, 32, 64)")
+    baked = bake(tuned, masks)  # the masked dense model, as a plain module
     with torch.no_grad():
         shrunk_acc = 100.0 * float((small(test[0]).argmax(1) == test[1]).float().mean())
-        times = _interleaved(lambda: functional_call_masked(model, params, masks, test[0]), lambda: small(test[0]))
+        times = _interleaved(lambda: baked(test[0]), lambda: small(test[0]))
     print(f"   {'model':<13} {'parameters':>10}  {'test accuracy':>13}  {'forward, 449 images':>19}")
     dense_ms, small_ms = (1e3 * statistics.median(t) for t in times)
     print(f"   {'masked dense':<13} {_count(tuned):>10,}  {accuracy(model, params, masks, test):12.1f}%  {dense_ms:16.2f} ms")
