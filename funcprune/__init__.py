@@ -85,6 +85,7 @@ from ._scores import saliency as saliency
 from ._scores import taylor as taylor
 from ._scores import wanda as wanda
 from ._shape_specs import Block as Block
+from ._shrink import KeptChannelsWarning as KeptChannelsWarning
 from ._shrink import propagate as propagate
 from ._shrink import shrink as shrink
 from ._shape_specs import NM as NM
@@ -127,6 +128,7 @@ __all__ = [
     "GlobalStructuredPlan",
     "Identity",
     "Iterative",
+    "KeptChannelsWarning",
     "L1Unstructured",
     "LnStructured",
     "Masks",

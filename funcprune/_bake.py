@@ -34,7 +34,7 @@ from torch import nn
 from ._names import check_masks
 from ._types import Masks, Params, Tensor
 
-__all__ = ["bake", "check_mask_dtypes"]
+__all__ = ["bake", "check_mask_dtypes", "check_not_hooked"]
 
 _M = TypeVar("_M", bound=nn.Module)
 
@@ -96,7 +96,7 @@ def bake(module: _M, masks: Mapping[str, Tensor]) -> _M:
     fn = "bake"
     if not isinstance(module, nn.Module):
         raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
-    _check_not_hooked(fn, module)
+    check_not_hooked(fn, module)
     params = dict(module.named_parameters(remove_duplicate=False))
     checked = check_masks(fn, params, check_mask_dtypes(fn, masks))
     by_param = _one_mask_per_parameter(fn, params, checked)
@@ -128,8 +128,12 @@ def check_mask_dtypes(fn: str, masks: object) -> Mapping[str, Tensor]:
     return masks
 
 
-def _check_not_hooked(fn: str, module: nn.Module) -> None:
-    """Refuse a module pruned in hook mode: its ``weight`` is recomputed by a hook."""
+def check_not_hooked(fn: str, module: nn.Module, *, then: str = "") -> None:
+    """Refuse a module pruned in hook mode: its ``weight`` is recomputed by a hook.
+
+    The message tells how to go on: ``then``, or ``{fn}(module, masks)`` by default.
+    """
+    then = then or f"{fn}(module, masks)"
     for prefix, submodule in module.named_modules():
         for hook in submodule._forward_pre_hooks.values():
             if isinstance(hook, torch_prune.BasePruningMethod):
@@ -139,7 +143,7 @@ def _check_not_hooked(fn: str, module: nn.Module) -> None:
                     f"funcprune.compat): {key!r} is recomputed by a forward pre-hook from "
                     f"{key + '_orig'!r} and a mask buffer; call "
                     "`masks = funcprune.compat.unprune_(module)` first, which turns it back "
-                    "into plain parameters and returns its masks, then bake(module, masks); "
+                    f"into plain parameters and returns its masks, then {then}; "
                     "or make the pruning permanent with funcprune.compat.remove(submodule, name)"
                 )
 

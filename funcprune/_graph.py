@@ -2,7 +2,7 @@
 
 :func:`trace_channels` traces a model with :func:`torch.fx.symbolic_trace`,
 runs it once on example inputs to learn every tensor's shape
-(:class:`torch.fx.passes.shape_prop.ShapeProp`), then follows the
+(:func:`~funcprune._graph_walk.record_shapes`), then follows the
 *channels* through the graph. Every output channel of a Linear or a Conv is
 an *atom*; a tensor that carries channels has a :class:`Layout`, the atoms
 along its channel axis (dim 1 of a Conv activation ``(N, C, ...)``, the last
@@ -10,11 +10,13 @@ dim of a Linear activation ``(..., F)``). Node by node:
 
 - a Linear or a Conv (``groups=1``) reads the atoms of its input as its
   input columns and makes new atoms, its output channels;
-- channel-wise ops pass the atoms on: activations, dropout, BatchNorm and
-  InstanceNorm (whose entries follow their channel), depthwise convolutions
+- channel-wise ops pass the atoms on: activations, dropout, ``exp``,
+  ``clamp``, ``pow`` with a scalar exponent, BatchNorm and InstanceNorm
+  (whose entries follow their channel), depthwise convolutions
   (``groups == in_channels``: the weights of a channel follow it), pooling,
-  interpolation, reductions and softmax over other dims, simple indexing,
-  arithmetic with a scalar;
+  interpolation, ``F.pad``, reductions, softmax, ``squeeze``, ``unsqueeze``,
+  ``chunk`` and ``split`` over other dims, indexing with constants
+  (``x[..., 1:]``), arithmetic with a scalar;
 - a residual ``add`` (``sub``, ``mul``) of two channel tensors *couples*
   their atoms pairwise (a union-find); ``torch.cat`` along the channel axis
   concatenates layouts; a flatten (``flatten``, ``nn.Flatten``,
@@ -26,7 +28,8 @@ dim of a Linear activation ``(..., F)``). Node by node:
   over every dim), a view or reshape that spells sizes out, reading the
   channel count (``x.shape[1]``, or a dim or slice computed at run time,
   which may be it), grouped convolutions, arithmetic with a tensor that has
-  its own entries per channel, a division by channels (``0 / 0`` is NaN), a
+  its own entries per channel, a division by channels (``0 / 0`` is NaN),
+  an op infinite at zero (``log``, ``rsqrt``: ``0 * inf`` is NaN), a
   layer whose parameters are shared or read elsewhere;
 - any other op that reads channels is *unknown*: :mod:`funcprune._shrink`
   refuses the masks that would remove channels it reads, naming the node;
@@ -49,7 +52,8 @@ and unknown atoms, what each node carries), :mod:`funcprune._graph_ops`
 (channel-wise ops and arithmetic), :mod:`funcprune._graph_shapes`
 (indexing, sizes, flatten, view, cat), :mod:`funcprune._graph_modules`
 (Linear, Conv, norms, stateless modules). This module traces the model,
-hands each node to its handler and reads the result off the walk.
+hands each node to its handler and reads the result off the walk;
+:mod:`funcprune._graph_removal` then reads masks against it.
 """
 
 from __future__ import annotations
@@ -58,11 +62,9 @@ import copy
 import operator
 from collections.abc import Mapping
 
-import torch
 from torch import fx, nn
-from torch.fx.passes.shape_prop import ShapeProp
 
-from ._graph_modules import call_module, roles, shared_modules
+from ._graph_modules import call_module, fixed_layers, roles, shared_modules
 from ._graph_ops import HANDLERS as _OP_HANDLERS
 from ._graph_shapes import HANDLERS as _SHAPE_HANDLERS
 from ._graph_types import ChannelGraph as ChannelGraph
@@ -70,7 +72,7 @@ from ._graph_types import Layout as Layout
 from ._graph_types import Role as Role
 from ._graph_types import RoleKind as RoleKind
 from ._graph_types import Sizes, Value
-from ._graph_walk import Handler, Walk
+from ._graph_walk import Handler, NodeFailed, Walk, record_shapes
 from ._types import Tensor
 
 __all__ = ["Layout", "Role", "RoleKind", "ChannelGraph", "trace_channels", "as_inputs"]
@@ -80,15 +82,26 @@ _HANDLERS: Mapping[object, Handler] = {**_OP_HANDLERS, **_SHAPE_HANDLERS}
 
 
 def as_inputs(fn: str, example_inputs: object) -> tuple[Tensor, ...]:
-    """``example_inputs`` as a tuple of tensors, or a TypeError."""
+    """``example_inputs`` as a tuple of tensors, or a TypeError naming what is not one.
+
+    >>> import torch
+    >>> as_inputs("example", (torch.zeros(1), 2.0))
+    Traceback (most recent call last):
+    ...
+    TypeError: example: example_inputs must be ..., but example_inputs[1] is a float
+    """
+    expected = (
+        f"{fn}: example_inputs must be a tensor or a tuple of tensors (the positional "
+        "arguments of forward)"
+    )
     if isinstance(example_inputs, Tensor):
         return (example_inputs,)
-    if isinstance(example_inputs, tuple) and all(isinstance(t, Tensor) for t in example_inputs):
-        return example_inputs
-    raise TypeError(
-        f"{fn}: example_inputs must be a tensor or a tuple of tensors (the positional "
-        f"arguments of forward), got {type(example_inputs).__name__}"
-    )
+    if not isinstance(example_inputs, tuple):
+        raise TypeError(f"{expected}, got {type(example_inputs).__name__}")
+    for i, item in enumerate(example_inputs):
+        if not isinstance(item, Tensor):
+            raise TypeError(f"{expected}, but example_inputs[{i}] is a {type(item).__name__}")
+    return example_inputs
 
 
 def trace_channels(fn: str, module: nn.Module, example_inputs: object) -> ChannelGraph:
@@ -101,7 +114,8 @@ def trace_channels(fn: str, module: nn.Module, example_inputs: object) -> Channe
             arguments of ``forward``, run once to learn every shape.
 
     Returns:
-        The :class:`ChannelGraph`: roles by module, groups, blocked groups.
+        The :class:`ChannelGraph`: roles by module, groups, blocked groups,
+        unknown groups, layers whose channels stay whole.
 
     Raises:
         TypeError: if ``module`` is not a module or the inputs are no tensors.
@@ -124,13 +138,15 @@ def trace_channels(fn: str, module: nn.Module, example_inputs: object) -> Channe
     inputs = as_inputs(fn, example_inputs)
     traced = _trace(fn, copy.deepcopy(module).eval())
     try:
-        with torch.no_grad():
-            ShapeProp(traced).propagate(*inputs)
-    except Exception as exc:  # any failure of the user's forward on these inputs
+        record_shapes(traced, inputs)
+    except NodeFailed as failed:
+        cause = failed.__cause__
+        first_line = next(iter(str(cause).splitlines()), "")
         raise ValueError(
-            f"{fn}: the model failed on example_inputs ({exc}); pass inputs that forward "
-            "accepts, as a tensor or a tuple of positional arguments"
-        ) from exc
+            f"{fn}: the model failed on example_inputs at node {failed.node!r} "
+            f"({type(cause).__name__}: {first_line}); pass inputs that forward accepts, as a "
+            "tensor or a tuple of positional arguments"
+        ) from cause
     return _walk(fn, traced)
 
 
@@ -151,12 +167,14 @@ def _walk(fn: str, gm: fx.GraphModule) -> ChannelGraph:
     for node in gm.graph.nodes:
         walk.values[node] = _guarded_visit(fn, walk, node)
     roots = tuple(walk.find(a) for a in range(len(walk.parent)))
+    found = roles(walk)
     return ChannelGraph(
-        roles=roles(walk),
+        roles=found,
         roots=roots,
         produced=walk.produced,
         blocked=_by_group(walk.blocked, roots),
         unknown=_by_group(walk.unknown, roots),
+        fixed=fixed_layers(walk, found),
     )
 
 

@@ -18,7 +18,9 @@
   (:mod:`funcprune._graph_ops`, :mod:`funcprune._graph_shapes`); any other
   module that reads channels is unknown.
 
-:func:`roles` then reads off each module's :class:`~funcprune._graph_types.Role`.
+:func:`roles` then reads off each module's :class:`~funcprune._graph_types.Role`,
+and :func:`fixed_layers` the Linear and Conv layers without one (grouped,
+shared, not called as layers), whose output channels stay whole.
 
 >>> import torch
 >>> from torch import nn
@@ -33,6 +35,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 
 from torch import fx, nn
 
@@ -41,7 +44,7 @@ from ._graph_shapes import flatten_dims
 from ._graph_types import Layout, Role, RoleKind, Value
 from ._graph_walk import Walk, shape_of
 
-__all__ = ["call_module", "roles", "shared_modules"]
+__all__ = ["call_module", "fixed_layers", "roles", "shared_modules"]
 
 _UNARY_MODULES: tuple[type[nn.Module], ...] = (
     nn.Identity, nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Sigmoid, nn.Tanh, nn.LeakyReLU,
@@ -58,6 +61,7 @@ _POOL_MODULES: tuple[tuple[type[nn.Module], int], ...] = tuple(
     for k in (1, 2, 3)
 )
 _SHARED = "has parameters that are shared or read elsewhere"
+_UNFOLLOWED = "is not called in forward as a layer that shrink follows"
 
 
 def shared_modules(gm: fx.GraphModule) -> set[str]:
@@ -96,6 +100,7 @@ def _weighted(walk: Walk, node: fx.Node, name: str, kind: RoleKind, spatial: int
     """A Linear (``spatial=0``) or a Conv with ``groups=1``: reads columns, makes rows."""
     out_shape = shape_of(node)
     if name in walk.shared or out_shape is None:
+        walk.fixed[name] = f"{walk.describe(node)} {_SHARED}"
         return walk.block_node(node, _SHARED)
     walk.kinds[name] = (kind, 1)
     _merge_in(walk, name, _read_channels(walk, node, spatial))
@@ -115,7 +120,9 @@ def _conv(walk: Walk, node: fx.Node, name: str, mod: nn.modules.conv._ConvNd) ->
     if mod.groups == mod.in_channels:
         expand = mod.out_channels // mod.in_channels
         return _follow(walk, node, name, ("depthwise", expand), spatial)
-    return walk.block_node(node, f"is a grouped convolution (groups={mod.groups})")
+    why = f"is a grouped convolution (groups={mod.groups})"
+    walk.fixed[name] = f"{walk.describe(node)} {why}"
+    return walk.block_node(node, why)
 
 
 def _follow(
@@ -124,6 +131,7 @@ def _follow(
     """A per-channel layer (norm, depthwise conv) whose entries follow their channel."""
     if name in walk.shared:
         _merge_in(walk, name, None)
+        walk.fixed[name] = f"{walk.describe(node)} {_SHARED}"
         return walk.block_node(node, _SHARED)
     walk.kinds[name] = kind
     atoms = _read_channels(walk, node, spatial)
@@ -208,3 +216,22 @@ def _role(walk: Walk, name: str) -> Role | None:
     if in_atoms is None:
         return None
     return Role(kind, tuple(a for a in in_atoms for _ in range(expand)), in_atoms)
+
+
+def fixed_layers(walk: Walk, found: Mapping[str, Role]) -> dict[str, str]:
+    """The Linear and Conv layers without a role in ``found``, each with why its channels stay.
+
+    Transposed convolutions are left out: their weight rows are input channels.
+    """
+    return {
+        name: walk.fixed.get(name, f"{name!r} {_SHARED if name in walk.shared else _UNFOLLOWED}")
+        for name, mod in walk.gm.named_modules()
+        if _has_output_rows(mod) and name not in found
+    }
+
+
+def _has_output_rows(mod: nn.Module) -> bool:
+    """Whether ``mod`` is a Linear or a Conv whose weight rows are its output channels."""
+    if isinstance(mod, nn.modules.conv._ConvNd):
+        return not mod.transposed
+    return isinstance(mod, nn.Linear)

@@ -4,9 +4,17 @@ Each handler takes the :class:`~funcprune._graph_walk.Walk` and a
 ``call_function`` or ``call_method`` node; :data:`HANDLERS` maps targets
 (functions, and method names) to them:
 
-- channel-wise ops pass the channels on: activations, dropout, casts
-  (:func:`unary`), pooling and interpolation over the dims after the
-  channels (:func:`spatial`), reductions and softmax over other dims;
+- channel-wise ops pass the channels on: activations, dropout, casts,
+  ``exp``, ``sqrt``, ``sin``... (:func:`unary`), ``clamp`` with scalar
+  bounds (or bounds that are 1 along the channel axis), ``pow`` with a
+  scalar exponent, pooling, interpolation and ``F.pad`` over the dims after
+  the channels (:func:`spatial`, :func:`pad`), reductions and softmax over
+  other dims;
+- an op that maps zero, the value of a removed channel, to an infinity
+  (``log``, ``rsqrt``, ``reciprocal``, ``pow`` with a negative exponent)
+  *blocks* the channels, as a divisor does (below); so does ``F.pad``
+  along the channel axis, and a ``clamp`` with bounds of their own per
+  channel;
 - reductions and softmax over the channel axis (or over every dim, as
   ``dim=()`` does), and norms whose statistics span the channels
   (``F.layer_norm``...), *block* them;
@@ -53,12 +61,22 @@ _UNARY_FUNCTIONS: frozenset[object] = frozenset({
     torch.relu, F.relu, F.relu6, F.gelu, F.silu, torch.sigmoid, F.sigmoid, torch.tanh, F.tanh,
     F.leaky_relu, F.elu, F.selu, F.celu, F.hardswish, F.hardsigmoid, F.hardtanh, F.mish,
     F.softplus, F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout,
-    torch.abs, torch.neg, torch.square,
+    torch.abs, torch.neg, torch.square, torch.exp, torch.expm1, torch.log1p, torch.sqrt,
+    torch.sin, torch.cos, F.logsigmoid, F.softsign, F.tanhshrink,
 })  # fmt: skip
 _UNARY_METHODS = frozenset({
-    "relu", "relu_", "sigmoid", "tanh", "abs", "neg", "square", "contiguous", "clone",
-    "detach", "float", "double", "half", "bfloat16", "to", "type_as",
+    "relu", "relu_", "sigmoid", "sigmoid_", "tanh", "tanh_", "abs", "abs_", "neg", "neg_",
+    "square", "exp", "exp_", "expm1", "log1p", "sqrt", "sqrt_", "sin", "cos", "contiguous",
+    "clone", "detach", "float", "double", "half", "bfloat16", "to", "type_as",
 })  # fmt: skip
+#: Finite everywhere but at zero, the value of a removed channel (``0 * inf`` is NaN).
+_INFINITE_AT_ZERO = frozenset({
+    torch.log, torch.log2, torch.log10, torch.rsqrt, torch.reciprocal, "log", "log_", "log2",
+    "log10", "rsqrt", "rsqrt_", "reciprocal", "reciprocal_",
+})  # fmt: skip
+_CLAMP = frozenset({torch.clamp, torch.clip, torch.clamp_min, torch.clamp_max, "clamp",
+                    "clamp_", "clip", "clip_", "clamp_min", "clamp_max"})  # fmt: skip
+_POW = frozenset({operator.pow, operator.ipow, torch.pow, "pow", "pow_"})
 _BINARY = frozenset({
     operator.add, operator.sub, operator.mul, operator.iadd, operator.isub, operator.imul,
     torch.add, torch.sub, torch.mul, "add", "sub", "mul", "add_", "sub_", "mul_",
@@ -79,6 +97,7 @@ _REDUCTIONS = frozenset({torch.mean, torch.sum, torch.amax, torch.amin,
                          "mean", "sum", "amax", "amin"})  # fmt: skip
 _SOFTMAX = frozenset({F.softmax, F.log_softmax, torch.softmax, torch.log_softmax,
                       "softmax", "log_softmax"})  # fmt: skip
+_INFINITE = "maps zero, a removed channel's value, to an infinity (and 0 * inf is NaN)"
 
 
 # --- channel-wise ops ------------------------------------------------------------
@@ -100,6 +119,46 @@ def spatial(walk: Walk, node: fx.Node, k: int | None) -> Value:
     (lay, shape), pooled = x, len(x[1]) - 2 if k is None else k
     if lay.axis >= len(shape) - pooled or out[lay.axis] != shape[lay.axis]:
         return walk.block_node(node, "pools across the channels")
+    return lay
+
+
+def pad(walk: Walk, node: fx.Node) -> Value:
+    """``F.pad``: pads the last ``len(pad) // 2`` dims; blocks the channels if theirs is one."""
+    x, widths, out = walk.first(node), call_arg(node, 1, "pad"), shape_of(node)
+    if x is None or out is None or not isinstance(widths, (tuple, list)):
+        return walk.unknown_op(node)
+    if not all(isinstance(w, int) and not isinstance(w, bool) for w in widths):
+        return walk.unknown_op(node)
+    (lay, shape), padded = x, (len(widths) + 1) // 2
+    if lay.axis >= len(shape) - padded or out[lay.axis] != shape[lay.axis]:
+        return walk.block_node(node, "pads the channel axis")
+    return lay
+
+
+def infinite_at_zero(walk: Walk, node: fx.Node) -> Value:
+    """``log``, ``rsqrt``...: entry by entry, but infinite at zero; blocks the channels.
+
+    A removed channel is zero in the closure's masked model, and its
+    infinity times a pruned weight is NaN there, not the shrunk model's 0.
+    """
+    x = walk.first(node)
+    if x is None or shape_of(node) != x[1]:
+        return walk.unknown_op(node)
+    walk.block(x[0].atoms, f"{walk.describe(node)} {_INFINITE}")
+    return x[0]
+
+
+def clamp(walk: Walk, node: fx.Node) -> Value:
+    """``clamp``, ``clip``, ``clamp_min``, ``clamp_max``: the channels pass on.
+
+    A tensor bound with entries of its own per channel blocks them.
+    """
+    x, out = walk.first(node), shape_of(node)
+    if x is None or out != x[1]:
+        return walk.unknown_op(node)
+    lay, bounds = x[0], [n for n in node.all_input_nodes if n is not node.args[0]]
+    if any(_own_entries(lay.axis, bound, out) for bound in bounds):
+        return walk.block_node(node, "clamps the channels to bounds of their own")
     return lay
 
 
@@ -163,6 +222,26 @@ def binary(walk: Walk, node: fx.Node) -> Value:
     return value
 
 
+def power(walk: Walk, node: fx.Node) -> Value:
+    """``x ** e``, ``torch.pow``: entry by entry; channels raised to ``e < 0`` block.
+
+    An exponent that is a tensor without channels may be negative: it blocks too.
+    """
+    base, exponent = call_arg(node, 0, "input"), call_arg(node, 1, "exponent")
+    value = _combine(walk, node, base, exponent)
+    x = walk.layout(base)
+    if x is not None and walk.layout(exponent) is None and not _is_non_negative(exponent):
+        walk.block(x.atoms, f"{walk.describe(node)} {_INFINITE}")
+    return value
+
+
+def _is_non_negative(exponent: object) -> bool:
+    """Whether ``exponent`` is a number ``>= 0`` (a tensor may hold negative ones)."""
+    if isinstance(exponent, bool) or not isinstance(exponent, (int, float)):
+        return False
+    return exponent >= 0
+
+
 def _combine(walk: Walk, node: fx.Node, a: object, b: object) -> Value:
     """Operands ``a`` and ``b`` combined entry by entry, with broadcasting."""
     la, lb, out = walk.layout(a), walk.layout(b), shape_of(node)
@@ -200,11 +279,16 @@ def _broadcast(
     axis = _out_axis(x, shape, out)
     if axis is None:
         return walk.unknown_op(node)
-    theirs = shape_of(other)
-    offset = len(out) - len(theirs) if theirs is not None else 0
-    if theirs is not None and axis >= offset and theirs[axis - offset] != 1:
+    if _own_entries(axis, other, out):
         return walk.block_node(node, "combines the channels with a tensor of its own")
     return Layout(axis, x.atoms)
+
+
+def _own_entries(axis: int, other: object, out: tuple[int, ...]) -> bool:
+    """Whether ``other``, broadcast to ``out``, has entries of its own along ``axis``."""
+    theirs = shape_of(other)
+    offset = len(out) - len(theirs) if theirs is not None else 0
+    return theirs is not None and axis >= offset and theirs[axis - offset] != 1
 
 
 def _out_axis(x: Layout, shape: tuple[int, ...] | None, out: tuple[int, ...]) -> int | None:
@@ -223,5 +307,9 @@ HANDLERS: Mapping[object, Handler] = {
     **{t: softmax for t in _SOFTMAX},
     **{t: spanning for t in _SPANNING_FUNCTIONS},
     **{t: _spatial_handler(k) for t, k in _POOL_FUNCTIONS.items()},
+    **{t: infinite_at_zero for t in _INFINITE_AT_ZERO},
+    **{t: clamp for t in _CLAMP},
+    **{t: power for t in _POW},
     F.interpolate: _spatial_handler(None),
+    F.pad: pad,
 }

@@ -11,8 +11,15 @@ Each handler takes the :class:`~funcprune._graph_walk.Walk` and a
   the channel axis concatenates the parts' channels (a part without
   channels brings blocked atoms of its own); along another dim, the parts'
   channels pair up;
-- indexing with constant ints and slices passes the channels on if it
-  leaves the channel axis whole, and blocks them if it selects some;
+- indexing with constant ints, slices, ``None`` and ``...`` passes the
+  channels on if it leaves the channel axis whole (``x[..., 1:]`` of an
+  image), and blocks them if it selects some;
+- ``unsqueeze`` and ``squeeze`` of other dims move the channel axis; a
+  ``squeeze`` that may drop the channel axis (no ``dim``, or theirs)
+  blocks them, since a layer shrunk to one channel would lose its axis;
+- ``chunk`` and ``split`` along another dim than the channels make
+  :class:`~funcprune._graph_types.Pieces`, each piece with the channels;
+  along the channel axis they block them;
 - ``x.shape`` and ``x.size()`` carry :class:`~funcprune._graph_types.Sizes`:
   reading the channel count from them blocks the channels, and so does
   reading a dim or a slice of them that is computed at run time.
@@ -35,7 +42,7 @@ from collections.abc import Mapping
 import torch
 from torch import fx
 
-from ._graph_types import Layout, Sizes, Value
+from ._graph_types import Layout, Pieces, Sizes, Value
 from ._graph_walk import Handler, Walk, as_dim, call_arg, shape_of
 
 __all__ = ["HANDLERS", "flatten_dims"]
@@ -43,6 +50,7 @@ __all__ = ["HANDLERS", "flatten_dims"]
 _FLATTEN = frozenset({torch.flatten, "flatten"})
 _RESHAPE = frozenset({torch.reshape, "view", "reshape"})
 _CAT = frozenset({torch.cat, torch.concat, torch.concatenate})
+_SPLIT = frozenset({torch.chunk, torch.split, "chunk", "split"})
 _HARMLESS_ATTRIBUTES = frozenset({"dtype", "device", "ndim", "is_cuda", "requires_grad"})
 
 
@@ -50,13 +58,15 @@ _HARMLESS_ATTRIBUTES = frozenset({"dtype", "device", "ndim", "is_cuda", "require
 
 
 def getitem(walk: Walk, node: fx.Node) -> Value:
-    """``x[index]`` of a tensor with channels, or ``x.shape[index]``."""
+    """``x[index]`` of a tensor with channels, ``x.shape[index]``, or a piece of a chunk."""
     container, index = node.args[0], node.args[1]
     value = walk.value(container)
     if isinstance(value, Sizes):
         return _shape_item(walk, node, value, index)
+    if isinstance(value, Pieces):
+        return value.layout if _is_int(index) else walk.unknown_op(node)
     x = walk.first(node)
-    return walk.unknown_op(node) if x is None else _index(walk, node, x[0], index)
+    return walk.unknown_op(node) if x is None else _index(walk, node, x, index)
 
 
 def _shape_item(walk: Walk, node: fx.Node, sizes: Sizes, index: object) -> Value:
@@ -70,15 +80,40 @@ def _shape_item(walk: Walk, node: fx.Node, sizes: Sizes, index: object) -> Value
     return None
 
 
-def _index(walk: Walk, node: fx.Node, x: Layout, index: object) -> Value:
-    """``x[...]`` with constant ints and slices that leave the channel axis whole."""
+def _index(walk: Walk, node: fx.Node, x: tuple[Layout, tuple[int, ...]], index: object) -> Value:
+    """``x[...]`` with constant ints, slices, ``None`` and ``...``."""
+    (lay, shape), out = x, shape_of(node)
     items = index if isinstance(index, tuple) else (index,)
-    if not all(_is_constant_index(i) for i in items):
+    if out is None or items.count(Ellipsis) > 1 or not all(
+        _is_constant_index(i) or i is None or i is Ellipsis for i in items
+    ):
         return walk.unknown_op(node)
-    if x.axis < len(items) and items[x.axis] != slice(None):
+    axis = _indexed_axis(_without_ellipsis(items, len(shape)), lay.axis)
+    if axis is None:
         return walk.block_node(node, "selects some of the channels")
-    dropped = sum(1 for i in items[: x.axis] if isinstance(i, int))
-    return Layout(x.axis - dropped, x.atoms)
+    return Layout(axis, lay.atoms) if out[axis] == len(lay.atoms) else walk.unknown_op(node)
+
+
+def _without_ellipsis(items: tuple[object, ...], ndim: int) -> tuple[object, ...]:
+    """Index ``items`` with a ``...`` spelled out as the full slices it stands for."""
+    if Ellipsis not in items:
+        return items
+    at = items.index(Ellipsis)
+    spanned = ndim - sum(1 for i in items if i is not None and i is not Ellipsis)
+    return items[:at] + (slice(None),) * spanned + items[at + 1 :]
+
+
+def _indexed_axis(items: tuple[object, ...], axis: int) -> int | None:
+    """Where indexing with ``items`` puts dim ``axis``; ``None`` if it selects in it."""
+    out, dim = 0, 0
+    for item in items:
+        if item is None:  # a new dim of size 1
+            out += 1
+            continue
+        if dim == axis:
+            return out if item == slice(None) else None
+        out, dim = out + (not _is_int(item)), dim + 1
+    return out + axis - dim
 
 
 def _is_constant_index(item: object) -> bool:
@@ -115,6 +150,49 @@ def size(walk: Walk, node: fx.Node) -> Value:
         return None
     walk.block(x[0].atoms, f"{walk.describe(node)} reads the channel count")
     return None
+
+
+def unsqueeze(walk: Walk, node: fx.Node) -> Value:
+    """``unsqueeze(dim)``: a new dim of size 1; the channel axis moves if it is after."""
+    x, out = walk.first(node), shape_of(node)
+    d = as_dim(call_arg(node, 1, "dim"), len(out) if out is not None else 0)
+    if x is None or out is None or d is None or len(out) != len(x[1]) + 1:
+        return walk.unknown_op(node)
+    return Layout(x[0].axis + (d <= x[0].axis), x[0].atoms)
+
+
+def squeeze(walk: Walk, node: fx.Node) -> Value:
+    """``squeeze(dim)`` of other dims: the channel axis moves left past the dims dropped.
+
+    A squeeze that may drop the channel axis (no ``dim``, or theirs) blocks
+    them: shrunk to one channel, the axis would go.
+    """
+    x, dim, out = walk.first(node), call_arg(node, 1, "dim"), shape_of(node)
+    if x is None or out is None:
+        return walk.unknown_op(node)
+    (lay, shape), dims = x, dim if isinstance(dim, (tuple, list)) else (dim,)
+    squeezed = set(range(len(shape))) if dim is None else {as_dim(d, len(shape)) for d in dims}
+    if None in squeezed:
+        return walk.unknown_op(node)
+    if lay.axis in squeezed:
+        walk.block(lay.atoms, f"{walk.describe(node)} may squeeze the channel axis away")
+    dropped = [d for d in squeezed if d is not None and shape[d] == 1]
+    if len(out) != len(shape) - len(dropped):
+        return walk.unknown_op(node)
+    if lay.axis in dropped:  # blocked above: its one channel stays
+        return None
+    return Layout(lay.axis - sum(1 for d in dropped if d < lay.axis), lay.atoms)
+
+
+def split(walk: Walk, node: fx.Node) -> Value:
+    """``chunk``, ``split`` (``dim`` the third argument): pieces along another dim."""
+    x = walk.first(node)
+    d = as_dim(call_arg(node, 2, "dim", 0), len(x[1])) if x is not None else None
+    if x is None or d is None:
+        return walk.unknown_op(node)
+    if d == x[0].axis:
+        return walk.block_node(node, "splits the channels into pieces")
+    return Pieces(x[0])
 
 
 # --- flatten and reshape ---------------------------------------------------------------
@@ -220,6 +298,11 @@ HANDLERS: Mapping[object, Handler] = {
     **{t: flatten for t in _FLATTEN},
     **{t: reshape for t in _RESHAPE},
     **{t: cat for t in _CAT},
+    **{t: split for t in _SPLIT},
+    torch.unsqueeze: unsqueeze,
+    "unsqueeze": unsqueeze,
+    torch.squeeze: squeeze,
+    "squeeze": squeeze,
     operator.getitem: getitem,
     getattr: attribute,
     "size": size,

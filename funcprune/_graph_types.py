@@ -5,9 +5,11 @@ the walk meets it: an output channel of a Linear or a Conv, or a channel
 that ``torch.cat`` brings in from a tensor the analysis does not follow. A
 tensor that carries atoms has a :class:`Layout`; ``x.shape`` or ``x.size()``
 of such a tensor is a :class:`Sizes`, so that reading the channel count from
-it can block the atoms. The walk (:func:`funcprune._graph.trace_channels`)
-ends in a :class:`ChannelGraph`: what each module owns, which atoms form a
-group, and which groups stay.
+it can block the atoms; the tuple that ``chunk`` or ``split`` makes of it
+along another dim is a :class:`Pieces`, each piece with its channels. The
+walk (:func:`funcprune._graph.trace_channels`) ends in a
+:class:`ChannelGraph`: what each module owns, which atoms form a group,
+which groups stay, and which layers keep all their channels.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Union, final
 
-__all__ = ["ChannelGraph", "Layout", "Role", "RoleKind", "Sizes", "Value"]
+__all__ = ["ChannelGraph", "Layout", "Pieces", "Role", "RoleKind", "Sizes", "Value"]
 
 
 @final
@@ -41,9 +43,17 @@ class Sizes:
     ndim: int
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class Pieces:
+    """A tuple of tensors (``chunk``, ``split`` along another dim), each with ``layout``."""
+
+    layout: Layout
+
+
 #: What a node's result carries: channels, the sizes of a tensor with
-#: channels, or nothing the analysis follows (``None``).
-Value = Union[Layout, Sizes, None]
+#: channels, pieces of one, or nothing the analysis follows (``None``).
+Value = Union[Layout, Sizes, Pieces, None]
 #: ``linear``, ``conv``: weight rows are output atoms, columns input atoms.
 #: ``norm``, ``depthwise``: per-channel entries that follow their input atoms.
 RoleKind = Literal["linear", "conv", "norm", "depthwise"]
@@ -74,6 +84,9 @@ class ChannelGraph:
         blocked: the groups that keep their channels, with a reason.
         unknown: the groups an op reads that shrink cannot reason about,
             with that node's description.
+        fixed: the Linear and Conv layers whose output channels the
+            analysis does not follow (grouped, shared...), each
+            with the reason they stay whole.
     """
 
     roles: Mapping[str, Role]
@@ -81,3 +94,4 @@ class ChannelGraph:
     produced: Mapping[int, tuple[str, int]]
     blocked: Mapping[int, str]
     unknown: Mapping[int, str]
+    fixed: Mapping[str, str]

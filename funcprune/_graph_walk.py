@@ -12,12 +12,15 @@ nodes of a traced model in order:
   (:meth:`Walk.unknown_op`): shrink *refuses* the masks that would remove
   them, rather than keeping them silently;
 - the :data:`~funcprune._graph_types.Value` of each node visited so far;
-- for each module with parameters, its kind and its output and input atoms
-  (:mod:`funcprune._graph_modules` fills and reads these).
+- for each module with parameters, its kind and its output and input atoms,
+  and the Linear and Conv layers whose output channels stay whole, with a
+  reason (:mod:`funcprune._graph_modules` fills and reads these).
 
 A handler is a function ``(walk, node) -> Value``: it reads the node's
 arguments through the walk, records what the node does to the channels it
-reads, and returns what the node's result carries.
+reads, and returns what the node's result carries. Handlers read shapes
+with :func:`shape_of`, which :func:`record_shapes` (one run of the traced
+model) makes known.
 """
 
 from __future__ import annotations
@@ -30,11 +33,15 @@ from typing import final
 import torch
 import torch.nn.functional as F
 from torch import fx
-from torch.fx.passes.shape_prop import TensorMetadata
 
-from ._graph_types import Layout, RoleKind, Sizes, Value
+from ._graph_types import Layout, Pieces, RoleKind, Sizes, Value
 
-__all__ = ["Handler", "Walk", "as_dim", "call_arg", "shape_of"]
+__all__ = [
+    "Handler", "NodeFailed", "Walk", "as_dim", "call_arg", "carries", "record_shapes", "shape_of",
+]  # fmt: skip
+
+#: The key of ``node.meta`` where :func:`record_shapes` puts a tensor's shape.
+_SHAPE = "funcprune_shape"
 
 
 @final
@@ -42,7 +49,7 @@ class Walk:
     """The state of one pass over ``gm`` (see the module docstring).
 
     Args:
-        gm: the traced model, its nodes annotated by ``ShapeProp``.
+        gm: the traced model, its nodes' shapes recorded (:func:`record_shapes`).
         shared: the modules whose tensors are shared or read elsewhere.
 
     >>> from torch import fx, nn
@@ -65,6 +72,7 @@ class Walk:
         self.kinds: dict[str, tuple[RoleKind, int]] = {}
         self.out_atoms: dict[str, tuple[int, ...]] = {}
         self.in_atoms: dict[str, tuple[int, ...] | None] = {}
+        self.fixed: dict[str, str] = {}
 
     # --- atoms: a union-find over channels -----------------------------------
 
@@ -113,7 +121,9 @@ class Walk:
         """
         description = self.describe(node)
         for value in self.inputs(node):
-            for atom in value.atoms if isinstance(value, Layout) else ():
+            layout = value if isinstance(value, Layout) else None
+            layout = value.layout if isinstance(value, Pieces) else layout
+            for atom in layout.atoms if layout is not None else ():
                 self.unknown.setdefault(atom, description)
         return None
 
@@ -139,7 +149,7 @@ class Walk:
         value = self.value(arg)
         return value if isinstance(value, Layout) else None
 
-    def inputs(self, node: fx.Node) -> list[Layout | Sizes]:
+    def inputs(self, node: fx.Node) -> list[Layout | Sizes | Pieces]:
         """The values with channels among ``node``'s inputs."""
         return [v for n in node.all_input_nodes if (v := self.values.get(n)) is not None]
 
@@ -148,7 +158,7 @@ class Walk:
         head = node.args[0] if node.args else None
         x, shape = self.layout(head), shape_of(head)
         others = [n for n in node.all_input_nodes if n is not head]
-        if x is None or shape is None or any(isinstance(self.values[n], Layout) for n in others):
+        if x is None or shape is None or any(carries(self.values[n]) for n in others):
             return None
         return x, shape
 
@@ -156,7 +166,7 @@ class Walk:
         """Whether ``node`` reads channels from other tensors than ``operands``."""
         known = [n for n in operands if isinstance(n, fx.Node)]
         return any(
-            isinstance(self.values[n], Layout) and all(n is not k for k in known)
+            carries(self.values[n]) and all(n is not k for k in known)
             for n in node.all_input_nodes
         )
 
@@ -165,10 +175,56 @@ class Walk:
 Handler = Callable[[Walk, fx.Node], Value]
 
 
+def carries(value: Value) -> bool:
+    """Whether ``value`` is a tensor with channels, or pieces of one."""
+    return isinstance(value, (Layout, Pieces))
+
+
 def shape_of(arg: object) -> tuple[int, ...] | None:
     """The shape of a tensor node (``None`` for constants and non-tensors)."""
-    meta = arg.meta.get("tensor_meta") if isinstance(arg, fx.Node) else None
-    return tuple(meta.shape) if isinstance(meta, TensorMetadata) else None
+    shape = arg.meta.get(_SHAPE) if isinstance(arg, fx.Node) else None
+    return shape if isinstance(shape, tuple) else None
+
+
+@final
+class NodeFailed(Exception):
+    """The traced model failed on a node: ``node``'s name, and the error as ``__cause__``."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__(node)
+        self.node = node
+
+
+def record_shapes(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> None:
+    """Run ``gm`` once on ``inputs`` (no grad), recording each tensor node's shape.
+
+    Raises:
+        NodeFailed: naming the node, if the model fails on it (the error is
+            its ``__cause__``); nothing is printed.
+    """
+    with torch.no_grad():
+        _ShapeRecorder(gm).run(*inputs)
+
+
+@final
+class _ShapeRecorder(fx.Interpreter):
+    """An interpreter that writes each tensor result's shape into its node's meta.
+
+    Unlike ``ShapeProp``, it prints no traceback when a node fails.
+    """
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.extra_traceback = False  # the error as raised: no graph dump added
+
+    def run_node(self, n: fx.Node) -> object:
+        try:
+            result = super().run_node(n)
+        except Exception as exc:  # anything the user's forward raises
+            raise NodeFailed(n.name) from exc
+        if isinstance(result, torch.Tensor):
+            n.meta[_SHAPE] = tuple(result.shape)
+        return result
 
 
 def as_dim(d: object, ndim: int) -> int | None:

@@ -23,43 +23,54 @@ are *coupled* (the two sides of a residual ``add``, the parts of a ``cat``)
 go only where every layer that makes them prunes them. Some channels stay,
 however pruned: those of the model's inputs and outputs, those read by a
 norm whose statistics span them (LayerNorm, GroupNorm), by a grouped
-convolution, by a ``view``/``reshape`` that spells sizes out, or by code
-that reads the channel count (``x.shape[1]``). An op the analysis cannot
+convolution, by a ``view``/``reshape`` that spells sizes out, by a divisor
+or an op infinite at zero (``log``, ``rsqrt``), or by code that reads the
+channel count (``x.shape[1]``). An op the analysis cannot
 reason about (``permute``, ``matmul``, a custom leaf module...) is refused
 with an error naming its node, when it reads channels that would go; the
 masks that keep those channels are accepted. Each layer keeps at least one
 channel on each side (torch cannot run a Conv with none): when the masks
-prune them all, the first one stays.
+prune them all, the first one stays. Whenever channels that the masks prune
+entirely stay, both functions say which and why, in one
+:class:`KeptChannelsWarning`. Which groups go is decided by
+:mod:`funcprune._graph_removal`; this module checks the arguments, then
+builds the closure and the smaller copy.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import final
+import warnings
+from collections.abc import Mapping
+from typing import TypeVar
 
 import torch
 from torch import nn
 
-from ._graph import ChannelGraph, RoleKind, trace_channels
-from ._multiply import as_multiplier
+from ._bake import check_mask_dtypes, check_not_hooked
+from ._graph import RoleKind, trace_channels
+from ._graph_removal import Cut, plan_removal
 from ._names import check_masks
 from ._types import Masks, Tensor
 
-__all__ = ["propagate", "shrink"]
+__all__ = ["KeptChannelsWarning", "propagate", "shrink"]
+
+_M = TypeVar("_M", bound=nn.Module)
+#: How many layers a :class:`KeptChannelsWarning` names.
+_LAYERS_SHOWN = 5
 
 
-@final
-@dataclass(frozen=True, slots=True)
-class _Cut:
-    """The output rows and input columns that one module keeps (``None``: all of them)."""
+class KeptChannelsWarning(UserWarning):
+    """Output channels that the masks prune entirely, but that shrink must keep.
 
-    kind: RoleKind
-    keep_out: tuple[int, ...] | None
-    keep_in: tuple[int, ...] | None
-    out_size: int
-    in_size: int
+    They stay in the shrunk model (their weights zero, their compute paid)
+    and the closure adds nothing for them. The message names each layer,
+    how many of its channels stay, and why: a model output, an op that
+    reads all the channels (LayerNorm, a view with spelled-out sizes...),
+    a channel coupled with one that another layer keeps.
+    """
+
+    __module__ = "funcprune"
 
 
 def propagate(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: object) -> Masks:
@@ -70,29 +81,42 @@ def propagate(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: ob
     bias entry, its BatchNorm (or InstanceNorm) weight and bias entries, its
     depthwise-convolution weights and bias, and the input columns that read
     it. It only ever adds pruned entries: every given mask is kept as it is
-    or with more entries pruned, never revived.
+    or with more entries pruned, never revived. Channels that the masks
+    prune entirely but that must stay are listed in a
+    :class:`KeptChannelsWarning`, as :func:`shrink` lists them.
 
     Args:
         module: the model (not modified).
-        masks: masks by parameter name, as for
-            :func:`~funcprune.apply_masks` (``torch.bool`` or 0/1 numbers).
+        masks: masks by parameter name (an alias of a tied Parameter is
+            accepted), as for :func:`~funcprune.bake`: ``torch.bool``
+            (``True`` = kept) or floating-point 0/1.
         example_inputs: the positional arguments of ``module.forward``: a
             tensor, or a tuple of tensors. The model runs once on them (on a
             copy, in eval mode) to learn every tensor's shape.
 
     Returns:
-        A new dict of ``torch.bool`` masks in ``named_parameters()`` order:
-        every given mask (the same tensor where the closure adds nothing),
-        and a mask for each parameter the closure prunes entries of.
+        A new dict of ``torch.bool`` masks, keyed and ordered like
+        ``module.named_parameters()``: each given mask, with the closure's
+        entries pruned, and a mask for each other parameter the closure
+        prunes entries of. A given ``torch.bool`` mask to which the closure
+        adds nothing is returned as the very tensor given; a float mask is
+        returned converted (``mask != 0``), and a mask given under another
+        name of a tied Parameter under its ``named_parameters()`` name.
 
     Raises:
         TypeError: if ``module`` is not a module, ``masks`` not a mapping of
-            tensors, or ``example_inputs`` not a tensor or a tuple of them.
+            tensors, a mask neither ``torch.bool`` nor floating-point, or
+            ``example_inputs`` not a tensor or a tuple of them.
         UnknownNameError: if a mask names no parameter of ``module``.
-        ValueError: if a mask does not fit its parameter, torch.fx cannot
-            trace the model, the inputs do not run through it, or an op the
-            analysis cannot reason about reads channels that would go (the
-            message names the node).
+        ValueError: if ``module`` is pruned in hook mode, a mask does not
+            fit its parameter, two names of a tied Parameter carry different
+            masks, torch.fx cannot trace the model, the inputs do not run
+            through it, or an op the analysis cannot reason about reads
+            channels that would go (the message names the node).
+
+    Warns:
+        KeptChannelsWarning: if output channels that the masks prune
+            entirely must stay.
 
     >>> import torch, funcprune as fp
     >>> from torch import nn
@@ -109,14 +133,16 @@ def propagate(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: ob
     return _closure(module, checked, cuts)
 
 
-def shrink(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: object) -> nn.Module:
+def shrink(module: _M, masks: Mapping[str, Tensor], example_inputs: object) -> _M:
     """A new, smaller copy of ``module`` without the channels ``masks`` remove.
 
     The copy keeps the class and the ``forward`` of ``module``; its Linear,
     Conv, BatchNorm and InstanceNorm layers are smaller (parameters and
     running statistics sliced, ``out_features``, ``in_channels``,
     ``num_features``... updated), and every mask of the closure is applied
-    to its parameters, so in eval mode it computes, to float tolerance::
+    to its parameters (pruned entries ``+0.0``, as :func:`~funcprune.bake`
+    writes them, even where a weight is ``nan``), so in eval mode it
+    computes, to float tolerance::
 
         functional_call_masked(module, dict(module.named_parameters()),
                                propagate(module, masks, example_inputs), inputs)
@@ -134,21 +160,30 @@ def shrink(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: objec
       input;
     - a ``view``/``reshape`` that spells sizes out (``x.view(-1, 400)``),
       code that reads the channel count (``x.shape[1]``), arithmetic with a
-      tensor of per-channel entries, a layer whose parameters are shared or
-      read directly in ``forward``;
+      tensor of per-channel entries, a divisor, ``log``, ``rsqrt`` or a
+      negative power (infinite at zero: ``0 * inf`` is NaN), ``F.pad``,
+      ``chunk`` or ``split`` along the channels, a layer whose parameters
+      are shared or read directly in ``forward``;
     - each layer keeps at least one channel on each side.
+
+    When channels that the masks prune entirely stay, a
+    :class:`KeptChannelsWarning` says, per layer, how many and why.
 
     ``flatten``, ``nn.Flatten`` and ``x.view(x.size(0), -1)`` map a Conv
     channel to its block of the next Linear's columns; ``torch.cat`` along
-    the channels concatenates them. The graph comes from
-    :func:`torch.fx.symbolic_trace` (traced in eval mode), so ``forward``
-    must be traceable. Nothing is built until the whole analysis succeeds,
-    and ``module`` itself is never modified.
+    the channels concatenates them; elementwise ops (``clamp``, ``exp``,
+    ``pow`` with a scalar exponent...) and ops over other dims (pooling,
+    ``F.pad``, ``squeeze``, ``chunk``, ``x[..., 1:]``) pass them on. The
+    graph comes from :func:`torch.fx.symbolic_trace` (traced in eval mode),
+    so ``forward`` must be traceable. Nothing is built until the whole
+    analysis succeeds, and ``module`` itself is never modified.
 
     Args:
-        module: the trained model.
-        masks: masks by parameter name (``torch.bool`` or 0/1 numbers), such
-            as a :class:`~funcprune.Plan` with
+        module: the trained model. It must not be pruned in hook mode
+            (``torch.nn.utils.prune`` or ``funcprune.compat``).
+        masks: masks by parameter name (an alias of a tied Parameter is
+            accepted): ``torch.bool`` (``True`` = kept) or floating-point
+            0/1, such as a :class:`~funcprune.Plan` with
             ``LnStructured(amount, n=2, dim=0)`` returns.
         example_inputs: the positional arguments of ``forward``: a tensor,
             or a tuple of tensors.
@@ -157,13 +192,13 @@ def shrink(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: objec
         A new module, of the class of ``module``, in its training mode.
 
     Raises:
-        TypeError: if ``module`` is not a module, ``masks`` not a mapping of
-            tensors, or ``example_inputs`` not a tensor or a tuple of them.
+        TypeError: as :func:`propagate` raises it.
         UnknownNameError: if a mask names no parameter of ``module``.
-        ValueError: if a mask does not fit its parameter, torch.fx cannot
-            trace the model, the inputs do not run through it, or an op the
-            analysis cannot reason about reads channels that would go (the
-            message names the node).
+        ValueError: as :func:`propagate` raises it.
+
+    Warns:
+        KeptChannelsWarning: if output channels that the masks prune
+            entirely must stay.
 
     >>> import torch, funcprune as fp
     >>> from torch import nn
@@ -189,110 +224,75 @@ def shrink(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: objec
 
 def _plan(
     fn: str, module: object, masks: object, example_inputs: object
-) -> tuple[dict[str, Tensor], dict[str, _Cut]]:
-    """The masks as ``torch.bool``, and what each module keeps: every check, no change."""
+) -> tuple[dict[str, Tensor], Mapping[str, Cut]]:
+    """The masks as ``torch.bool``, and what each module keeps: every check, no change.
+
+    Warns (:class:`KeptChannelsWarning`) if channels the masks prune entirely stay.
+    """
     if not isinstance(module, nn.Module):
         raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
-    checked = check_masks(fn, dict(module.named_parameters()), masks)
+    check_not_hooked(fn, module, then=f"{fn}(module, masks, example_inputs)")
+    names = _first_names(module)
+    params = dict(module.named_parameters(remove_duplicate=False))
+    checked = _one_per_parameter(fn, names, check_masks(fn, params, check_mask_dtypes(fn, masks)))
     graph = trace_channels(fn, module, example_inputs)
-    removed = _removed_groups(fn, graph, checked)
-    return checked, _cuts(graph, removed)
+    every_name = {alias: checked[first] for alias, first in names.items() if first in checked}
+    removal = plan_removal(fn, graph, every_name)
+    _warn_kept(fn, removal.kept)
+    return checked, removal.cuts
 
 
-def _pruned_rows(graph: ChannelGraph, masks: Mapping[str, Tensor]) -> dict[str, list[bool]]:
-    """For each Linear and Conv with a weight mask, which of its output rows are all pruned."""
-    rows: dict[str, list[bool]] = {}
-    for name, role in graph.roles.items():
-        mask = masks.get(f"{name}.weight")
-        if role.kind in ("linear", "conv") and mask is not None:
-            rows[name] = (~mask.flatten(1).any(1)).tolist()
-    return rows
+def _first_names(module: nn.Module) -> dict[str, str]:
+    """Each name of each parameter, to its first (its ``named_parameters()`` name)."""
+    first: dict[int, str] = {}
+    return {
+        name: first.setdefault(id(p), name)
+        for name, p in module.named_parameters(remove_duplicate=False)
+    }
 
 
-def _removed_groups(fn: str, graph: ChannelGraph, masks: Mapping[str, Tensor]) -> set[int]:
-    """The channel groups that go: pruned by every layer that makes them, kept by nothing."""
-    pruned = _pruned_rows(graph, masks)
-    kept = set(graph.blocked)
-    for atom, (name, row) in graph.produced.items():
-        if not (name in pruned and pruned[name][row]):
-            kept.add(graph.roots[atom])
-    removed = set(graph.roots) - kept
-    _keep_one_per_layer(graph, removed)
-    _refuse_unknown(fn, graph, removed)
-    return removed
+def _one_per_parameter(fn: str, names: Mapping[str, str], masks: Masks) -> dict[str, Tensor]:
+    """``masks`` keyed by first names; the names of a tied Parameter must agree."""
+    by_first: dict[str, Tensor] = {}
+    given: dict[str, str] = {}  # the name under which each Parameter's mask came first
+    for name, mask in masks.items():
+        first = names[name]
+        if first in by_first and not torch.equal(by_first[first], mask):
+            raise ValueError(
+                f"{fn}: {name!r} is tied to {given[first]!r} (one Parameter under two names), "
+                "but their masks differ; a tied weight has one set of values: give one mask, "
+                "under either name, or equal masks under both"
+            )
+        by_first[first], given[first] = mask, given.get(first, name)
+    return {name: by_first[name] for name in dict.fromkeys(names.values()) if name in by_first}
 
 
-def _keep_one_per_layer(graph: ChannelGraph, removed: set[int]) -> None:
-    """Keep the first channel of any layer side that would lose them all (in place)."""
-    changed = True
-    while changed:
-        changed = False
-        for role in graph.roles.values():
-            for atoms in (role.out_atoms, role.in_atoms or ()):
-                if atoms and all(graph.roots[a] in removed for a in atoms):
-                    removed.discard(graph.roots[atoms[0]])
-                    changed = True
-
-
-def _refuse_unknown(fn: str, graph: ChannelGraph, removed: set[int]) -> None:
-    """Refuse, naming the node, if an op shrink cannot reason about reads channels that go."""
-    refused = sorted(root for root in removed if root in graph.unknown)
-    if not refused:
+def _warn_kept(fn: str, kept: Mapping[str, Mapping[str, int]]) -> None:
+    """A :class:`KeptChannelsWarning` listing ``kept``, at most :data:`_LAYERS_SHOWN` layers."""
+    if not kept:
         return
-    node = graph.unknown[refused[0]]
-    group = [
-        f"{name}[{row}]"
-        for atom, (name, row) in graph.produced.items()
-        if graph.roots[atom] in refused and graph.unknown.get(graph.roots[atom]) == node
+    total = sum(n for reasons in kept.values() for n in reasons.values())
+    layers = [
+        f"{name!r} keeps " + ", ".join(f"{n} ({why})" for why, n in reasons.items())
+        for name, reasons in list(kept.items())[:_LAYERS_SHOWN]
     ]
-    shown = ", ".join(group[:6]) + (", ..." if len(group) > 6 else "")
-    raise ValueError(
-        f"{fn}: {node} reads output channels that the masks prune entirely ({shown}), and "
-        f"{fn} cannot tell how it uses them, so it cannot prove that removing them keeps the "
-        "outputs; nothing was changed. Keep these channels (leave part of each weight row "
-        "unpruned), or write that part of forward with ops funcprune follows (activations, "
-        "add, cat, flatten, pooling, Linear, Conv, BatchNorm)"
+    more = f"; and {len(kept) - _LAYERS_SHOWN} more layers" if len(kept) > _LAYERS_SHOWN else ""
+    warnings.warn(
+        f"{fn}: {total} output channel{'s' if total > 1 else ''} that the masks prune "
+        f"entirely stay, weights zero but compute paid: {'; '.join(layers)}{more}. To silence "
+        "this, leave such channels unpruned (an output layer: leave it out of the masks), or "
+        "change what keeps them",
+        KeptChannelsWarning,
+        stacklevel=4,
     )
 
 
-def _kept(graph: ChannelGraph, atoms: tuple[int, ...], removed: set[int]) -> tuple[int, ...]:
-    return tuple(i for i, a in enumerate(atoms) if graph.roots[a] not in removed)
-
-
-def _cuts(graph: ChannelGraph, removed: set[int]) -> dict[str, _Cut]:
-    """What each module keeps, for the modules that lose something."""
-    cuts: dict[str, _Cut] = {}
-    for name, role in graph.roles.items():
-        keep_out = _kept(graph, role.out_atoms, removed)
-        in_atoms = role.in_atoms or ()
-        keep_in = _kept(graph, in_atoms, removed)
-        if len(keep_out) == len(role.out_atoms) and len(keep_in) == len(in_atoms):
-            continue
-        cuts[name] = _Cut(
-            role.kind,
-            keep_out if len(keep_out) < len(role.out_atoms) else None,
-            keep_in if len(keep_in) < len(in_atoms) else None,
-            len(role.out_atoms),
-            len(in_atoms),
-        )
-    return cuts
-
-
-def _slices(name: str, cut: _Cut) -> Iterator[tuple[str, int, tuple[int, ...], int]]:
-    """``(parameter, dim, kept indices, size)`` for each tensor of the module a cut slices."""
-    if cut.keep_out is not None:
-        for tensor in ("weight", "bias", "running_mean", "running_var"):
-            yield f"{name}.{tensor}", 0, cut.keep_out, cut.out_size
-    if cut.keep_in is not None and cut.kind in ("linear", "conv"):
-        yield f"{name}.weight", 1, cut.keep_in, cut.in_size
-
-
-def _closure(module: nn.Module, masks: dict[str, Tensor], cuts: dict[str, _Cut]) -> Masks:
+def _closure(module: nn.Module, masks: dict[str, Tensor], cuts: Mapping[str, Cut]) -> Masks:
     """The given masks, with every entry of a removed channel pruned."""
     params = dict(module.named_parameters())
     closure = dict(masks)
     for name, cut in cuts.items():
-        for key, dim, keep, size in _slices(name, cut):
+        for key, dim, keep, size in cut.slices(name):
             if key not in params:
                 continue
             mask = closure.get(key)
@@ -306,10 +306,13 @@ def _closure(module: nn.Module, masks: dict[str, Tensor], cuts: dict[str, _Cut])
 
 @torch.no_grad()
 def _bake(module: nn.Module, masks: Masks) -> None:
-    """Multiply the masks into ``module``'s parameters (a copy: nobody else holds them)."""
+    """Write ``+0.0`` into the pruned entries of ``module`` (a copy: nobody else holds it).
+
+    As :func:`~funcprune.bake` does: ``+0.0`` even where a weight is ``nan`` or ``inf``.
+    """
     params = dict(module.named_parameters())
     for name, mask in masks.items():
-        params[name].mul_(as_multiplier(mask, params[name].dtype))
+        params[name].masked_fill_(~mask, 0.0)
 
 
 #: The attributes that record a layer's sizes: the output side's, then the input side's.
@@ -322,9 +325,9 @@ _SIZE_ATTRIBUTES: Mapping[RoleKind, tuple[str, ...]] = {
 
 
 @torch.no_grad()
-def _cut_module(mod: nn.Module, cut: _Cut) -> None:
+def _cut_module(mod: nn.Module, cut: Cut) -> None:
     """Slice ``mod``'s tensors to the kept channels and update its size attributes."""
-    for key, dim, keep, _ in _slices("", cut):
+    for key, dim, keep, _ in cut.slices(""):
         attr = key[1:]
         old = getattr(mod, attr, None)
         if not isinstance(old, Tensor):

@@ -14,7 +14,7 @@ DESIGN_NAMES = [
     "LnStructured", "CustomFromMask", "Chain", "chain", "compute_mask", "prune",
     "Plan", "global_unstructured", "apply_masks",
     "saliency", "taylor", "wanda", "input_norms", "NM", "Block", "PerSlice",
-    "global_structured", "bake", "propagate", "shrink", "to_sparse",
+    "global_structured", "bake", "propagate", "shrink", "to_sparse", "KeptChannelsWarning",
 ]  # fmt: skip
 DESIGN_SIGNATURES = {
     fp.compute_mask: "(spec, scores, default_mask=None, *, generator=None)",

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.nn.utils.prune as tprune
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
+from typing_extensions import assert_type
 
 import funcprune as fp
+import funcprune.compat as prune
 from funcprune import _graph
+from funcprune import KeptChannelsWarning
 
 Tensor = torch.Tensor
 Masks = dict[str, Tensor]
@@ -145,11 +150,30 @@ def half_channels(model: nn.Module, names: Sequence[str], amount: float = 0.5) -
     return plan(params_of(model))
 
 
-def check_equal_outputs(model: nn.Module, masks: Masks, inputs: Tensor) -> nn.Module:
-    """Shrink, compare with the closure-masked dense model in eval mode; return the shrunk one."""
+@contextlib.contextmanager
+def kept_warning(kept: str | bool) -> Iterator[None]:
+    """Expect one KeptChannelsWarning matching ``kept`` (``True``: any); ``False``: none."""
+    if kept is False:  # warnings are errors in this suite
+        yield
+        return
+    with pytest.warns(KeptChannelsWarning, match=None if kept is True else kept) as record:
+        yield
+    assert len(record) == 1, [str(w.message) for w in record]
+
+
+def check_equal_outputs(
+    model: nn.Module, masks: Masks, inputs: Tensor, *, kept: str | bool = False
+) -> nn.Module:
+    """Shrink, compare with the closure-masked dense model in eval mode; return the shrunk one.
+
+    ``kept``: whether both warn that channels the masks prune entirely stay
+    (a pattern the message must match, or ``True`` for any).
+    """
     model.eval()
-    closure = fp.propagate(model, masks, inputs)
-    small = fp.shrink(model, masks, inputs).eval()
+    with kept_warning(kept):
+        closure = fp.propagate(model, masks, inputs)
+    with kept_warning(kept):
+        small = fp.shrink(model, masks, inputs).eval()
     with torch.no_grad():
         expected = fp.functional_call_masked(model, params_of(model), closure, inputs)
         got = small(inputs)
@@ -205,11 +229,13 @@ def test_residual_channels_go_only_where_both_sides_prune_them() -> None:
     model = seeded(ResidualNet())
     masks = channel_masks(model, {"stem.weight": [0, 1, 2], "conv2.weight": [1, 2, 5],
                                   "conv1.weight": [4]})  # fmt: skip
-    small = check_equal_outputs(model, masks, image())
+    coupled = r"'stem' keeps 1 \(coupled with channels that 'conv2' keeps\); 'conv2' keeps 1 \("
+    small = check_equal_outputs(model, masks, image(), kept=coupled)
     assert isinstance(small, ResidualNet)
     assert (small.stem.out_channels, small.conv2.out_channels, small.fc.in_features) == (6, 6, 6)
     assert (small.conv1.in_channels, small.conv1.out_channels, small.conv2.in_channels) == (6, 5, 5)
-    closure = fp.propagate(model, masks, image())
+    with pytest.warns(KeptChannelsWarning):
+        closure = fp.propagate(model, masks, image())
     assert closure["bn0.weight"].tolist() == [True, False, False] + [True] * 5
     assert closure["fc.weight"][:, 0].all() and not closure["fc.weight"][:, 1:3].any()
     # pruned in one branch only: the channel stays, and the closure adds nothing for it
@@ -232,7 +258,8 @@ def test_transformer_mlp_block_shrinks_its_hidden_dim_only() -> None:
     model = seeded(TransformerMLP())
     masks = half_channels(model, ["fc1.weight", "fc2.weight"], amount=0.25)
     x = torch.randn(2, 5, 8)
-    small = check_equal_outputs(model, masks, x)
+    residual = r"'fc2' keeps 2 \(node 'add' .* combines the channels with a tensor of its own\)"
+    small = check_equal_outputs(model, masks, x, kept=residual)
     assert isinstance(small, TransformerMLP)
     assert (small.fc1.out_features, small.fc2.in_features) == (24, 24)
     assert small.fc2.out_features == 8  # the residual with the input keeps it whole
@@ -255,9 +282,11 @@ class Normed(nn.Module):
 def test_layernorm_across_channels_keeps_them() -> None:
     model = seeded(Normed())
     masks = channel_masks(model, {"fc1.weight": [0, 3]})
-    small = check_equal_outputs(model, masks, torch.randn(3, 4))
+    norm = r"'fc1' keeps 2 \(node 'ln' \(call_module ln: LayerNorm\) computes statistics across"
+    small = check_equal_outputs(model, masks, torch.randn(3, 4), kept=norm)
     assert count(small) == count(model)
-    assert fp.propagate(model, masks, torch.randn(3, 4)).keys() == masks.keys()
+    with pytest.warns(KeptChannelsWarning):
+        assert fp.propagate(model, masks, torch.randn(3, 4)).keys() == masks.keys()
 
 
 class Rolled(nn.Module):
@@ -299,7 +328,9 @@ class LeNetView(nn.Module):
 
 def test_a_view_with_spelled_out_sizes_keeps_the_channels() -> None:
     model = seeded(LeNetView())
-    small = check_equal_outputs(model, channel_masks(model, {"conv.weight": [0, 1]}), image())
+    view = r"'conv' keeps 2 \(node 'view' \(call_method .view\(\)\) reshapes the channels to sizes"
+    masks = channel_masks(model, {"conv.weight": [0, 1]})
+    small = check_equal_outputs(model, masks, image(), kept=view)
     assert count(small) == count(model)
 
 
@@ -345,7 +376,7 @@ class Keeper(nn.Module):
 def test_what_reads_every_channel_keeps_them(how: str) -> None:
     model = seeded(Keeper(how))
     masks = channel_masks(model, {"fc1.weight": [0, 5]})
-    small = check_equal_outputs(model, masks, torch.randn(3, 4))
+    small = check_equal_outputs(model, masks, torch.randn(3, 4), kept=r"'fc1' keeps 2 \(node")
     assert count(small) == count(model)
 
 
@@ -388,7 +419,7 @@ _BY_SCALARS: dict[str, Op] = {
 def test_a_divisor_keeps_its_channels(how: str) -> None:
     model = seeded(Quotient(_BY_CHANNELS[how]))  # a zero divisor would make 0 / 0
     masks = channel_masks(model, {"a.weight": [0, 1], "b.weight": [0, 1]})
-    small = check_equal_outputs(model, masks, torch.randn(3, 4))
+    small = check_equal_outputs(model, masks, torch.randn(3, 4), kept="divides by the channels")
     assert count(small) == count(model)
 
 
@@ -479,15 +510,18 @@ def test_cat_offsets_and_depthwise_convolutions_follow_their_channels() -> None:
 
 def test_a_grouped_convolution_keeps_the_channels_it_reads() -> None:
     model = seeded(Branches(grouped=True))
-    masks = channel_masks(model, {"a.weight": [1], "b.weight": [0, 3]})
-    small = check_equal_outputs(model, masks, image())
+    masks = channel_masks(model, {"a.weight": [1], "b.weight": [0, 3], "grouped.weight": [1]})
+    grouped = r"node 'grouped' \(call_module grouped: Conv2d\) is a grouped convolution"
+    kept = rf"'a' keeps 1 \({grouped} .*'b' keeps 2 \({grouped} .*'grouped' keeps 1 \({grouped} "
+    small = check_equal_outputs(model, masks, image(), kept=kept)
     assert count(small) == count(model)
 
 
 def test_a_layer_keeps_one_channel_when_the_masks_prune_all() -> None:
     model = seeded(mlp())
     masks = channel_masks(model, {"2.weight": range(16)})
-    small = check_equal_outputs(model, masks, torch.randn(3, 8))
+    one = r"'2' keeps 1 \(every layer keeps a channel, and the masks prune all the output channels"
+    small = check_equal_outputs(model, masks, torch.randn(3, 8), kept=one)
     assert layer(small, "2", nn.Linear).out_features == 1
 
 
@@ -511,7 +545,266 @@ def test_the_original_is_untouched_and_the_copy_keeps_class_and_mode() -> None:
     assert small.conv1.weight is not model.conv1.weight
 
 
+# --- more channel-wise ops ----------------------------------------------------------------
+
+Unary = Callable[[Tensor], Tensor]
+
+
+class Between(nn.Module):
+    """``b(op(a(x)))``: a Conv (or a Linear), an op, and the layer that reads its channels."""
+
+    def __init__(self, op: Unary, *, linear: bool = False) -> None:
+        super().__init__()
+        self.op = op
+        self.a: nn.Module = nn.Linear(4, 6) if linear else nn.Conv2d(3, 6, 3, padding=1)
+        self.b: nn.Module = nn.Linear(6, 2) if linear else nn.Conv2d(6, 2, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.b(self.op(self.a(x)))
+        return out
+
+
+def _halves(h: Tensor, dim: int) -> Tensor:
+    first, second = h.chunk(2, dim=dim)
+    return first * second
+
+
+def _split_swap(h: Tensor) -> Tensor:
+    left, right = torch.split(h, [3, 5], dim=3)
+    return torch.cat([right, left], 3)
+
+
+_CHANNEL_WISE: dict[str, Unary] = {
+    "clamp": lambda h: torch.clamp(h, min=-0.5, max=0.5),
+    "clamp method": lambda h: h.clamp(-1, 1),
+    "clip": lambda h: torch.clip(h, 0.0),
+    "clamp_min, clamp_max": lambda h: torch.clamp_min(h, -0.1).clamp_max(0.3),
+    "clamp size-1 bound": lambda h: torch.clamp(h, min=torch.full((1, 1, 1), -0.2)),
+    "exp": torch.exp,
+    "sqrt": lambda h: torch.sqrt(F.relu(h)).sqrt(),
+    "log1p": lambda h: torch.log1p(F.relu(h)),
+    "abs neg": lambda h: torch.neg(torch.abs(h)).abs(),
+    "pow": lambda h: torch.pow(h, 3) + h**2 + F.relu(h).pow(0.5),
+    "scalar ** channels": lambda h: 2.0**h,
+    "sin cos tanh": lambda h: torch.cos(torch.sin(h)).tanh(),
+    "activations": lambda h: F.hardtanh(F.relu6(F.leaky_relu(F.elu(F.selu(F.softplus(F.mish(
+        F.hardswish(F.hardsigmoid(h))))))))),  # fmt: skip
+    "pad": lambda h: F.pad(h, (1, 1, 2, 0)),
+    "pad reflect": lambda h: F.pad(h, (1, 1, 1, 1), mode="reflect"),
+    "unsqueeze squeeze": lambda h: torch.unsqueeze(h, 0).unsqueeze(-1).squeeze(-1).squeeze(0),
+    "squeeze a dim of size 1": lambda h: h[:, :, :1].squeeze(2).unsqueeze(2),
+    "chunk": lambda h: _halves(h, 2),
+    "split": _split_swap,
+    "ellipsis slice": lambda h: h[..., 1:],
+    "none and ellipsis": lambda h: h[:, None][:, 0, ..., :-1, None][..., 0],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("how", list(_CHANNEL_WISE))
+def test_channel_wise_ops_let_the_channels_go(how: str) -> None:
+    model = seeded(Between(_CHANNEL_WISE[how]))
+    pruned = torch.randperm(6, generator=torch.Generator().manual_seed(len(how)))[:3]
+    masks = channel_masks(model, {"a.weight": pruned.tolist()})
+    small = check_equal_outputs(model, masks, image())
+    a, b = layer(small, "a", nn.Conv2d), layer(small, "b", nn.Conv2d)
+    assert (a.out_channels, b.in_channels) == (3, 3)
+    assert count(small) == count(model) - 3 * (3 * 9 + 1 + 2)
+
+
+_CHANNEL_KEEPING: dict[str, tuple[Unary, str]] = {
+    "log": (lambda h: torch.log(F.relu(h) + 1), "maps zero, a removed channel's value, to an inf"),
+    "rsqrt": (lambda h: (h * h + 1).rsqrt(), "maps zero"),
+    "negative pow": (lambda h: (h * h + 1) ** -1, "maps zero"),
+    "per-channel bound": (lambda h: torch.clamp(h, min=torch.zeros(6, 1, 1)), "clamps the"),
+    "pad the channels": (lambda h: F.pad(h, (0, 0, 0, 0, 0, 0)), "pads the channel axis"),
+    "squeeze all": (lambda h: h.squeeze(), "may squeeze the channel axis away"),
+    "chunk the channels": (lambda h: torch.cat(h.chunk(2, 1)[::-1], 1), "splits the channels"),
+    "slice the channels": (lambda h: F.pad(h[:, 1:], (0, 0, 0, 0, 1, 0)), "selects some"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("how", list(_CHANNEL_KEEPING))
+def test_ops_that_cannot_lose_channels_keep_them(how: str) -> None:
+    op, reason = _CHANNEL_KEEPING[how]
+    model = seeded(Between(op))
+    masks = channel_masks(model, {"a.weight": [1, 4]})
+    small = check_equal_outputs(model, masks, image(), kept=rf"'a' keeps 2 \(.*{reason}")
+    assert count(small) == count(model)
+
+
+def test_padding_the_features_of_a_linear_keeps_them() -> None:
+    model = seeded(Between(lambda h: F.pad(h, (0, 1))[:, :6], linear=True))
+    masks = channel_masks(model, {"a.weight": [0, 2]})
+    small = check_equal_outputs(model, masks, torch.randn(3, 4), kept="pads the channel axis")
+    assert count(small) == count(model)
+    model = seeded(Between(lambda h: h.unsqueeze(1).squeeze(1), linear=True))
+    small = check_equal_outputs(model, masks, torch.randn(3, 4))
+    assert layer(small, "b", nn.Linear).in_features == 4
+
+
+def test_pieces_passed_whole_to_an_unknown_op_are_refused() -> None:
+    model = Between(lambda h: torch.stack(h.chunk(2, dim=2)).sum(0))
+    with pytest.raises(ValueError, match=r"shrink: node 'stack' \(call_function torch.stack\)"):
+        fp.shrink(model, channel_masks(model, {"a.weight": [1]}), image())
+
+
+# --- the warning about channels that stay --------------------------------------------------
+
+
+def test_a_pruned_output_head_stays_with_a_warning() -> None:
+    model = seeded(mlp())
+    plan = fp.global_structured(fp.prunable(model), fp.LnStructured(0.5, n=2, dim=0))
+    masks = plan(params_of(model))
+    head = int(rows_pruned(masks, "4.weight").sum())
+    assert head > 0  # ranked across layers, some rows of the head are pruned
+    output = rf"'4' keeps {head} \(node 'output' \(output\) is an output of the model"
+    small = check_equal_outputs(model, masks, torch.randn(3, 8), kept=output)
+    assert layer(small, "4", nn.Linear).out_features == 4
+    plan = fp.global_structured(fp.prunable(model)[:-1], fp.LnStructured(0.5, n=2, dim=0))
+    check_equal_outputs(model, plan(params_of(model)), torch.randn(3, 8))  # no warning
+
+
+class Deep(nn.Module):
+    """Seven Linear layers, each followed by a LayerNorm that keeps its channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(7))
+        self.norm = nn.LayerNorm(4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for fc in self.layers:
+            x = self.norm(fc(x))
+        return x
+
+
+def test_the_warning_names_five_layers_and_counts_the_rest() -> None:
+    model = seeded(Deep())
+    masks = channel_masks(model, {f"layers.{i}.weight": [0] for i in range(7)})
+    listed = r"7 output channels .* stay.*'layers.4' keeps 1 \(node 'norm_4' .*; and 2 more layers"
+    with kept_warning(listed):
+        fp.shrink(model, masks, torch.randn(2, 4))
+    with kept_warning(r"'layers.0' keeps 1 \(node 'norm' \(call_module norm: LayerNorm\)"):
+        fp.propagate(model, masks, torch.randn(2, 4))
+
+
+def test_what_goes_entirely_gives_no_warning() -> None:
+    model = seeded(ResidualNet())
+    masks = channel_masks(
+        model, {"stem.weight": [1, 3], "conv2.weight": [1, 3], "conv1.weight": [0]}
+    )
+    small = check_equal_outputs(model, masks, image())  # kept=False: any warning is an error
+    assert isinstance(small, ResidualNet)
+    assert (small.stem.out_channels, small.conv1.out_channels) == (6, 5)
+
+
 # --- bad input -------------------------------------------------------------------------
+
+
+class Hooked(nn.Module):
+    """``fc2(relu(fc1(x)))``, the reviewer's case: fc2 pruned in hook mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 6), nn.Linear(6, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.fc2(F.relu(self.fc1(x)))
+        return out
+
+
+@pytest.mark.parametrize("library", ["torch", "funcprune.compat"])
+def test_a_module_in_hook_mode_is_refused_with_the_way_out(library: str) -> None:
+    model = Hooked()
+    (tprune if library == "torch" else prune).l1_unstructured(model.fc2, "weight", amount=0.3)
+    before = snapshot(model)
+    masks = channel_masks(model, {"fc1.weight": [0, 2, 5]})
+    for fn in (fp.shrink, fp.propagate):
+        hooked = rf"{fn.__name__}: module is pruned in hook mode .*'fc2.weight'.*unprune_"
+        with pytest.raises(ValueError, match=hooked):
+            fn(model, masks, torch.randn(2, 4))
+        with pytest.raises(ValueError, match=hooked):
+            fn(model, {"fc2.weight_orig": torch.ones(3, 6, dtype=torch.bool)}, torch.randn(2, 4))
+    assert unchanged(model, before)
+    masks |= prune.unprune_(model)  # the way out the message gives
+    small = check_equal_outputs(model, masks, torch.randn(2, 4))
+    fc2 = layer(small, "fc2", nn.Linear)
+    assert fc2.in_features == 3 and not hasattr(fc2, "weight_orig")
+
+
+def test_masks_are_checked_as_bake_checks_them() -> None:
+    model = mlp()
+    for fn in (fp.shrink, fp.propagate):
+        integers = torch.ones(32, 8, dtype=torch.int64)
+        with pytest.raises(TypeError, match=rf"{fn.__name__}: the mask for '0.weight' has dtype "):
+            fn(model, {"0.weight": integers}, torch.randn(1, 8))
+        with pytest.raises(TypeError, match=rf"{fn.__name__}: masks must be a mapping .*NoneType"):
+            fn(model, None, torch.randn(1, 8))  # type: ignore[arg-type]
+
+
+class TiedHeads(nn.Module):
+    """``out(h) + out2(h)``, where ``out2.weight`` is ``out.weight``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.out, self.out2 = nn.Linear(4, 6), nn.Linear(6, 3), nn.Linear(6, 3)
+        self.out2.weight = self.out.weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.fc(x))
+        out: Tensor = self.out(h) + self.out2(h)
+        return out
+
+
+def test_a_mask_under_the_second_name_of_a_tied_parameter_masks_it() -> None:
+    model = seeded(TiedHeads())
+    tied = torch.rand(3, 6, generator=torch.Generator().manual_seed(0)) > 0.5
+    tied[:, 0] = True
+    masks = {"out2.weight": tied, "fc.bias": torch.tensor([True] * 5 + [False])}
+    closure = fp.propagate(model, masks, torch.randn(2, 4))
+    assert list(closure) == ["fc.bias", "out.weight"] and closure["out.weight"] is tied
+    small = fp.shrink(model, masks, torch.randn(2, 4))
+    assert small.out.weight is small.out2.weight and torch.equal(small.out.weight != 0, tied)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        expected = fp.functional_call_masked(model, params_of(model), closure, x)
+        torch.testing.assert_close(small(x), expected)
+    with pytest.raises(ValueError, match=r"shrink: 'out.weight' is tied to 'out2.weight' .*differ"):
+        fp.shrink(model, {"out2.weight": tied, "out.weight": ~tied}, x)
+    rows = {"out.weight": torch.tensor([[False] * 6, [True] * 6, [True] * 6])}
+    shared = r"'out' keeps 1 \(node 'out' \(call_module out: Linear\) has parameters that are"
+    check_equal_outputs(model, rows, x, kept=shared)
+
+
+def test_propagate_returns_bool_masks_by_first_name() -> None:
+    model = seeded(mlp())
+    kept = torch.rand(32, 8, generator=torch.Generator().manual_seed(0)) > 0.3
+    floats = torch.ones(16, 32)
+    floats[3] = 0.0
+    closure = fp.propagate(model, {"0.weight": kept, "2.weight": floats}, torch.randn(1, 8))
+    assert closure["0.weight"] is kept  # the closure adds nothing to it: the very tensor
+    assert closure["2.weight"].dtype == torch.bool and torch.equal(closure["2.weight"], floats != 0)
+    assert not closure["2.bias"][3] and not closure["4.weight"][:, 3].any()
+
+
+def test_pruned_entries_that_stay_are_positive_zeros_as_bake_writes_them() -> None:
+    model = seeded(mlp())
+    mask = torch.ones(16, 32, dtype=torch.bool)
+    mask[0, :2] = False  # unstructured: the row stays
+    with torch.no_grad():
+        layer(model, "2", nn.Linear).weight[0, :2] = torch.tensor([float("nan"), -1.0])
+    small = fp.shrink(model, {"2.weight": mask}, torch.randn(1, 8))
+    weight = layer(small, "2", nn.Linear).weight
+    assert weight[0, :2].tolist() == [0.0, 0.0] and not weight[0, :2].signbit().any()
+    assert torch.isfinite(small(torch.randn(3, 8))).all()
+    assert torch.equal(weight, layer(fp.bake(model, {"2.weight": mask}), "2", nn.Linear).weight)
+
+
+def test_shrink_returns_the_class_it_is_given() -> None:
+    model = seeded(ResidualNet())
+    small = fp.shrink(model, channel_masks(model, {"conv1.weight": [0]}), image())
+    assert_type(small, ResidualNet)
+    assert small.conv1.out_channels == 5  # type-checks: mypy knows the class
 
 
 class Branchy(nn.Module):
@@ -531,13 +824,28 @@ def test_errors_name_the_function_and_what_was_given() -> None:
     with pytest.raises(TypeError, match=r"propagate: example_inputs must be a tensor or a tuple"):
         fp.propagate(model, {}, [torch.randn(1, 8)])
     with pytest.raises(TypeError, match=r"shrink: module must be a torch.nn.Module, got dict"):
-        fp.shrink(params_of(model), {}, torch.randn(1, 8))  # type: ignore[arg-type]
+        fp.shrink(params_of(model), {}, torch.randn(1, 8))  # type: ignore[type-var]
     with pytest.raises(ValueError, match=r"shrink: torch.fx.symbolic_trace cannot trace Branchy"):
         fp.shrink(Branchy(), {}, torch.randn(1, 2))
     with pytest.raises(ValueError, match=r"shrink: the model failed on example_inputs"):
         fp.shrink(model, {}, torch.randn(1, 7))
     with pytest.raises(ValueError, match=r"shrink: the mask for '0.weight'"):
         fp.shrink(model, {"0.weight": torch.ones(3, dtype=torch.bool)}, torch.randn(1, 8))
+    with pytest.raises(TypeError, match=r"tuple of tensors .*, but example_inputs\[1\] is a float"):
+        fp.shrink(model, {}, (torch.randn(1, 8), 2.0))
+
+
+def test_a_model_failing_on_the_inputs_is_one_short_error_and_prints_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(ValueError) as failed:
+        fp.shrink(mlp(), {}, torch.randn(1, 7))
+    message = str(failed.value)
+    assert "\n" not in message and isinstance(failed.value.__cause__, RuntimeError)
+    assert message.startswith(
+        "shrink: the model failed on example_inputs at node '_0' (RuntimeError: mat1 and mat2 "
+    )
+    assert capsys.readouterr() == ("", "")
 
 
 # --- properties ------------------------------------------------------------------------
@@ -563,6 +871,11 @@ def residual_case(draw: st.DrawFn) -> tuple[nn.Module, Masks]:
     return model, random_rows(draw, model, ["stem.weight", "conv1.weight", "conv2.weight"])
 
 
+def rows_pruned(masks: Masks, name: str) -> Tensor:
+    """Which output rows of ``name`` the masks prune entirely."""
+    return ~masks[name].flatten(1).any(1)
+
+
 def expected_mlp_count(masks: Masks) -> int:
     def kept(name: str) -> int:
         return max(1, int(masks[name].any(1).sum()))
@@ -575,7 +888,9 @@ def expected_mlp_count(masks: Masks) -> int:
 @given(mlp_case())
 def test_random_channel_masks_on_an_mlp_give_equal_outputs(case: tuple[nn.Module, Masks]) -> None:
     model, masks = case
-    small = check_equal_outputs(model, masks, torch.randn(3, 8))
+    head = bool(rows_pruned(masks, "4.weight").any())  # the model's outputs stay
+    emptied = any(bool(rows_pruned(masks, n).all()) for n in ("0.weight", "2.weight"))
+    small = check_equal_outputs(model, masks, torch.randn(3, 8), kept=head or emptied)
     assert count(small) == expected_mlp_count(masks)
 
 
@@ -585,7 +900,10 @@ def test_random_channel_masks_on_a_residual_cnn_give_equal_outputs(
     case: tuple[nn.Module, Masks],
 ) -> None:
     model, masks = case
-    small = check_equal_outputs(model, masks, image(batch=1, size=6))
+    stem, conv2 = rows_pruned(masks, "stem.weight"), rows_pruned(masks, "conv2.weight")
+    emptied = (stem & conv2).all() or rows_pruned(masks, "conv1.weight").all()
+    kept = bool((stem ^ conv2).any() or emptied)
+    small = check_equal_outputs(model, masks, image(batch=1, size=6), kept=kept)
     assert isinstance(small, ResidualNet)
     gone = masks["stem.weight"].flatten(1).any(1) | masks["conv2.weight"].flatten(1).any(1)
     assert small.stem.out_channels == max(1, int(gone.sum()))
