@@ -26,8 +26,8 @@ block's input and output hidden states over the calibration set are held at
 a time. The model is never modified: masks are a dict, and the pruned block
 runs through :func:`funcprune.functional_call_masked`.
 
-Run it (about 1.5 minutes on an otherwise idle 2-core CPU VM; ``--quick``,
-a smaller model trained less: about 3 seconds)::
+Run it (about a minute on a 2-core CPU VM, at 1 thread; ``--quick``, a
+smaller model trained less: about 8 seconds)::
 
     python examples/oneshot_llm.py [--quick] [--seed N]
 
