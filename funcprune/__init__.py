@@ -52,7 +52,6 @@ with _warnings.catch_warnings():  # the first torch import, without NumPy instal
 
 from ._activations import input_norms as input_norms
 from ._allocate import erk_sparsity as erk_sparsity
-from ._bake import bake as bake
 from ._allocate import uniform_sparsity as uniform_sparsity
 from ._apply import apply_masks as apply_masks
 from ._apply import apply_masks_ as apply_masks_
@@ -61,6 +60,7 @@ from ._apply import mask_gradients as mask_gradients
 from ._apply import mask_gradients_ as mask_gradients_
 from ._apply import Multipliers as Multipliers
 from ._apply import to_multipliers as to_multipliers
+from ._bake import bake as bake
 from ._masks import compute_joint_masks as compute_joint_masks
 from ._masks import compute_mask as compute_mask
 from ._masks import prune as prune
@@ -85,11 +85,11 @@ from ._scores import saliency as saliency
 from ._scores import taylor as taylor
 from ._scores import wanda as wanda
 from ._shape_specs import Block as Block
+from ._shape_specs import NM as NM
+from ._shape_specs import PerSlice as PerSlice
 from ._shrink import KeptChannelsWarning as KeptChannelsWarning
 from ._shrink import propagate as propagate
 from ._shrink import shrink as shrink
-from ._shape_specs import NM as NM
-from ._shape_specs import PerSlice as PerSlice
 from ._spec import Chain as Chain
 from ._spec import Spec as Spec
 from ._spec import chain as chain
