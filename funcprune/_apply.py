@@ -15,7 +15,14 @@ Keeping pruned weights at zero while training:
   come from elsewhere; re-apply the masks after the update if the update
   adds anything else (weight decay, momentum from before pruning);
 - with a ``torch.optim`` optimizer, call :func:`mask_gradients_` after
-  ``backward()`` and :func:`apply_masks_` after ``step()``.
+  ``backward()`` and :func:`apply_masks_` after ``step()``. This is the way
+  for an FSDP2 model (``fully_shard``): its parameters and masks are
+  DTensors of one layout, multiplied block by block with no communication;
+  :func:`functional_call_masked` refuses it, since FSDP2 gathers its own
+  parameters and would ignore the masked ones.
+
+A DTensor parameter takes a ``torch.bool`` DTensor mask of its mesh and
+placements (as funcprune's plans return them); a plain tensor a plain mask.
 
 A ``torch.bool`` mask is multiplied in without a float copy kept for the
 backward: autograd keeps the bool mask itself, 1 byte an entry (see
@@ -32,6 +39,7 @@ from typing import Any, Protocol, TypeVar, final
 import torch
 from torch import nn
 
+from ._dtensor import check_layouts, check_not_fsdp
 from ._multiply import as_multiplier, masked_multiply
 from ._names import check_masks, check_params, unknown_name
 from ._types import Params, Tensor
@@ -120,6 +128,7 @@ def to_multipliers(params: Params, masks: Mapping[str, Tensor]) -> Multipliers:
     {'w': tensor([1., -0., 3.])}
     """
     check_params("to_multipliers", params)
+    check_layouts("to_multipliers", params, masks)
     checked = check_masks("to_multipliers", params, masks)
     return Multipliers(
         {name: as_multiplier(m, params[name].dtype, copy=True) for name, m in checked.items()}, _CHECKED
@@ -131,8 +140,10 @@ def _checked(
 ) -> dict[str, Tensor]:
     check_params(fn, params)
     if isinstance(masks, Multipliers):  # checked when built: shapes and names only
+        check_layouts(fn, params, masks._tensors, bool_masks=False)
         checked = check_masks(fn, params, masks._tensors, keep_dtype=True, values=False)
     else:
+        check_layouts(fn, params, masks)
         checked = check_masks(fn, params, masks, keep_dtype=True)
     if strict:
         missing = [name for name in params if name not in checked]
@@ -248,6 +259,7 @@ def _check_module_names(
     fn = "functional_call_masked"
     if not isinstance(module, nn.Module):
         raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
+    check_not_fsdp(fn, module)
     known = [n for n, _ in module.named_parameters(remove_duplicate=False)]
     known += [n for n, _ in module.named_buffers(remove_duplicate=False)]
     names = set(known)

@@ -31,6 +31,7 @@ import torch
 import torch.nn.utils.prune as torch_prune
 from torch import nn
 
+from ._dtensor import refuse_in
 from ._names import check_masks
 from ._types import Masks, Params, Tensor
 
@@ -97,6 +98,7 @@ def bake(module: _M, masks: Mapping[str, Tensor]) -> _M:
     if not isinstance(module, nn.Module):
         raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
     check_not_hooked(fn, module)
+    refuse_in(fn, dict(module.named_parameters()))
     params = dict(module.named_parameters(remove_duplicate=False))
     checked = check_masks(fn, params, check_mask_dtypes(fn, masks))
     by_param = _one_mask_per_parameter(fn, params, checked)

@@ -14,6 +14,7 @@ from typing import ClassVar, final
 
 import torch
 
+from . import _dtensor as dtensor
 from ._masks import compute_joint_masks
 from ._names import select_names
 from ._plan import AbstractPlan, as_spec, naming, scores_for, spec_repr
@@ -70,6 +71,9 @@ class GlobalPlan(AbstractPlan):
         generator: torch.Generator | None,
     ) -> dict[str, Tensor]:
         selected = select_names(self._FN, self.names, tuple(params))
+        if any(dtensor.is_dtensor(params[n]) for n in selected):
+            names = [f"the parameter {n!r}" for n in selected]
+            dtensor.check_group(self._FN, names, [params[n] for n in selected], self.spec)
         each = [scores_for(params[n], masks.get(n), scores.get(n)) for n in selected]
         what = "[" + ", ".join(map(repr, selected)) + "] jointly"
         with naming(self._FN, what, self.spec):
@@ -85,7 +89,11 @@ def global_unstructured(names: Sequence[str], spec: Spec | Sequence[Spec]) -> Gl
     together are pruned, so each tensor ends up with its own sparsity.
     Earlier masks are respected (a float amount is a fraction of what is
     still unpruned overall) and importance scores are taken from the plan
-    call's ``scores``.
+    call's ``scores``. The tensors may be DTensors on one 1-D device mesh
+    (an FSDP2 model's parameters), each with its own ``Shard(dim)`` or
+    ``Replicate()`` placement: they are ranked jointly across processes,
+    nothing gathered, with ``L1Unstructured`` (see
+    :func:`~funcprune.compute_joint_masks`).
 
     Args:
         names: parameter names or glob patterns (see :class:`Plan`).

@@ -20,6 +20,7 @@ from typing import ClassVar, Literal, NamedTuple, Optional, Union, final
 
 import torch
 
+from ._dtensor import is_dtensor
 from ._kernels import check_matrix_norm, unpruned_units
 from ._masks import compute_mask
 from ._names import select_names
@@ -89,6 +90,7 @@ class GlobalStructuredPlan(AbstractPlan):
         generator: torch.Generator | None,
     ) -> dict[str, Tensor]:
         selected = select_names(self._FN, self.names, tuple(params))
+        _refuse_dtensors(selected, params)
         parts = []
         for name in selected:
             with naming(self._FN, repr(name), self.spec):
@@ -99,6 +101,16 @@ class GlobalStructuredPlan(AbstractPlan):
         with naming(self._FN, what, self.spec):
             kept = _select(self.spec, parts, generator)
         return {**masks, **dict(zip(selected, kept, strict=True))}
+
+
+def _refuse_dtensors(selected: Sequence[str], params: Params) -> None:
+    for name in selected:
+        if is_dtensor(params[name]):
+            raise NotImplementedError(
+                f"global_structured: the parameter {name!r} is a DTensor, which global_structured "
+                "does not prune yet (its channel norms would cross processes); prune DTensors with "
+                "global_unstructured or a Plan of L1Unstructured"
+            )
 
 
 def _check_normalize(normalize: object, spec: Spec) -> None:

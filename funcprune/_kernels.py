@@ -20,7 +20,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ._select import KeyPart, Target, keep, keep_jointly, magnitude_of, resolve_count
+from ._select import (
+    KeyPart, Shard, Target, keep, keep_jointly, magnitude_of, refuse_dtensors, resolve_count,
+    sum_over_shards,
+)
 from ._types import Count, Mask, NormOrder, Tensor
 from ._validate import check_same_shape, is_concrete, validate_dim_range, validate_structured
 
@@ -50,7 +53,10 @@ def unpruned_count(scores: Tensor, eligible: Mask, total: int) -> Count:
 
     A tensor only where the values cannot be read (under a transform); the
     random kernels draw per unpruned unit, as torch does, where it is an int.
+    Every amount kernel counts here first, so DTensors, whose counts would be
+    this process's only, are refused here.
     """
+    refuse_dtensors(scores, eligible)
     if eligible is None:
         return total
     n = eligible.sum()
@@ -75,6 +81,7 @@ def _scatter_draws(draws: Tensor, eligible: Tensor, fill: float) -> Tensor:
 
 def keep_all(scores: Tensor, default_mask: Mask) -> Tensor:
     """A new mask that prunes nothing more than ``default_mask``."""
+    refuse_dtensors(scores, default_mask)
     default_mask = as_bool(default_mask)
     if default_mask is None:
         return torch.ones(scores.shape, dtype=torch.bool, device=scores.device)
@@ -105,34 +112,59 @@ def l1_unstructured(amount: Target, scores: Tensor, default_mask: Mask) -> Tenso
 
 
 def l1_unstructured_jointly(
-    amount: Target, scores: Sequence[Tensor], default_masks: Sequence[Mask]
+    amount: Target,
+    scores: Sequence[Tensor],
+    default_masks: Sequence[Mask],
+    *,
+    shards: Sequence[Shard] | None = None,
 ) -> list[Tensor]:
     """:func:`l1_unstructured` over several tensors ranked as if concatenated.
 
     ``|scores|`` is computed part by part, in the group's promoted dtype, as
     torch's concatenation ranks it (an fp32 tensor beside an fp16 one is
     compared in fp32); the group is never concatenated on the eager path.
+
+    With ``shards`` (one per tensor), each tensor is this process's block of
+    a larger one, the rest held by other processes that call this too: the
+    amount counts the whole tensors' units, and the ``k`` entries pruned are
+    those of the whole group (eager only; :mod:`._sharded`).
     """
     dtype = functools.reduce(torch.promote_types, (s.dtype for s in scores))
     defaults = [as_bool(d) for d in default_masks]
-    parts = [_l1_part(s, d, dtype) for s, d in zip(scores, defaults, strict=True)]
-    unpruned: Count = 0
-    for s, d in zip(scores, defaults, strict=True):
-        unpruned = unpruned + unpruned_count(s, None if d is None else d.reshape(-1), s.numel())
-    k = resolve_count(amount, unpruned, sum(s.numel() for s in scores))
+    blocks: Sequence[Shard | None] = [None] * len(scores) if shards is None else shards
+    parts = [_l1_part(s, d, dtype, b) for s, d, b in zip(scores, defaults, blocks, strict=True)]
+    unpruned, total = _unpruned_in_group(scores, defaults, shards)
+    k = resolve_count(amount, unpruned, total)
     if isinstance(k, int) and k == 0:
         return [keep_all(s, d) for s, d in zip(scores, defaults, strict=True)]
     kept = keep_jointly(parts, k)
     return [m.reshape(s.shape) for m, s in zip(kept, scores, strict=True)]
 
 
-def _l1_part(scores: Tensor, default: Mask, dtype: torch.dtype) -> KeyPart:
+def _unpruned_in_group(
+    scores: Sequence[Tensor], defaults: Sequence[Mask], shards: Sequence[Shard] | None
+) -> tuple[Count, int]:
+    """The group's unpruned entries and its size: over all processes' blocks with ``shards``."""
+    counts = [
+        unpruned_count(s, None if d is None else d.reshape(-1), s.numel())
+        for s, d in zip(scores, defaults, strict=True)
+    ]
+    if shards is not None:
+        unpruned_everywhere = sum_over_shards([int(c) for c in counts], shards, scores[0].device)
+        return unpruned_everywhere, sum(b.numel for b in shards)
+    unpruned: Count = 0
+    for c in counts:
+        unpruned = unpruned + c
+    return unpruned, sum(s.numel() for s in scores)
+
+
+def _l1_part(scores: Tensor, default: Mask, dtype: torch.dtype, shard: Shard | None) -> KeyPart:
     def magnitudes(t: Tensor) -> Tensor:
         return t.abs().to(dtype)  # |x| is exact in any dtype; so is widening
 
     eligible = None if default is None else default.reshape(-1)
     key = magnitude_of if scores.dtype == dtype else magnitudes
-    return KeyPart(scores.detach().reshape(-1), key, eligible)
+    return KeyPart(scores.detach().reshape(-1), key, eligible, shard)
 
 
 def random_unstructured(
@@ -237,6 +269,7 @@ def custom_from_mask(mask: Tensor, scores: Tensor, default_mask: Mask) -> Tensor
     check_same_shape(
         "CustomFromMask", "the spec's mask", mask.shape, "the scores", scores.shape, plural=True
     )
+    refuse_dtensors(mask, scores, default_mask)
     default_mask = as_bool(default_mask)
     mask = mask.to(scores.device)
     return mask.clone() if default_mask is None else mask & default_mask

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from . import _dtensor as dtensor
 from ._fold import checked_mask
 from ._spec import Spec
 from ._types import Mask, Tensor
@@ -77,14 +78,28 @@ def compute_mask(
         NaN scores count as the most important (torch never prunes a NaN
         before a number either).
 
+    ``scores`` may be a DTensor (an FSDP2 parameter, say) laid out as
+    ``Shard(dim)`` or ``Replicate()`` on a 1-D device mesh, with a
+    ``default_mask`` of the same mesh and placements. Every process of the
+    mesh calls this on its DTensor and gets its block of the mask, a
+    ``torch.bool`` DTensor of the scores' layout; together the blocks are
+    exactly the mask of the whole tensor. Only counts cross processes (a
+    few fixed-size all-reduces); nothing is gathered. Supported so far:
+    ``L1Unstructured``, ``Identity``, ``CustomFromMask`` and chains of them.
+
     Raises:
         TypeError: if ``spec`` is not a spec, ``scores`` is not a floating
-            tensor or ``generator`` not a :class:`torch.Generator`.
-        ValueError: if ``default_mask`` does not have the scores' shape or
-            device, an integer amount exceeds the units available, a
-            structured spec meets a tensor with fewer than 2 dims, or a
-            spec returns something other than a mask of the scores' shape.
+            tensor or ``generator`` not a :class:`torch.Generator`; if one
+            of ``scores`` and ``default_mask`` is a DTensor and the other not.
+        ValueError: if ``default_mask`` does not have the scores' shape,
+            device (or DTensor mesh and placements), an integer amount
+            exceeds the units available, a structured spec meets a tensor
+            with fewer than 2 dims, or a spec returns something other than a
+            mask of the scores' shape.
         IndexError: if a structured spec's ``dim`` does not index ``scores``.
+        NotImplementedError: for DTensors, if the spec or the layout is not
+            supported yet (other specs, ``Partial``, ``_StridedShard``,
+            meshes of several dims).
 
     >>> import torch, funcprune as fp
     >>> w = torch.tensor([[0.5, -0.1], [2.0, 0.3]])
@@ -99,6 +114,8 @@ def compute_mask(
     scores = _check_scores("compute_mask", "scores", scores)
     mask = None if default_mask is None else _check_mask("compute_mask", "default_mask", default_mask, scores)
     check_generator("compute_mask", generator)
+    if dtensor.is_dtensor(scores) or dtensor.is_dtensor(mask):
+        return dtensor.compute_mask("compute_mask", spec, scores.detach(), mask)
     return checked_mask(spec, scores.detach(), mask, generator)
 
 
@@ -117,6 +134,11 @@ def compute_joint_masks(
     their promoted dtype, as a concatenation would. ``L1Unstructured`` never
     builds that vector in eager mode.
 
+    The scores may be DTensors, all on one 1-D device mesh, each laid out
+    as ``Shard(dim)`` or ``Replicate()`` (its earlier mask likewise), as
+    for :func:`compute_mask`: ranked jointly across processes, nothing
+    gathered, with ``L1Unstructured``, ``Identity`` or chains of them.
+
     Args:
         spec: an unstructured spec (``pruning_type == "unstructured"``).
         scores: floating-point scores, one tensor per member of the group.
@@ -128,8 +150,11 @@ def compute_joint_masks(
         One new ``torch.bool`` mask per tensor, in order.
 
     Raises:
-        TypeError: as :func:`compute_mask`, or if the spec is not unstructured.
-        ValueError: as :func:`compute_mask`, or if the lists differ in length.
+        TypeError: as :func:`compute_mask`, if the spec is not unstructured,
+            or the group mixes DTensors and plain tensors.
+        ValueError: as :func:`compute_mask`, if the lists differ in length
+            or DTensors of the group are on different meshes.
+        NotImplementedError: as :func:`compute_mask`.
 
     >>> import torch, funcprune as fp
     >>> fp.compute_joint_masks(fp.L1Unstructured(2), [torch.tensor([1.0, 6.0]), torch.tensor([3.0, 0.5])])
@@ -155,6 +180,8 @@ def compute_joint_masks(
         defaults = [None if d is None else _check_mask(fn, f"default_masks[{i}]", d, s)
                     for i, (d, s) in enumerate(zip(default_masks, each))]  # fmt: skip
     check_generator(fn, generator)
+    if any(map(dtensor.is_dtensor, [*each, *defaults])):
+        return dtensor.compute_joint_masks(fn, spec, each, defaults)
     masks = spec.compute_joint_masks(each, defaults, generator=generator)
     for i, (mask, s) in enumerate(zip(masks, each, strict=True)):
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != s.shape:
@@ -199,4 +226,8 @@ def prune(
     spec = _check_spec("prune", spec)
     mask = None if default_mask is None else _check_mask("prune", "default_mask", default_mask, t)
     check_generator("prune", generator)
+    if any(map(dtensor.is_dtensor, (t, scores, mask))):
+        names = ("t" if scores is t else "importance_scores", "default_mask")
+        dtensor.check_like("prune", names[0], scores, "t", t)
+        return t * dtensor.compute_mask("prune", spec, scores.detach(), mask, names).to(t.dtype)
     return t * checked_mask(spec, scores.detach(), mask, generator).to(t.dtype)

@@ -25,6 +25,7 @@ from typing import ClassVar, final
 
 import torch
 
+from . import _dtensor as dtensor
 from ._fold import fold
 from ._names import check_masks, check_not_hook_mode, check_params, check_scores, match_names
 from ._spec import Chain, Spec, chain
@@ -81,6 +82,10 @@ class AbstractPlan(abc.ABC):
             params: tensors keyed like ``named_parameters()`` (for instance
                 ``dict(model.named_parameters())`` or the first dict of
                 :func:`torch.func.stack_module_state`, under ``vmap``).
+                DTensors (an FSDP2 model's, say) are pruned block by block
+                on every process of their mesh, nothing gathered: see
+                :func:`~funcprune.compute_mask` for what is supported.
+                Their masks and scores are DTensors of their layout.
             masks: earlier masks by name. The plan acts on top of them and
                 never revives what they pruned; names the plan does not cover
                 keep them. ``bool`` masks are used as they are; numeric masks
@@ -108,6 +113,12 @@ class AbstractPlan(abc.ABC):
                 those of a module in hook mode (``weight_orig``).
             IndexError: if a structured spec's ``dim`` does not index a
                 parameter.
+            NotImplementedError: if a spec or a layout is not supported on
+                DTensors yet.
+
+        A DTensor's mask or scores must be a DTensor of its mesh and
+        placements (a ``TypeError`` if plain, a ``ValueError`` if laid out
+        otherwise); a DTensor mask must be ``torch.bool``.
 
         Every mask returned is a new tensor, the caller's masks included
         where the plan does not touch them.
@@ -116,6 +127,7 @@ class AbstractPlan(abc.ABC):
         check_params(fn, params)
         check_not_hook_mode(fn, params)
         check_generator(fn, generator)
+        dtensor.check_layouts(fn, params, masks, scores)
         current = check_masks(fn, params, masks)
         given = masks if isinstance(masks, Mapping) else {}
         by_name = check_scores(fn, params, scores)
@@ -270,7 +282,10 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
                     return scores_for(param, mask, given)
 
                 with naming(self._FN, repr(name), spec):
-                    out[name] = fold(steps, scores_of, out.get(name), generator)
+                    if dtensor.is_dtensor(param):  # block by block, nothing gathered
+                        out[name] = dtensor.fold(self._FN, name, param, steps, scores_of, out.get(name))
+                    else:
+                        out[name] = fold(steps, scores_of, out.get(name), generator)
         return out
 
 

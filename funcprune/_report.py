@@ -17,6 +17,7 @@ import torch
 import torch.nn.utils.prune as torch_prune
 from torch import nn
 
+from ._dtensor import refuse_in
 from ._names import check_masks, check_params, unknown_name
 from ._types import Params
 from ._validate import non_binary
@@ -198,11 +199,14 @@ def sparsity_report(
         if params is not None:
             raise TypeError("sparsity_report: params= goes with a mask dict, not a module")
         _refuse_hook_mode(source)
+        refuse_in("sparsity_report", dict(source.named_parameters()))
         rows = (_row(name, p.detach()) for name, p in source.named_parameters())
         return SparsityReport(tuple(rows))
     if not isinstance(source, Mapping):
         kind = type(source).__name__
         raise TypeError(f"sparsity_report: source must be a dict of masks or a module, got {kind}")
+    refuse_in("sparsity_report", source, "mask")
+    refuse_in("sparsity_report", params)
     if params is None:
         return SparsityReport(tuple(_checked_row(name, mask) for name, mask in source.items()))
     check_params("sparsity_report", params)

@@ -53,7 +53,7 @@ from torch._C._functorch import is_batchedtensor
 from ._batched import make_keep_lowest
 from ._bracket import KeyPart, magnitude_of
 from ._bracket import keep_by_bracket as _keep_by_bracket
-from ._sharded import Shard, keep_over_shards
+from ._sharded import Shard, keep_over_shards, refuse_dtensors, sum_over_shards
 from ._short_rows import SHORT_ROW_MAX, keep_in_short_rows
 from ._types import Amount, Count, Mask, Tensor
 from ._validate import count_to_prune, is_concrete, validate_count
@@ -73,7 +73,9 @@ __all__ = [
     "eligible_per_group",
     "keep_jointly",
     "magnitude_of",
+    "refuse_dtensors",
     "resolve_count",
+    "sum_over_shards",
 ]
 
 #: From this many keys on, eager selection brackets instead of sorting.
@@ -166,6 +168,7 @@ def keep(keys: Tensor, k: Count, eligible: Mask = None, *, group: Group = WHOLE)
     Returns:
         A new ``torch.bool`` tensor: eligible and not among the pruned.
     """
+    refuse_dtensors(keys, eligible)
     flat = None if eligible is None else eligible.reshape(-1)
     if isinstance(group, Whole):
         return _keep_flat(keys.reshape(-1), k, flat).reshape(keys.shape)
@@ -259,6 +262,7 @@ def keep_jointly(parts: Sequence[KeyPart], k: Count) -> list[Tensor]:
     if the whole tensors were concatenated; ``k`` is then a Python ``int``
     counting over the whole group.
     """
+    refuse_dtensors(*(t for p in parts for t in (p.source, p.eligible)))
     shards = [p.shard for p in parts if p.shard is not None]
     if shards:
         if len(shards) != len(parts) or not isinstance(k, int):

@@ -17,14 +17,17 @@ cut the same way on global positions. Nothing but fixed-size histograms
 crosses processes: at most ``ceil(bits / 12)`` rounds for the keys (2 for
 16-bit keys, 3 for 32-bit, 6 for 64-bit) and as many for the positions'
 bits, whatever ``k`` and the tensors' sizes. No process gathers keys.
+:func:`sum_over_shards` adds up per-block counts the same way (one
+``all_reduce`` of one number), a replicated block counted once.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, TypeGuard, final
 
 import torch
 import torch.distributed as dist
@@ -35,12 +38,37 @@ from ._validate import is_concrete
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
+    from torch.distributed.tensor import DTensor
 
-__all__ = ["BINS", "Shard", "keep_over_shards"]
+__all__ = ["BINS", "Shard", "is_dtensor", "keep_over_shards", "refuse_dtensors", "sum_over_shards"]
 
 #: Bits resolved per round, and the histogram's length (32 KiB of int64).
 _RADIX_BITS = 12
 BINS = 1 << _RADIX_BITS
+
+
+def is_dtensor(t: object) -> TypeGuard[DTensor]:
+    """Whether ``t`` is a DTensor; free (no import) while none can exist."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
+def refuse_dtensors(*tensors: object) -> None:
+    """Refuse DTensors where whole tensors are expected (the kernels, selection).
+
+    A DTensor's values there would be read as this process's block only, or
+    gathered. :func:`funcprune.compute_mask` and the plans hand the kernels
+    each process's block with a :class:`Shard` instead (``_dtensor.py``).
+
+    Raises:
+        TypeError: if any of ``tensors`` is a DTensor.
+    """
+    if any(map(is_dtensor, tensors)):
+        raise TypeError(
+            "compute_mask: got a DTensor where the kernels take whole tensors (a spec's own "
+            "compute_mask method); call funcprune.compute_mask(spec, scores), a Plan or "
+            "global_unstructured instead, which prune DTensors block by block, nothing gathered"
+        )
 
 
 @final
@@ -144,6 +172,25 @@ def keep_over_shards(
             p.codes = p.base + p.shard.positions(p.where)
         last, _, _ = _radix_select(parts, 0, max(base - 1, 0), need, group, device)
     return [_survivors(p, cut, last) for p in parts]
+
+
+def sum_over_shards(counts: Sequence[int], shards: Sequence[Shard], device: torch.device) -> int:
+    """The sum over all processes of ``counts``, one per block, counted blocks only.
+
+    Every process calls it with its own blocks of the same parts, in the same
+    order (as :func:`keep_over_shards`); each gets the same total. A block
+    that another process also holds (``counted=False``) adds nothing here.
+
+    Args:
+        counts: per block, a Python ``int`` (such as its unpruned entries).
+        shards: per block, where it sits; one process group for all.
+        device: where the one-number tensor that crosses processes lives.
+    """
+    group = _common_group(shards)
+    mine = sum(c for c, s in zip(counts, shards, strict=True) if s.counted)
+    total = torch.tensor(mine, dtype=torch.int64, device=device)
+    dist.all_reduce(total, group=group)
+    return int(total)
 
 
 def _part(block: Tensor, eligible: Mask, shard: Shard, base: int) -> _Part:

@@ -50,6 +50,7 @@ from torch import nn
 from ._bake import check_mask_dtypes, check_not_hooked
 from ._graph import RoleKind, trace_channels
 from ._graph_removal import Cut, plan_removal
+from ._dtensor import refuse_in
 from ._names import check_masks
 from ._types import Masks, Tensor
 
@@ -232,6 +233,7 @@ def _plan(
     if not isinstance(module, nn.Module):
         raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
     check_not_hooked(fn, module, then=f"{fn}(module, masks, example_inputs)")
+    refuse_in(fn, dict(module.named_parameters()))
     names = _first_names(module)
     params = dict(module.named_parameters(remove_duplicate=False))
     checked = _one_per_parameter(fn, names, check_masks(fn, params, check_mask_dtypes(fn, masks)))

@@ -53,6 +53,7 @@ from typing import Literal, NamedTuple, final
 import torch
 
 from ._bake import check_mask_dtypes
+from ._dtensor import refuse_in
 from ._names import check_masks, check_params
 from ._types import Masks, Params, Tensor
 
@@ -206,6 +207,7 @@ def to_sparse(
     """
     fn = "to_sparse"
     check_params(fn, params)
+    refuse_in(fn, params)
     _check_options(fn, layout, blocksize, below_break_even)
     checked = check_masks(fn, params, check_mask_dtypes(fn, masks))
     block = blocksize or (1, 1)  # CSR: blocks of one entry

@@ -1,0 +1,460 @@
+"""DTensor inputs: masks computed block by block where the tensors lie, never gathered.
+
+A parameter sharded by FSDP2 (``fully_shard``) or laid out by hand as a
+:class:`~torch.distributed.tensor.DTensor` is pruned in place: each process
+runs the kernels on its own block (``to_local()``), described by a
+:class:`~funcprune._sharded.Shard` (where the block sits in the whole
+tensor), and gets its block of the mask, wrapped as a DTensor with the
+scores' mesh and placements. Only counts cross processes: one number for the
+unpruned total, and the radix select's fixed-size histograms. No process
+gathers a parameter, its scores or a mask, and the masks equal, bit for bit,
+what one process computes on the whole tensors (ties pruned in order of the
+global index, NaN last).
+
+What is supported (everything else is refused with an error naming the
+argument; nothing is ever gathered or redistributed behind your back):
+
+- layouts: a 1-D device mesh, ``Shard(d)`` on any dim (uneven and empty
+  blocks included, as ``torch.chunk`` cuts them) or ``Replicate()``; an
+  earlier mask or given scores laid out exactly as their tensor;
+- specs: ``L1Unstructured`` (``amount`` or ``sparsity=``), ``Identity``,
+  ``CustomFromMask`` (its mask whole, each process taking its block, or a
+  DTensor of the scores' layout) and chains of them; groups ranked jointly
+  (global plans) of DTensors on one mesh, each with its own placements;
+  earlier masks and given scores laid out as their parameter, DTensor
+  masks ``torch.bool`` where funcprune would read their values.
+
+A group with no ``Shard`` at all is computed by every process on its own
+(replicas decide alike): then nothing crosses processes.
+
+``torch.distributed.tensor`` is only imported once a DTensor exists:
+:func:`is_dtensor` looks it up in ``sys.modules`` first.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple, final
+
+import torch
+from torch import nn
+
+from ._kernels import as_bool, custom_from_mask, keep_all, l1_unstructured_jointly
+from ._sharded import Shard, is_dtensor
+from ._spec import Chain, Spec
+from ._specs import CustomFromMask, Identity, L1Unstructured
+from ._types import Mask, Tensor
+from ._validate import check_same_shape
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import Placement
+
+__all__ = [
+    "Layout",
+    "check_group",
+    "check_layouts",
+    "check_like",
+    "check_not_fsdp",
+    "check_supported",
+    "refuse_in",
+    "compute_joint_masks",
+    "compute_mask",
+    "fold",
+    "is_dtensor",
+    "layout_of",
+    "wrap",
+]
+
+#: What the refusals say is supported.
+_SUPPORTED_SPECS = "L1Unstructured, Identity, CustomFromMask and chains of them"
+_SUPPORTED_LAYOUTS = "Shard(dim) or Replicate() on a 1-D device mesh"
+
+
+@final
+@dataclass(frozen=True, slots=True, eq=False)
+class Layout:
+    """Where this process's block of a DTensor sits in the whole tensor.
+
+    Attributes:
+        mesh: the DTensor's (1-D) device mesh.
+        placements: its placements: one ``Shard(d)`` or ``Replicate()``.
+        shape: the whole tensor's shape.
+        offsets: where the block starts, along each dim.
+        size: the block's shape.
+        sharded: whether the placement is a ``Shard`` (else every process
+            of the mesh holds the whole tensor).
+        counted: ``False`` where the block is a replica that another
+            process (the mesh's first) counts.
+    """
+
+    mesh: DeviceMesh
+    placements: tuple[Placement, ...]
+    shape: tuple[int, ...]
+    offsets: tuple[int, ...]
+    size: tuple[int, ...]
+    sharded: bool
+    counted: bool
+
+    def describes(self, t: DTensor) -> bool:
+        """Whether ``t`` has this layout's mesh and placements."""
+        return t.device_mesh == self.mesh and tuple(t.placements) == self.placements
+
+    def shard(self, group: ProcessGroup) -> Shard:
+        """The block as :mod:`._sharded` describes it, selected over ``group``."""
+        return Shard(self.shape, self.offsets, self.size, self.counted, group)
+
+    def __str__(self) -> str:
+        return _shown(self.placements, self.mesh)
+
+
+def _shown(placements: Sequence[Placement], mesh: DeviceMesh) -> str:
+    return f"{list(placements)} on {mesh}"
+
+
+def _chunk(n: int, pieces: int, index: int) -> tuple[int, int]:
+    """Offset and length of piece ``index`` of ``n`` entries cut as ``torch.chunk`` cuts them.
+
+    Every piece but the last ones holds ``ceil(n / pieces)``; trailing pieces
+    may be short or empty (5 entries in 4: 2, 2, 1, 0).
+    """
+    step = -(-n // pieces)
+    offset = min(index * step, n)
+    return offset, min(step, n - offset)
+
+
+def layout_of(fn: str, what: str, t: DTensor) -> Layout:
+    """The layout of this process's block of ``t``, refusing what is not supported.
+
+    Raises:
+        NotImplementedError: for a mesh of more than 1 dim or a placement
+            other than ``Shard`` and ``Replicate`` (``Partial``,
+            ``_StridedShard``).
+        ValueError: if this process is not in the mesh, or its block does
+            not have the shape ``torch.chunk``'s cut gives.
+    """
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Shard as ShardPlacement
+
+    mesh, placements = t.device_mesh, tuple(t.placements)
+    if mesh.ndim != 1 or not all(type(p) in (ShardPlacement, Replicate) for p in placements):
+        raise NotImplementedError(
+            f"{fn}: {what} is a DTensor laid out as {_shown(placements, mesh)}; funcprune computes "
+            f"masks of DTensors laid out as {_SUPPORTED_LAYOUTS} only (not yet Partial, "
+            "_StridedShard or meshes of several dims); redistribute it yourself with "
+            ".redistribute(mesh, placements) if you mean to pay for that communication"
+        )
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        raise ValueError(
+            f"{fn}: this process is not in {what}'s device mesh {mesh}; call it on the mesh's processes only"
+        )
+    shape, placement = tuple(t.shape), placements[0]
+    offsets, size = [0] * len(shape), list(shape)
+    if isinstance(placement, ShardPlacement):
+        d = placement.dim % len(shape)
+        offsets[d], size[d] = _chunk(shape[d], mesh.size(0), coordinate[0])
+    local = tuple(t.to_local().shape)
+    if local != tuple(size):
+        raise ValueError(
+            f"{fn}: {what} holds a block of shape {local} on this process, but {placements[0]!r} of "
+            f"shape {shape} over {mesh.size(0)} processes gives {tuple(size)} (torch.chunk's cut); "
+            "build it with distribute_tensor, or from_local with blocks cut that way"
+        )
+    sharded = isinstance(placement, ShardPlacement)
+    return Layout(mesh, placements, shape, tuple(offsets), tuple(size), sharded, sharded or coordinate[0] == 0)
+
+
+def wrap(local: Tensor, layout: Layout) -> Tensor:
+    """``local`` (this process's block) as a DTensor of ``layout``; nothing communicated."""
+    from torch.distributed.tensor import DTensor
+
+    strides, step = [], 1
+    for n in reversed(layout.shape):  # contiguous, as torch gives for the whole shape
+        strides.append(step)
+        step *= max(n, 1)
+    return DTensor.from_local(
+        local, layout.mesh, layout.placements, run_check=False,
+        shape=torch.Size(layout.shape), stride=tuple(reversed(strides)),
+    )  # fmt: skip
+
+
+def _block(fn: str, what: str, t: Tensor, like: str, layout: Layout) -> Tensor:
+    """This process's block of ``t``, which must be laid out as ``like`` (``layout``)."""
+    if not is_dtensor(t):
+        raise TypeError(
+            f"{fn}: {what} is a plain torch.Tensor but {like} is a DTensor ({layout}); give both "
+            "as DTensors with the same mesh and placements, or neither"
+        )
+    if not layout.describes(t):
+        raise ValueError(
+            f"{fn}: {what} is laid out as {_shown(t.placements, t.device_mesh)} but {like} as "
+            f"{layout}; they must have the same mesh and placements (funcprune never "
+            "redistributes: call .redistribute(mesh, placements) yourself if you mean to pay for it)"
+        )
+    local = t.to_local()
+    if tuple(local.shape) != layout.size:
+        raise ValueError(
+            f"{fn}: {what} holds a block of shape {tuple(local.shape)} on this process but {like} "
+            f"one of shape {layout.size}; build both with the same cut (distribute_tensor, or the "
+            "mask funcprune returns)"
+        )
+    return local
+
+
+# --- specs ---------------------------------------------------------------------
+
+
+def check_supported(fn: str, what: str, spec: Spec) -> None:
+    """Refuse a spec (or a chain's step) that cannot prune DTensors block by block.
+
+    Raises:
+        NotImplementedError: naming the spec and what is supported.
+    """
+    steps = spec.specs if isinstance(spec, Chain) else (spec,)
+    for step in steps:
+        if not isinstance(step, (L1Unstructured, Identity, CustomFromMask)):
+            raise NotImplementedError(
+                f"{fn}: {what} is a DTensor, and {step!r} cannot prune DTensors yet; on DTensors "
+                f"funcprune runs {_SUPPORTED_SPECS} (block by block, nothing gathered). To use "
+                "another spec on one process, gather the tensor yourself with .full_tensor()"
+            )
+
+
+class _Local(NamedTuple):
+    """One tensor of a group as this process holds it."""
+
+    scores: Tensor  # this process's block of the scores
+    mask: Mask  # and of the earlier mask (torch.bool), or None
+    layout: Layout
+
+
+def _masks_of(spec: Spec, parts: Sequence[_Local]) -> list[Tensor]:
+    """This process's blocks of the masks ``spec`` gives for the group ``parts`` (checked spec)."""
+    match spec:
+        case L1Unstructured():
+            scores = [p.scores for p in parts]
+            return l1_unstructured_jointly(spec.target, scores, [p.mask for p in parts], shards=_shards(parts))
+        case Identity() | Chain(specs=()):
+            return [keep_all(p.scores, p.mask) for p in parts]
+        case CustomFromMask():
+            return [custom_from_mask(_custom_block(spec.mask, p.layout), p.scores, p.mask) for p in parts]
+        case Chain():
+            return _chained(spec.specs, parts)
+    raise AssertionError(f"unchecked spec {spec!r}")  # check_supported refused it
+
+
+def _chained(steps: Sequence[Spec], parts: Sequence[_Local]) -> list[Tensor]:
+    """A chain's fold: step ``i > 0`` scores the tensor as pruned so far, as :class:`Chain` does."""
+    kept = _masks_of(steps[0], parts)
+    for step in steps[1:]:
+        now = [_Local(p.scores * m.to(p.scores.dtype), m, p.layout) for p, m in zip(parts, kept, strict=True)]
+        kept = _masks_of(step, now)
+    return kept
+
+
+def _shards(parts: Sequence[_Local]) -> list[Shard] | None:
+    """The parts' shards, over the mesh's group; ``None`` if every process holds every part whole."""
+    if not any(p.layout.sharded for p in parts):
+        return None  # replicated: each process computes the same masks on its own
+    group = parts[0].layout.mesh.get_group(0)
+    return [p.layout.shard(group) for p in parts]
+
+
+def _custom_block(mask: Tensor, layout: Layout) -> Tensor:
+    """This process's block of a :class:`CustomFromMask`'s mask (whole, or a DTensor of the scores' layout)."""
+    if is_dtensor(mask):
+        return _block("CustomFromMask", "the spec's mask", mask, "the scores", layout)
+    whole = torch.Size(layout.shape)
+    check_same_shape("CustomFromMask", "the spec's mask", mask.shape, "the scores", whole, plural=True)
+    box = tuple(slice(o, o + s) for o, s in zip(layout.offsets, layout.size, strict=True))
+    return mask[box]
+
+
+# --- entry points ----------------------------------------------------------------
+
+
+def compute_mask(
+    fn: str, spec: Spec, scores: Tensor, default_mask: Mask, names: tuple[str, str] = ("scores", "default_mask")
+) -> Tensor:
+    """:func:`funcprune.compute_mask` where ``scores`` or ``default_mask`` is a DTensor.
+
+    ``names`` name the two in messages. Returns a DTensor of the scores' layout.
+    """
+    if not is_dtensor(scores):
+        raise TypeError(
+            f"{fn}: {names[1]} is a DTensor but {names[0]} is a plain torch.Tensor; give both as "
+            "DTensors with the same mesh and placements, or neither"
+        )
+    check_supported(fn, names[0], spec)
+    layout = layout_of(fn, names[0], scores)
+    mask = None if default_mask is None else as_bool(_block(fn, names[1], default_mask, names[0], layout))
+    (kept,) = _masks_of(spec, [_Local(scores.to_local(), mask, layout)])
+    return wrap(kept, layout)
+
+
+def check_group(fn: str, names: Sequence[str], tensors: Sequence[Tensor], spec: Spec) -> None:
+    """Refuse a group ranked jointly unless all are DTensors of supported layouts on one mesh,
+    and ``spec`` is supported.
+
+    Raises:
+        TypeError: if the group mixes DTensors and plain tensors.
+        ValueError: if the DTensors are on different meshes (or see :func:`layout_of`).
+        NotImplementedError: if a layout or ``spec`` is not supported.
+    """
+    first = next(i for i, t in enumerate(tensors) if is_dtensor(t))
+    head = tensors[first]
+    assert is_dtensor(head)
+    mesh = head.device_mesh
+    for name, t in zip(names, tensors, strict=True):
+        if not is_dtensor(t):
+            raise TypeError(
+                f"{fn}: {name} is a plain torch.Tensor but {names[first]} is a DTensor; a group "
+                "ranked jointly must be all DTensors on one device mesh, or none"
+            )
+        if t.device_mesh != mesh:
+            raise ValueError(
+                f"{fn}: {name} is on {t.device_mesh} but {names[first]} on {mesh}; a group ranked "
+                "jointly must share one device mesh"
+            )
+        layout_of(fn, name, t)
+    check_supported(fn, names[first], spec)
+
+
+def compute_joint_masks(
+    fn: str, spec: Spec, scores: Sequence[Tensor], default_masks: Sequence[Mask]
+) -> list[Tensor]:
+    """:func:`funcprune.compute_joint_masks` where any tensor is a DTensor; DTensor masks back."""
+    for i, (s, d) in enumerate(zip(scores, default_masks, strict=True)):
+        if is_dtensor(d) and not is_dtensor(s):
+            raise TypeError(
+                f"{fn}: default_masks[{i}] is a DTensor but scores[{i}] is a plain torch.Tensor; "
+                "give both as DTensors with the same mesh and placements, or neither"
+            )
+    names = [f"scores[{i}]" for i in range(len(scores))]
+    check_group(fn, names, scores, spec)
+    parts = []
+    for i, (s, d) in enumerate(zip(scores, default_masks, strict=True)):
+        assert is_dtensor(s)  # checked by check_group
+        layout = layout_of(fn, names[i], s)
+        mask = None if d is None else as_bool(_block(fn, f"default_masks[{i}]", d, names[i], layout))
+        parts.append(_Local(s.to_local(), mask, layout))
+    return [wrap(kept, p.layout) for kept, p in zip(_masks_of(spec, parts), parts, strict=True)]
+
+
+def fold(
+    fn: str, name: str, param: DTensor, steps: Sequence[Spec], scores_of: Callable[[int, Mask], Tensor], mask: Mask
+) -> Tensor:
+    """A plan's fold (``_fold.fold``) over the DTensor parameter ``name``: each step block by block.
+
+    ``scores_of`` computes step ``i``'s scores as DTensors: elementwise, of
+    the parameter's layout (checked first), so nothing is communicated.
+    """
+    names = (f"the parameter {name!r}", f"the mask for {name!r}")
+    layout_of(fn, names[0], param)
+    for step in steps:
+        check_supported(fn, names[0], step)
+    for i, step in enumerate(steps or (Identity(),)):
+        mask = compute_mask(fn, step, scores_of(i, mask), mask, names)
+    assert mask is not None
+    return mask
+
+
+# --- checks before any work ----------------------------------------------------------
+
+
+def check_layouts(
+    fn: str, params: Mapping[str, Tensor], masks: object, scores: object = None, *, bool_masks: bool = True
+) -> None:
+    """Refuse masks and scores laid out otherwise than their parameters.
+
+    A DTensor parameter takes masks and scores that are DTensors of its mesh
+    and placements; a plain one takes plain ones. With ``bool_masks``, a
+    DTensor mask must be ``torch.bool``: checking that numbers are 0 and 1
+    would read this process's block only (a ``Partial`` reduction), and
+    processes that decide differently hang. Entries that are not tensors,
+    or name no parameter, are left to the other checks.
+
+    Raises:
+        TypeError: if a DTensor meets a plain tensor, or a DTensor mask is not ``torch.bool``.
+        ValueError: if a DTensor's mesh or placements differ from its parameter's.
+    """
+    for kind, given in (("mask for", masks), ("scores for", scores)):
+        if not isinstance(given, Mapping):
+            continue
+        for name, t in given.items():
+            param = params.get(name) if isinstance(name, str) else None
+            if isinstance(t, torch.Tensor) and isinstance(param, torch.Tensor):
+                check_like(fn, f"the {kind} {name!r}", t, "the parameter", param)
+                if kind == "mask for" and bool_masks and is_dtensor(t) and t.dtype != torch.bool:
+                    raise TypeError(
+                        f"{fn}: the mask for {name!r} is a DTensor of dtype {t.dtype}; DTensor masks "
+                        "must be torch.bool (funcprune's are): checking that numbers are 0 and 1 "
+                        "would read one process's block only; convert it with `mask != 0`"
+                    )
+
+
+def check_like(fn: str, what: str, t: Tensor, like: str, other: Tensor) -> None:
+    """Refuse ``t`` unless it is laid out as ``other``: both plain, or DTensors of one mesh and placements.
+
+    Raises:
+        TypeError: if one is a DTensor and the other not.
+        ValueError: if their meshes or placements differ.
+    """
+    if is_dtensor(other) and is_dtensor(t):
+        if t.device_mesh != other.device_mesh or tuple(t.placements) != tuple(other.placements):
+            raise ValueError(
+                f"{fn}: {what} is laid out as {_shown(t.placements, t.device_mesh)} but {like} as "
+                f"{_shown(other.placements, other.device_mesh)}; they must have the same mesh and "
+                "placements (funcprune never redistributes: call .redistribute(mesh, placements) "
+                "yourself if you mean to pay for it)"
+            )
+    elif is_dtensor(other) or is_dtensor(t):
+        kinds = ("a DTensor", "a plain torch.Tensor") if is_dtensor(t) else ("a plain torch.Tensor", "a DTensor")
+        raise TypeError(
+            f"{fn}: {what} is {kinds[0]} but {like} is {kinds[1]}; give both as DTensors with the "
+            "same mesh and placements (as funcprune returns masks), or neither"
+        )
+
+
+def check_not_fsdp(fn: str, module: nn.Module) -> None:
+    """Refuse a module tree holding an FSDP2 module: ``functional_call`` cannot replace its parameters.
+
+    FSDP2's pre-forward hook all-gathers the module's own sharded parameters
+    into place, so the tensors that :func:`torch.func.functional_call`
+    passes are silently ignored.
+    """
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    kind = getattr(fsdp, "FSDPModule", None)
+    if kind is None:
+        return  # never imported: no module can be one
+    for name, sub in module.named_modules():
+        if isinstance(sub, kind):
+            where = "module" if not name else f"module.{name}"
+            raise TypeError(
+                f"{fn}: {where} is an FSDP2 module (fully_shard): its forward gathers its own "
+                "parameters and ignores those functional_call passes, so the masks would silently "
+                "not apply; train it in place instead: fp.mask_gradients_(params, masks) after "
+                "backward(), optimizer.step(), then fp.apply_masks_(params, masks)"
+            )
+
+
+def refuse_in(fn: str, tensors: Mapping[str, object] | None, what: str = "parameter") -> None:
+    """Refuse DTensors where a function reads or rebuilds whole tensors (reports, payoff).
+
+    Counted on one process, a DTensor's block would give that process's
+    share only; rebuilt into a module or a sparse tensor, it would be
+    gathered. Not supported yet, so refused.
+    """
+    for name, t in (tensors or {}).items():
+        if is_dtensor(t):
+            raise NotImplementedError(
+                f"{fn}: the {what} {name!r} is a DTensor ({_shown(t.placements, t.device_mesh)}); "
+                f"{fn} does not support DTensors yet (it would count or rebuild this process's "
+                "block only); DTensors are supported by compute_mask, the plans and the "
+                "apply functions"
+            )

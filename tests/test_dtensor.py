@@ -1,0 +1,588 @@
+"""DTensor inputs: masks computed where the blocks lie equal the masks of the whole tensors.
+
+Three settings, cheapest first:
+
+- in this process, a gloo group of 1 (a 1-process mesh): the shard path runs
+  for real (its all-reduces over one process), which checks specs, chains,
+  earlier masks and every refusal fast;
+- a world of 2 processes (``tests/_distributed.py``): an FSDP2 model
+  (``fully_shard``, uneven dim 0) pruned by a global plan, bit for bit as one
+  process, with all-reduces only, as many bytes at 10x the hidden size, and
+  3 masked SGD steps;
+- a world of 4: global groups of ``Shard(0)``, ``Shard(1)`` and
+  ``Replicate()`` DTensors, uneven and empty blocks, ties and NaN (a
+  hypothesis property).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+import funcprune as fp
+from _distributed import World
+from funcprune._dtensor import _chunk, layout_of
+from funcprune._sharded import BINS
+
+pytestmark = pytest.mark.skipif(
+    not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
+)
+
+if dist.is_available():
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+
+def distribute(t: torch.Tensor, mesh: DeviceMesh, placement: Placement) -> torch.Tensor:
+    """This process's block of ``t`` as a DTensor, cut by ``torch.chunk`` (no communication)."""
+    local = t
+    if isinstance(placement, Shard):
+        d = placement.dim % t.dim()
+        pieces = list(torch.chunk(t, mesh.size(0), dim=d))
+        rank = mesh.get_local_rank(0)
+        empty = t.narrow(d, t.shape[d], 0)  # ranks past the last chunk hold nothing
+        local = pieces[rank] if rank < len(pieces) else empty
+    return DTensor.from_local(
+        local.contiguous(), mesh, [placement], run_check=False, shape=t.shape, stride=t.contiguous().stride()
+    )
+
+
+class CommBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's __init_subclass__
+    """Counts the bytes of the tensors that collectives send (their first tensor argument)."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func.namespace in ("c10d", "_c10d_functional", "c10d_functional"):
+            tensors = [a for a in tree_flatten((args, kwargs or {}))[0] if isinstance(a, torch.Tensor)]
+            self.bytes += sum(t.numel() * t.element_size() for t in tensors[:1])
+        return func(*args, **(kwargs or {}))
+
+
+def comm_mode() -> CommDebugMode:
+    """torch's counter of collectives (any process group, DTensor's or direct calls)."""
+    return CommDebugMode()  # type: ignore[no-untyped-call]
+
+
+def collectives(mode: CommDebugMode) -> set[str]:
+    return {str(op) for op in mode.get_comm_counts()}
+
+
+def dt(t: object) -> DTensor:
+    """``t``, which must be a DTensor."""
+    assert isinstance(t, DTensor)
+    return t
+
+
+# --- one process: a gloo group of 1 -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mesh() -> Iterator[DeviceMesh]:
+    store = dist.HashStore()  # type: ignore[attr-defined]
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_blocks_are_cut_as_torch_cuts_them() -> None:
+    for n in range(14):
+        for pieces in range(1, 6):
+            for index in range(pieces):
+                size, offset = Shard.local_shard_size_and_offset(n, pieces, index)
+                assert _chunk(n, pieces, index)[1] == size
+                if size:
+                    assert _chunk(n, pieces, index)[0] == offset
+
+
+_SPECS = st.sampled_from([
+    fp.L1Unstructured(0.4), fp.L1Unstructured(3), fp.L1Unstructured(sparsity=0.7), fp.Identity(),
+    fp.chain(fp.L1Unstructured(0.5), fp.L1Unstructured(sparsity=0.8)), fp.chain(),
+    fp.chain(fp.Identity(), fp.L1Unstructured(1)),
+])  # fmt: skip
+
+
+def outcome(compute: Any) -> Any:
+    """What ``compute()`` returns, whole, or the ``ValueError`` message it raises."""
+    try:
+        got = compute()
+    except ValueError as e:
+        return str(e)
+    return got.full_tensor() if isinstance(got, DTensor) else got
+
+
+def same(got: Any, expected: Any) -> bool:
+    """Equal masks, or the same error message."""
+    if isinstance(expected, str):
+        return isinstance(got, str) and got == expected
+    return isinstance(got, torch.Tensor) and torch.equal(got, expected)
+
+
+@settings(max_examples=30)
+@given(
+    seed=st.integers(0, 2**16),
+    shape=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+    dim=st.integers(-3, 3),
+    spec=_SPECS,
+    earlier=st.booleans(),
+    custom=st.booleans(),
+)
+def test_a_mesh_of_one_gives_the_masks_of_one_process(
+    mesh: DeviceMesh, seed: int, shape: list[int], dim: int, spec: fp.Spec, earlier: bool, custom: bool
+) -> None:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(-3, 4, shape, generator=g).float()  # ties
+    w[w == 3] = float("nan")
+    before = torch.rand(shape, generator=g) < 0.8 if earlier else None
+    if custom:
+        spec = fp.chain(spec, fp.CustomFromMask(torch.rand(shape, generator=g) < 0.7))
+    placement = Shard(dim % len(shape)) if -len(shape) <= dim < len(shape) else Replicate()
+    dw = distribute(w, mesh, placement)
+    dbefore = None if before is None else distribute(before, mesh, placement)
+    expected = outcome(lambda: fp.compute_mask(spec, w, before))
+    assert same(outcome(lambda: fp.compute_mask(spec, dw, dbefore)), expected)
+    if isinstance(expected, str):  # an amount too large: the same error, and nothing else to compare
+        return
+    mask = dt(fp.compute_mask(spec, dw, dbefore))
+    assert mask.placements == dt(dw).placements and mask.device_mesh == mesh and mask.dtype == torch.bool
+    torch.testing.assert_close(
+        outcome(lambda: fp.prune(spec, dw, dbefore)), fp.prune(spec, w, before), rtol=0, atol=0, equal_nan=True
+    )
+    plan = fp.Plan({"w": [spec, fp.L1Unstructured(1)] if earlier else spec})
+    masks = {} if before is None else {"w": before}
+    dmasks = {} if dbefore is None else {"w": dbefore}
+    assert same(outcome(lambda: plan({"w": dw}, dmasks)["w"]), outcome(lambda: plan({"w": w}, masks)["w"]))
+
+
+@settings(max_examples=20)
+@given(seed=st.integers(0, 2**16), spec=_SPECS, sharded=st.sampled_from([(0, 1), (1, None), (None, None)]))
+def test_a_group_on_a_mesh_of_one_is_ranked_as_one_process_ranks_it(
+    mesh: DeviceMesh, seed: int, spec: fp.Spec, sharded: tuple[int | None, int | None]
+) -> None:
+    g = torch.Generator().manual_seed(seed)
+    params = {"w": torch.randint(-2, 3, (3, 4), generator=g).float(), "v": torch.randn(5, 2, generator=g).double()}
+    masks = {"w": torch.rand(3, 4, generator=g) < 0.5}
+    layouts = {n: Replicate() if d is None else Shard(d) for n, d in zip(params, sharded, strict=True)}
+    dparams = {n: distribute(t, mesh, layouts[n]) for n, t in params.items()}
+    dmasks = {n: distribute(m, mesh, layouts[n]) for n, m in masks.items()}
+    plan = fp.global_unstructured(["w", "v"], spec)
+    expected = outcome(lambda: plan(params, masks))
+    got = outcome(lambda: {n: dt(m).full_tensor() for n, m in plan(dparams, dmasks).items()})
+    assert got == expected if isinstance(expected, str) else all(torch.equal(got[n], expected[n]) for n in params)
+
+
+@dataclasses.dataclass(frozen=True)
+class EveryOther(fp.Spec):
+    """A user spec: keeps the odd flat indices."""
+
+    @property
+    def pruning_type(self) -> fp.PruningType:
+        return "unstructured"
+
+    def compute_mask(
+        self, scores: torch.Tensor, default_mask: torch.Tensor | None = None, *,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        keep = (torch.arange(scores.numel()) % 2 == 1).reshape(scores.shape)
+        return keep if default_mask is None else keep & default_mask
+
+
+_REFUSED = [
+    fp.RandomUnstructured(0.5), fp.LnStructured(0.5, n=2, dim=0), fp.RandomStructured(1, dim=1),
+    fp.NM(2, 4), fp.Block(0.5, (2, 2)), fp.PerSlice(fp.L1Unstructured(1), dim=0), EveryOther(),
+    fp.chain(fp.L1Unstructured(0.5), fp.RandomUnstructured(1)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", _REFUSED, ids=lambda s: type(s).__name__ if not isinstance(s, fp.Chain) else "Chain")
+def test_specs_that_would_need_the_whole_tensor_are_refused(mesh: DeviceMesh, spec: fp.Spec) -> None:
+    w = distribute(torch.randn(4, 4), mesh, Shard(0))
+    name = repr(spec.specs[-1] if isinstance(spec, fp.Chain) else spec)
+    supported = "on DTensors funcprune runs L1Unstructured, Identity, CustomFromMask and chains of them"
+    with pytest.raises(NotImplementedError, match=rf"^compute_mask: scores is a DTensor, and {re.escape(name)} cannot prune DTensors yet; {supported}"):
+        fp.compute_mask(spec, w)
+    with pytest.raises(NotImplementedError, match=rf"^Plan: the parameter 'w' is a DTensor, and {re.escape(name)} cannot"):
+        fp.Plan({"w": spec})({"w": w})
+    if spec.pruning_type == "unstructured":
+        with pytest.raises(NotImplementedError, match=r"^global_unstructured: the parameter 'w' is a DTensor, and "):
+            fp.global_unstructured(["w", "v"], spec)({"w": w, "v": w * 2})
+        with pytest.raises(NotImplementedError, match=r"^compute_joint_masks: scores\[0\] is a DTensor, and "):
+            fp.compute_joint_masks(spec, [w, w])
+
+
+@pytest.mark.parametrize(
+    "spec", [*_REFUSED[:-2], fp.L1Unstructured(0.5), fp.Identity(), fp.CustomFromMask(torch.ones(4, 4))],
+    ids=lambda s: type(s).__name__,
+)  # fmt: skip
+def test_a_specs_own_compute_mask_refuses_dtensors_rather_than_gather_them(mesh: DeviceMesh, spec: fp.Spec) -> None:
+    w = distribute(torch.randn(4, 4), mesh, Shard(0))
+    with pytest.raises(TypeError, match=r"^compute_mask: got a DTensor where the kernels take whole tensors \(a spec's own compute_mask method\); call funcprune.compute_mask\(spec, scores\)"):
+        spec.compute_mask(w)
+
+
+def _layouts(mesh: DeviceMesh) -> dict[str, torch.Tensor]:
+    """DTensors of a 4x4 tensor whose layouts are not supported yet."""
+    t = torch.randn(4, 4)
+    mesh2 = init_device_mesh("cpu", (1, 1))
+
+    def wrap(m: DeviceMesh, placements: list[Placement]) -> torch.Tensor:
+        return DTensor.from_local(t, m, placements, run_check=False, shape=t.shape, stride=t.stride())
+
+    return {
+        "Partial": wrap(mesh, [Partial()]),
+        "_StridedShard": wrap(mesh, [_StridedShard(0, split_factor=2)]),
+        "2-D mesh": wrap(mesh2, [Shard(0), Replicate()]),
+    }
+
+
+@pytest.mark.parametrize("kind", ["Partial", "_StridedShard", "2-D mesh"])
+def test_layouts_other_than_shard_or_replicate_on_one_mesh_dim_are_refused(mesh: DeviceMesh, kind: str) -> None:
+    w = _layouts(mesh)[kind]
+    expected = r"scores is a DTensor laid out as .* funcprune computes masks of DTensors laid out as Shard\(dim\) or Replicate\(\) on a 1-D device mesh only"
+    with pytest.raises(NotImplementedError, match="^compute_mask: " + expected):
+        fp.compute_mask(fp.L1Unstructured(0.5), w)
+    with pytest.raises(NotImplementedError, match=r"^global_unstructured: the parameter 'w' is a DTensor laid out as"):
+        fp.global_unstructured(["w"], fp.L1Unstructured(0.5))({"w": w})
+
+
+def test_a_block_not_cut_as_torch_chunk_cuts_is_refused(mesh: DeviceMesh) -> None:
+    t = torch.randn(5, 4)
+    w = DTensor.from_local(t[:3], mesh, [Shard(0)], run_check=False, shape=t.shape, stride=t.stride())
+    with pytest.raises(ValueError, match=r"^compute_mask: scores holds a block of shape \(3, 4\) on this process, but Shard\(dim=0\) of shape \(5, 4\) over 1 processes gives \(5, 4\)"):
+        fp.compute_mask(fp.L1Unstructured(1), w)
+
+
+def test_dtensors_and_plain_tensors_do_not_mix(mesh: DeviceMesh) -> None:
+    t = torch.randn(4, 4)
+    w, kept = distribute(t, mesh, Shard(0)), distribute(t > 0, mesh, Shard(0))
+    plain = "a plain torch.Tensor but"
+    with pytest.raises(TypeError, match=rf"^compute_mask: default_mask is {plain} scores is a DTensor"):
+        fp.compute_mask(fp.L1Unstructured(1), w, t > 0)
+    with pytest.raises(TypeError, match=rf"^compute_mask: default_mask is a DTensor but scores is a plain"):
+        fp.compute_mask(fp.L1Unstructured(1), t, kept)
+    with pytest.raises(TypeError, match=rf"^prune: importance_scores is {plain} t is a DTensor"):
+        fp.prune(fp.L1Unstructured(1), w, importance_scores=t)
+    with pytest.raises(TypeError, match=rf"^compute_joint_masks: scores\[1\] is {plain} scores\[0\] is a DTensor"):
+        fp.compute_joint_masks(fp.L1Unstructured(1), [w, t])
+    with pytest.raises(TypeError, match=rf"^compute_joint_masks: default_masks\[0\] is a DTensor but scores\[0\] is a plain"):
+        fp.compute_joint_masks(fp.L1Unstructured(1), [t], [kept])
+    with pytest.raises(TypeError, match=rf"^global_unstructured: the parameter 'v' is {plain} the parameter 'w' is a DTensor; a group ranked jointly must be all DTensors"):
+        fp.global_unstructured(["w", "v"], fp.L1Unstructured(1))({"w": w, "v": t})
+    with pytest.raises(TypeError, match=rf"^Plan: the mask for 'w' is {plain} the parameter is a DTensor"):
+        fp.Plan({"w": fp.L1Unstructured(1)})({"w": w}, masks={"w": t > 0})
+    with pytest.raises(TypeError, match=r"^Plan: the scores for 'v' is a DTensor but the parameter is a plain"):
+        fp.Plan({"w": fp.L1Unstructured(1)})({"w": w, "v": t}, scores={"v": w})
+    for apply in (fp.apply_masks, fp.apply_masks_, fp.mask_gradients, fp.mask_gradients_, fp.to_multipliers):
+        with pytest.raises(TypeError, match=rf"^{apply.__name__}: the mask for 'w' is {plain} the parameter is a DTensor"):
+            apply({"w": w}, {"w": t > 0})
+
+
+def test_a_plan_mixing_dtensor_and_plain_parameters_prunes_each_as_it_is(mesh: DeviceMesh) -> None:
+    t = torch.randn(4, 4)
+    plan = fp.Plan({"*": fp.L1Unstructured(0.5)})
+    masks = plan({"w": distribute(t, mesh, Shard(1)), "v": t})
+    assert isinstance(masks["w"], DTensor) and type(masks["v"]) is torch.Tensor
+    assert torch.equal(masks["w"].full_tensor(), masks["v"])
+
+
+def test_masks_laid_out_otherwise_than_their_tensor_are_refused(mesh: DeviceMesh) -> None:
+    t = torch.randn(4, 4)
+    w, kept = distribute(t, mesh, Shard(0)), distribute(t > 0, mesh, Shard(1))
+    other = r"is laid out as \[Shard\(dim=1\)\] on .* but .* as \[Shard\(dim=0\)\] on .*; they must have the same mesh and placements"
+    with pytest.raises(ValueError, match="^compute_mask: default_mask " + other):
+        fp.compute_mask(fp.L1Unstructured(1), w, kept)
+    with pytest.raises(ValueError, match="^Plan: the mask for 'w' " + other):
+        fp.Plan({"w": fp.L1Unstructured(1)})({"w": w}, masks={"w": kept})
+    with pytest.raises(ValueError, match="^global_unstructured: the scores for 'w' " + other):
+        fp.global_unstructured(["w"], fp.L1Unstructured(1))({"w": w}, scores={"w": distribute(t, mesh, Shard(1))})
+    for apply in (fp.apply_masks, fp.apply_masks_, fp.mask_gradients, fp.mask_gradients_, fp.to_multipliers):
+        with pytest.raises(ValueError, match=f"^{apply.__name__}: the mask for 'w' " + other):
+            apply({"w": w}, {"w": kept})
+    with pytest.raises(TypeError, match=r"^apply_masks: the mask for 'w' is a DTensor of dtype torch.float32; DTensor masks must be torch.bool"):
+        fp.apply_masks({"w": w}, {"w": distribute((t > 0).float(), mesh, Shard(0))})
+
+
+def test_a_group_spans_one_mesh(mesh: DeviceMesh) -> None:
+    t = torch.randn(4, 4)
+    a = distribute(t, init_device_mesh("cpu", (1,), mesh_dim_names=("a",)), Shard(0))
+    b = distribute(t, init_device_mesh("cpu", (1,), mesh_dim_names=("b",)), Shard(0))
+    with pytest.raises(ValueError, match=r"^compute_joint_masks: scores\[1\] is on .* but scores\[0\] on .*; a group ranked jointly must share one device mesh"):
+        fp.compute_joint_masks(fp.L1Unstructured(1), [a, b])
+
+
+def test_global_structured_refuses_dtensors(mesh: DeviceMesh) -> None:
+    w = distribute(torch.randn(4, 4), mesh, Shard(0))
+    with pytest.raises(NotImplementedError, match=r"^global_structured: the parameter 'w' is a DTensor, which global_structured does not prune yet"):
+        fp.global_structured(["w"], fp.LnStructured(1, n=2, dim=0))({"w": w})
+
+
+def test_reports_and_payoff_refuse_dtensors_rather_than_count_or_rebuild_one_block(mesh: DeviceMesh) -> None:
+    model = nn.Linear(4, 4)
+    model.weight = nn.Parameter(distribute(torch.randn(4, 4), mesh, Shard(0)))
+    params = dict(model.named_parameters())
+    masks = fp.Plan({"weight": fp.L1Unstructured(0.5)})(params)
+    plain = {"weight": torch.ones(4, 4, dtype=torch.bool)}
+    expected = r"the {} 'weight' is a DTensor \(.*\); {} does not support DTensors yet"
+    with pytest.raises(NotImplementedError, match="^sparsity_report: " + expected.format("mask", "sparsity_report")):
+        fp.sparsity_report(masks)
+    with pytest.raises(NotImplementedError, match="^sparsity_report: " + expected.format("parameter", "sparsity_report")):
+        fp.sparsity_report(model)
+    with pytest.raises(NotImplementedError, match="^bake: " + expected.format("parameter", "bake")):
+        fp.bake(model, plain)
+    with pytest.raises(NotImplementedError, match="^to_sparse: " + expected.format("parameter", "to_sparse")):
+        fp.to_sparse(params, plain, layout="csr")
+    for fn in (fp.shrink, fp.propagate):
+        with pytest.raises(NotImplementedError, match=f"^{fn.__name__}: " + expected.format("parameter", fn.__name__)):
+            fn(model, plain, torch.randn(1, 4))
+
+
+def test_masks_apply_to_dtensors_block_by_block(mesh: DeviceMesh) -> None:
+    t = torch.randn(4, 6)
+    kept = fp.compute_mask(fp.L1Unstructured(0.5), t)
+    w = nn.Parameter(distribute(t, mesh, Shard(1)))
+    dkept = distribute(kept, mesh, Shard(1))
+    with comm_mode() as comm:
+        out = dt(fp.apply_masks({"w": w}, {"w": dkept})["w"])
+        torch.autograd.backward(out.sum())
+        grad = dt(w.grad)
+        assert torch.equal(dt(fp.mask_gradients({"w": grad}, {"w": dkept})["w"]).full_tensor(), kept.float())
+        fp.mask_gradients_({"w": w}, {"w": dkept})
+        fp.apply_masks_({"w": w}, {"w": dkept})
+        multiplied = dt(fp.apply_masks({"w": w}, fp.to_multipliers({"w": w}, {"w": dkept}))["w"])
+    assert not collectives(comm)
+    assert out.placements == dt(w).placements
+    assert torch.equal(out.full_tensor(), t * kept)
+    assert torch.equal(grad.full_tensor(), kept.float())
+    assert torch.equal(dt(w.detach()).full_tensor(), t * kept) and torch.equal(multiplied.full_tensor(), t * kept)
+
+
+def test_functional_call_masked_refuses_an_fsdp2_module(mesh: DeviceMesh) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model[2], mesh=mesh)
+    params = dict(model.named_parameters())
+    masks = fp.global_unstructured(["*.weight"], fp.L1Unstructured(0.5))(params)
+    instead = r"fp.mask_gradients_\(params, masks\) after backward\(\), optimizer.step\(\), then fp.apply_masks_"
+    with pytest.raises(TypeError, match=r"^functional_call_masked: module.0 is an FSDP2 module \(fully_shard\): .* " + instead):
+        fp.functional_call_masked(model, params, masks, torch.randn(2, 3))
+
+
+# --- 2 processes: an FSDP2 model ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def world2() -> Iterator[World]:
+    w = World(2)
+    yield w
+    w.close()
+
+
+def _model(hidden: int) -> nn.Sequential:
+    """A seeded model whose entries have distinct magnitudes (no ties: a fixed number of rounds)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, hidden), nn.ReLU(), nn.Linear(hidden, 3))
+    params = list(model.parameters())
+    n = sum(p.numel() for p in params)
+    g = torch.Generator().manual_seed(1)
+    values = (torch.randperm(n, generator=g) + 1).float() / n * torch.randn(n, generator=g).sign()
+    nn.utils.vector_to_parameters(values, params)
+    return model
+
+
+def _steps(model: nn.Module, params: Mapping[str, torch.Tensor], masks: dict[str, torch.Tensor]) -> None:
+    """3 masked SGD steps (momentum, weight decay) on one batch."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    x = torch.randn(8, 3, generator=torch.Generator().manual_seed(2))
+    fp.apply_masks_(params, masks)
+    for _ in range(3):
+        optimizer.zero_grad()
+        torch.autograd.backward(model(x).square().mean())
+        fp.mask_gradients_(params, masks)
+        optimizer.step()
+        fp.apply_masks_(params, masks)
+
+
+def _prune_and_train_fsdp(rank: int, size: int, hidden: int) -> dict[str, Any]:
+    """On each rank: FSDP2 masks from a global plan and 3 masked steps, beside one process's."""
+    from torch.distributed.fsdp import fully_shard
+
+    warnings.filterwarnings("ignore")  # FSDP2's own warnings; pytest's filters do not reach here
+    mesh = init_device_mesh("cpu", (size,))
+    reference = _model(hidden)
+    model = copy.deepcopy(reference)
+    for module in (model[0], model[2], model):
+        fully_shard(module, mesh=mesh)
+    params = {name: dt(p) for name, p in model.named_parameters()}
+    plan = fp.global_unstructured(fp.prunable(model), fp.L1Unstructured(sparsity=0.9))
+    with comm_mode() as comm, CommBytes() as sent:
+        masks = {name: dt(m) for name, m in plan(params).items()}
+    plain = dict(reference.named_parameters())
+    expected = plan(plain)
+    _steps(model, params, dict(masks))
+    _steps(reference, plain, expected)
+    return {
+        "collectives": collectives(comm),
+        "bytes": sent.bytes,
+        "placements": {n: (m.placements == params[n].placements, m.device_mesh == mesh) for n, m in masks.items()},
+        "local rows": params["0.weight"].to_local().shape[0],
+        "masks": {n: torch.equal(m.full_tensor(), expected[n]) for n, m in masks.items()},
+        "trained": {n: p.full_tensor().detach() for n, p in params.items()},
+        "expected": {n: p.detach() for n, p in plain.items()},
+        "kept": {n: m.full_tensor() for n, m in masks.items()},
+    }
+
+
+def test_an_fsdp2_model_is_pruned_as_one_process_would_with_all_reduces_of_fixed_size(world2: World) -> None:
+    sent = {}
+    for hidden in (5, 50):
+        answers = world2.run(_prune_and_train_fsdp, hidden)
+        assert [a["local rows"] for a in answers] == [-(-hidden // 2), hidden // 2]  # uneven dim 0
+        for a in answers:
+            assert a["collectives"] == {"c10d.allreduce_"}  # no all_gather, nothing else
+            assert set(a["masks"]) == {"0.weight", "2.weight"} and all(a["masks"].values())
+            assert all(same and on_mesh for same, on_mesh in a["placements"].values())
+            for name, mask in a["kept"].items():
+                assert not a["trained"][name][~mask].any()  # pruned entries stay exactly 0
+                assert a["trained"][name][mask].all()
+            for name, p in a["trained"].items():
+                torch.testing.assert_close(p, a["expected"][name])
+        sent[hidden] = {a["bytes"] for a in answers}
+    # one count, then 3 rounds of 32-bit keys' histograms: whatever the size
+    assert sent[5] == sent[50] == {8 + 3 * BINS * 8}
+
+
+# --- 4 processes: global groups over Shard(0), Shard(1) and Replicate() ----------------------
+
+
+@pytest.fixture(scope="module")
+def world4() -> Iterator[World]:
+    w = World(4)
+    yield w
+    w.close()
+
+
+Part = tuple[torch.Tensor, "torch.Tensor | None", int | None]  # values, earlier mask, Shard dim (None: Replicate)
+#: What a per-parameter plan does to the group's first tensor.
+_CHAIN = [fp.L1Unstructured(0.3), fp.L1Unstructured(sparsity=0.6)]
+
+
+Block = tuple[tuple[int, ...], torch.Tensor]  # offsets (torch's own helper says), local mask
+
+
+def _group_on_ranks(rank: int, size: int, parts: list[Part], spec: fp.Spec) -> dict[str, Block]:
+    """On each rank: its blocks of the group's masks (a global plan), and of a plan's for ``p0``."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    mesh = init_device_mesh("cpu", (size,))
+    names = [f"p{i}" for i in range(len(parts))]
+    params, masks, offsets = {}, {}, {}
+    for name, (values, earlier, dim) in zip(names, parts, strict=True):
+        placement = Replicate() if dim is None else Shard(dim)
+        params[name] = distribute(values, mesh, placement)
+        if earlier is not None:
+            masks[name] = distribute(earlier, mesh, placement)
+        shape, offsets[name] = compute_local_shape_and_global_offset(values.shape, mesh, [placement])
+        assert layout_of("test", name, dt(params[name])).size == tuple(shape)
+    with comm_mode() as comm:
+        joint = fp.global_unstructured(names, spec)(params, masks)
+        single = fp.Plan({names[0]: _CHAIN})(params, masks)
+    assert collectives(comm) <= {"c10d.allreduce_"}
+    for name, mask in [*joint.items(), *single.items()]:
+        assert dt(mask).placements == dt(params[name]).placements and dt(mask).device_mesh == mesh
+    blocks = {name: (tuple(offsets[name]), dt(mask).to_local()) for name, mask in joint.items()}
+    return {**blocks, "plan": (tuple(offsets[names[0]]), dt(single[names[0]]).to_local())}
+
+
+def _assembled(blocks: list[Block], shape: torch.Size, replicated: bool) -> torch.Tensor:
+    """The whole mask from the ranks' blocks; replicas must all be the whole."""
+    if replicated:
+        assert all(torch.equal(b, blocks[0][1]) for _, b in blocks)
+        return blocks[0][1]
+    whole = torch.zeros(shape, dtype=torch.bool)
+    covered = 0
+    for offsets, block in blocks:
+        if block.numel():
+            whole[tuple(slice(o, o + n) for o, n in zip(offsets, block.shape, strict=True))] = block
+            covered += block.numel()
+    assert covered == whole.numel()
+    return whole
+
+
+@st.composite
+def _groups(draw: st.DrawFn) -> tuple[list[Part], fp.Spec]:
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    parts: list[Part] = []
+    for _ in range(draw(st.integers(1, 3))):
+        shape = tuple(draw(st.lists(st.integers(0, 7), min_size=1, max_size=2)))
+        dtype = draw(st.sampled_from([torch.float32, torch.float32, torch.float64, torch.float16, torch.bfloat16]))
+        kind = draw(st.sampled_from(["normal", "ties", "specials"]))
+        if kind == "normal":
+            values = torch.randn(shape, generator=g)
+        elif kind == "ties":
+            values = torch.randint(-2, 3, shape, generator=g).float()
+        else:
+            pool = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0])
+            values = pool[torch.randint(0, len(pool), shape, generator=g)]
+        earlier = torch.rand(shape, generator=g) < 0.7 if draw(st.booleans()) else None
+        dim = draw(st.sampled_from([None, *range(len(shape))]))
+        parts.append((values.to(dtype), earlier, dim))
+    unpruned = sum(int(v.numel() if e is None else e.sum()) for v, e, _ in parts)
+    spec = draw(st.sampled_from([
+        fp.L1Unstructured(draw(st.integers(0, unpruned))),
+        fp.L1Unstructured(draw(st.floats(0.0, 1.0))),
+        fp.L1Unstructured(sparsity=draw(st.floats(0.0, 1.0))),
+    ]))  # fmt: skip
+    return parts, spec
+
+
+def _uneven() -> tuple[list[Part], fp.Spec]:
+    """5 rows over 4 ranks (2, 2, 1, 0), 7 columns (2, 2, 2, 1), a replica; ties, NaN, mixed dtypes."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randint(-2, 3, (5, 3), generator=g).float()
+    w[1, 1] = float("nan")
+    parts: list[Part] = [
+        (w, torch.rand(5, 3, generator=g) < 0.8, 0),
+        (torch.randn(2, 7, generator=g).double(), None, 1),
+        (torch.randn(3, generator=g).half(), None, None),
+    ]
+    return parts, fp.L1Unstructured(sparsity=0.6)
+
+
+@settings(max_examples=8)
+@example(example=_uneven())
+@given(example=_groups())
+def test_global_groups_of_sharded_and_replicated_dtensors_equal_one_process(
+    world4: World, example: tuple[list[Part], fp.Spec]
+) -> None:
+    parts, spec = example
+    names = [f"p{i}" for i in range(len(parts))]
+    params = {n: values for n, (values, _, _) in zip(names, parts, strict=True)}
+    masks = {n: earlier for n, (_, earlier, _) in zip(names, parts, strict=True) if earlier is not None}
+    joint = fp.global_unstructured(names, spec)(params, masks)
+    single = fp.Plan({names[0]: _CHAIN})(params, masks)[names[0]]
+    answers = world4.run(_group_on_ranks, parts, spec)
+    for i, (name, (values, _, dim)) in enumerate(zip(names, parts, strict=True)):
+        assert torch.equal(_assembled([a[name] for a in answers], values.shape, dim is None), joint[name])
+        if i == 0:
+            assert torch.equal(_assembled([a["plan"] for a in answers], values.shape, dim is None), single)
