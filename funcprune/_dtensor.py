@@ -28,25 +28,23 @@ A group with no ``Shard`` at all is computed by every process on its own
 (replicas decide alike): then nothing crosses processes.
 
 ``torch.distributed.tensor`` is only imported once a DTensor exists:
-:func:`is_dtensor` looks it up in ``sys.modules`` first.
+:func:`is_dtensor` looks it up in ``sys.modules`` first. This module says
+where a DTensor's block sits and checks layouts; :mod:`._dtensor_masks`
+runs the specs on the blocks.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, final
+from typing import TYPE_CHECKING, final
 
 import torch
 from torch import nn
 
-from ._kernels import as_bool, custom_from_mask, keep_all, l1_unstructured_jointly
 from ._sharded import Shard, is_dtensor
-from ._spec import Chain, Spec
-from ._specs import CustomFromMask, Identity, L1Unstructured
-from ._types import Mask, Tensor
-from ._validate import check_same_shape
+from ._types import Tensor
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -56,22 +54,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Layout",
-    "check_group",
+    "block_of",
     "check_layouts",
     "check_like",
     "check_not_fsdp",
-    "check_supported",
     "refuse_in",
-    "compute_joint_masks",
-    "compute_mask",
-    "fold",
     "is_dtensor",
     "layout_of",
     "wrap",
 ]
 
 #: What the refusals say is supported.
-_SUPPORTED_SPECS = "L1Unstructured, Identity, CustomFromMask and chains of them"
 _SUPPORTED_LAYOUTS = "Shard(dim) or Replicate() on a 1-D device mesh"
 
 
@@ -183,7 +176,7 @@ def wrap(local: Tensor, layout: Layout) -> Tensor:
     )  # fmt: skip
 
 
-def _block(fn: str, what: str, t: Tensor, like: str, layout: Layout) -> Tensor:
+def block_of(fn: str, what: str, t: Tensor, like: str, layout: Layout) -> Tensor:
     """This process's block of ``t``, which must be laid out as ``like`` (``layout``)."""
     if not is_dtensor(t):
         raise TypeError(
@@ -204,164 +197,6 @@ def _block(fn: str, what: str, t: Tensor, like: str, layout: Layout) -> Tensor:
             "mask funcprune returns)"
         )
     return local
-
-
-# --- specs ---------------------------------------------------------------------
-
-
-def check_supported(fn: str, what: str, spec: Spec) -> None:
-    """Refuse a spec (or a chain's step) that cannot prune DTensors block by block.
-
-    Raises:
-        NotImplementedError: naming the spec and what is supported.
-    """
-    steps = spec.specs if isinstance(spec, Chain) else (spec,)
-    for step in steps:
-        if not isinstance(step, (L1Unstructured, Identity, CustomFromMask)):
-            raise NotImplementedError(
-                f"{fn}: {what} is a DTensor, and {step!r} cannot prune DTensors yet; on DTensors "
-                f"funcprune runs {_SUPPORTED_SPECS} (block by block, nothing gathered). To use "
-                "another spec on one process, gather the tensor yourself with .full_tensor()"
-            )
-
-
-class _Local(NamedTuple):
-    """One tensor of a group as this process holds it."""
-
-    scores: Tensor  # this process's block of the scores
-    mask: Mask  # and of the earlier mask (torch.bool), or None
-    layout: Layout
-
-
-def _masks_of(spec: Spec, parts: Sequence[_Local]) -> list[Tensor]:
-    """This process's blocks of the masks ``spec`` gives for the group ``parts`` (checked spec)."""
-    match spec:
-        case L1Unstructured():
-            scores = [p.scores for p in parts]
-            return l1_unstructured_jointly(spec.target, scores, [p.mask for p in parts], shards=_shards(parts))
-        case Identity() | Chain(specs=()):
-            return [keep_all(p.scores, p.mask) for p in parts]
-        case CustomFromMask():
-            return [custom_from_mask(_custom_block(spec.mask, p.layout), p.scores, p.mask) for p in parts]
-        case Chain():
-            return _chained(spec.specs, parts)
-    raise AssertionError(f"unchecked spec {spec!r}")  # check_supported refused it
-
-
-def _chained(steps: Sequence[Spec], parts: Sequence[_Local]) -> list[Tensor]:
-    """A chain's fold: step ``i > 0`` scores the tensor as pruned so far, as :class:`Chain` does."""
-    kept = _masks_of(steps[0], parts)
-    for step in steps[1:]:
-        now = [_Local(p.scores * m.to(p.scores.dtype), m, p.layout) for p, m in zip(parts, kept, strict=True)]
-        kept = _masks_of(step, now)
-    return kept
-
-
-def _shards(parts: Sequence[_Local]) -> list[Shard] | None:
-    """The parts' shards, over the mesh's group; ``None`` if every process holds every part whole."""
-    if not any(p.layout.sharded for p in parts):
-        return None  # replicated: each process computes the same masks on its own
-    group = parts[0].layout.mesh.get_group(0)
-    return [p.layout.shard(group) for p in parts]
-
-
-def _custom_block(mask: Tensor, layout: Layout) -> Tensor:
-    """This process's block of a :class:`CustomFromMask`'s mask (whole, or a DTensor of the scores' layout)."""
-    if is_dtensor(mask):
-        return _block("CustomFromMask", "the spec's mask", mask, "the scores", layout)
-    whole = torch.Size(layout.shape)
-    check_same_shape("CustomFromMask", "the spec's mask", mask.shape, "the scores", whole, plural=True)
-    box = tuple(slice(o, o + s) for o, s in zip(layout.offsets, layout.size, strict=True))
-    return mask[box]
-
-
-# --- entry points ----------------------------------------------------------------
-
-
-def compute_mask(
-    fn: str, spec: Spec, scores: Tensor, default_mask: Mask, names: tuple[str, str] = ("scores", "default_mask")
-) -> Tensor:
-    """:func:`funcprune.compute_mask` where ``scores`` or ``default_mask`` is a DTensor.
-
-    ``names`` name the two in messages. Returns a DTensor of the scores' layout.
-    """
-    if not is_dtensor(scores):
-        raise TypeError(
-            f"{fn}: {names[1]} is a DTensor but {names[0]} is a plain torch.Tensor; give both as "
-            "DTensors with the same mesh and placements, or neither"
-        )
-    check_supported(fn, names[0], spec)
-    layout = layout_of(fn, names[0], scores)
-    mask = None if default_mask is None else as_bool(_block(fn, names[1], default_mask, names[0], layout))
-    (kept,) = _masks_of(spec, [_Local(scores.to_local(), mask, layout)])
-    return wrap(kept, layout)
-
-
-def check_group(fn: str, names: Sequence[str], tensors: Sequence[Tensor], spec: Spec) -> None:
-    """Refuse a group ranked jointly unless all are DTensors of supported layouts on one mesh,
-    and ``spec`` is supported.
-
-    Raises:
-        TypeError: if the group mixes DTensors and plain tensors.
-        ValueError: if the DTensors are on different meshes (or see :func:`layout_of`).
-        NotImplementedError: if a layout or ``spec`` is not supported.
-    """
-    first = next(i for i, t in enumerate(tensors) if is_dtensor(t))
-    head = tensors[first]
-    assert is_dtensor(head)
-    mesh = head.device_mesh
-    for name, t in zip(names, tensors, strict=True):
-        if not is_dtensor(t):
-            raise TypeError(
-                f"{fn}: {name} is a plain torch.Tensor but {names[first]} is a DTensor; a group "
-                "ranked jointly must be all DTensors on one device mesh, or none"
-            )
-        if t.device_mesh != mesh:
-            raise ValueError(
-                f"{fn}: {name} is on {t.device_mesh} but {names[first]} on {mesh}; a group ranked "
-                "jointly must share one device mesh"
-            )
-        layout_of(fn, name, t)
-    check_supported(fn, names[first], spec)
-
-
-def compute_joint_masks(
-    fn: str, spec: Spec, scores: Sequence[Tensor], default_masks: Sequence[Mask]
-) -> list[Tensor]:
-    """:func:`funcprune.compute_joint_masks` where any tensor is a DTensor; DTensor masks back."""
-    for i, (s, d) in enumerate(zip(scores, default_masks, strict=True)):
-        if is_dtensor(d) and not is_dtensor(s):
-            raise TypeError(
-                f"{fn}: default_masks[{i}] is a DTensor but scores[{i}] is a plain torch.Tensor; "
-                "give both as DTensors with the same mesh and placements, or neither"
-            )
-    names = [f"scores[{i}]" for i in range(len(scores))]
-    check_group(fn, names, scores, spec)
-    parts = []
-    for i, (s, d) in enumerate(zip(scores, default_masks, strict=True)):
-        assert is_dtensor(s)  # checked by check_group
-        layout = layout_of(fn, names[i], s)
-        mask = None if d is None else as_bool(_block(fn, f"default_masks[{i}]", d, names[i], layout))
-        parts.append(_Local(s.to_local(), mask, layout))
-    return [wrap(kept, p.layout) for kept, p in zip(_masks_of(spec, parts), parts, strict=True)]
-
-
-def fold(
-    fn: str, name: str, param: DTensor, steps: Sequence[Spec], scores_of: Callable[[int, Mask], Tensor], mask: Mask
-) -> Tensor:
-    """A plan's fold (``_fold.fold``) over the DTensor parameter ``name``: each step block by block.
-
-    ``scores_of`` computes step ``i``'s scores as DTensors: elementwise, of
-    the parameter's layout (checked first), so nothing is communicated.
-    """
-    names = (f"the parameter {name!r}", f"the mask for {name!r}")
-    layout_of(fn, names[0], param)
-    for step in steps:
-        check_supported(fn, names[0], step)
-    for i, step in enumerate(steps or (Identity(),)):
-        mask = compute_mask(fn, step, scores_of(i, mask), mask, names)
-    assert mask is not None
-    return mask
 
 
 # --- checks before any work ----------------------------------------------------------

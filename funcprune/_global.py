@@ -14,7 +14,8 @@ from typing import ClassVar, final
 
 import torch
 
-from . import _dtensor as dtensor
+from . import _dtensor_masks as dtensor
+from ._dtensor import is_dtensor
 from ._masks import compute_joint_masks
 from ._names import select_names
 from ._plan import AbstractPlan, as_spec, naming, scores_for, spec_repr
@@ -71,7 +72,7 @@ class GlobalPlan(AbstractPlan):
         generator: torch.Generator | None,
     ) -> dict[str, Tensor]:
         selected = select_names(self._FN, self.names, tuple(params))
-        if any(dtensor.is_dtensor(params[n]) for n in selected):
+        if any(is_dtensor(params[n]) for n in selected):
             names = [f"the parameter {n!r}" for n in selected]
             dtensor.check_group(self._FN, names, [params[n] for n in selected], self.spec)
         each = [scores_for(params[n], masks.get(n), scores.get(n)) for n in selected]

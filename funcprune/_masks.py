@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
-from . import _dtensor as dtensor
+from . import _dtensor_masks as dtensor
+from ._dtensor import check_like, is_dtensor
 from ._fold import checked_mask
 from ._spec import Spec
 from ._types import Mask, Tensor
@@ -114,7 +115,7 @@ def compute_mask(
     scores = _check_scores("compute_mask", "scores", scores)
     mask = None if default_mask is None else _check_mask("compute_mask", "default_mask", default_mask, scores)
     check_generator("compute_mask", generator)
-    if dtensor.is_dtensor(scores) or dtensor.is_dtensor(mask):
+    if is_dtensor(scores) or is_dtensor(mask):
         return dtensor.compute_mask("compute_mask", spec, scores.detach(), mask)
     return checked_mask(spec, scores.detach(), mask, generator)
 
@@ -180,7 +181,7 @@ def compute_joint_masks(
         defaults = [None if d is None else _check_mask(fn, f"default_masks[{i}]", d, s)
                     for i, (d, s) in enumerate(zip(default_masks, each))]  # fmt: skip
     check_generator(fn, generator)
-    if any(map(dtensor.is_dtensor, [*each, *defaults])):
+    if any(map(is_dtensor, [*each, *defaults])):
         return dtensor.compute_joint_masks(fn, spec, each, defaults)
     masks = spec.compute_joint_masks(each, defaults, generator=generator)
     for i, (mask, s) in enumerate(zip(masks, each, strict=True)):
@@ -226,8 +227,8 @@ def prune(
     spec = _check_spec("prune", spec)
     mask = None if default_mask is None else _check_mask("prune", "default_mask", default_mask, t)
     check_generator("prune", generator)
-    if any(map(dtensor.is_dtensor, (t, scores, mask))):
+    if any(map(is_dtensor, (t, scores, mask))):
         names = ("t" if scores is t else "importance_scores", "default_mask")
-        dtensor.check_like("prune", names[0], scores, "t", t)
+        check_like("prune", names[0], scores, "t", t)
         return t * dtensor.compute_mask("prune", spec, scores.detach(), mask, names).to(t.dtype)
     return t * checked_mask(spec, scores.detach(), mask, generator).to(t.dtype)

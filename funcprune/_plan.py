@@ -26,6 +26,7 @@ from typing import ClassVar, final
 import torch
 
 from . import _dtensor as dtensor
+from . import _dtensor_masks as dtensor_masks
 from ._fold import fold
 from ._names import check_masks, check_not_hook_mode, check_params, check_scores, match_names
 from ._spec import Chain, Spec, chain
@@ -283,7 +284,7 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
 
                 with naming(self._FN, repr(name), spec):
                     if dtensor.is_dtensor(param):  # block by block, nothing gathered
-                        out[name] = dtensor.fold(self._FN, name, param, steps, scores_of, out.get(name))
+                        out[name] = dtensor_masks.fold(self._FN, name, param, steps, scores_of, out.get(name))
                     else:
                         out[name] = fold(steps, scores_of, out.get(name), generator)
         return out
