@@ -33,9 +33,9 @@ from torch import nn
 
 from ._dtensor import refuse_in
 from ._names import check_masks
-from ._types import Masks, Params, Tensor
+from ._types import Masks, Tensor
 
-__all__ = ["bake", "check_mask_dtypes", "check_not_hooked"]
+__all__ = ["bake", "check_mask_dtypes", "check_not_hooked", "first_names", "one_mask_per_parameter"]
 
 _M = TypeVar("_M", bound=nn.Module)
 
@@ -101,7 +101,7 @@ def bake(module: _M, masks: Mapping[str, Tensor]) -> _M:
     refuse_in(fn, dict(module.named_parameters()))
     params = dict(module.named_parameters(remove_duplicate=False))
     checked = check_masks(fn, params, check_mask_dtypes(fn, masks))
-    by_param = _one_mask_per_parameter(fn, params, checked)
+    by_param = one_mask_per_parameter(fn, first_names(module), checked)
     baked = copy.deepcopy(module)
     new_params = dict(baked.named_parameters(remove_duplicate=False))
     with torch.no_grad():
@@ -150,21 +150,29 @@ def check_not_hooked(fn: str, module: nn.Module, *, then: str = "") -> None:
                 )
 
 
-def _one_mask_per_parameter(fn: str, params: Params, masks: Masks) -> Masks:
-    """One mask per Parameter object, keyed by the first name that masks gives it.
+def first_names(module: nn.Module) -> dict[str, str]:
+    """Each name of each parameter, to its first (its ``named_parameters()`` name)."""
+    first: dict[int, str] = {}
+    return {
+        name: first.setdefault(id(p), name)
+        for name, p in module.named_parameters(remove_duplicate=False)
+    }
+
+
+def one_mask_per_parameter(fn: str, names: Mapping[str, str], masks: Masks) -> dict[str, Tensor]:
+    """``masks`` keyed by first names (:func:`first_names`), in parameter order.
 
     The names of a tied Parameter must carry equal masks (or only one has one).
     """
-    first: dict[int, str] = {}
-    kept: Masks = {}
+    by_first: dict[str, Tensor] = {}
+    given: dict[str, str] = {}  # the name under which each Parameter's mask came first
     for name, mask in masks.items():
-        other = first.setdefault(id(params[name]), name)
-        if other == name:
-            kept[name] = mask
-        elif not torch.equal(kept[other], mask):
+        first = names[name]
+        if first in by_first and not torch.equal(by_first[first], mask):
             raise ValueError(
-                f"{fn}: {other!r} and {name!r} are one tied Parameter, but their masks "
+                f"{fn}: {given[first]!r} and {name!r} are one tied Parameter, but their masks "
                 "differ; a tied weight has one set of values: give one mask, under either "
                 "name, or equal masks under both"
             )
-    return kept
+        by_first[first], given[first] = mask, given.get(first, name)
+    return {name: by_first[name] for name in dict.fromkeys(names.values()) if name in by_first}

@@ -47,7 +47,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from ._bake import check_mask_dtypes, check_not_hooked
+from ._bake import check_mask_dtypes, check_not_hooked, first_names, one_mask_per_parameter
 from ._graph import RoleKind, trace_channels
 from ._graph_removal import Cut, plan_removal
 from ._dtensor import refuse_in
@@ -234,39 +234,14 @@ def _plan(
         raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
     check_not_hooked(fn, module, then=f"{fn}(module, masks, example_inputs)")
     refuse_in(fn, dict(module.named_parameters()))
-    names = _first_names(module)
+    names = first_names(module)
     params = dict(module.named_parameters(remove_duplicate=False))
-    checked = _one_per_parameter(fn, names, check_masks(fn, params, check_mask_dtypes(fn, masks)))
+    checked = one_mask_per_parameter(fn, names, check_masks(fn, params, check_mask_dtypes(fn, masks)))
     graph = trace_channels(fn, module, example_inputs)
     every_name = {alias: checked[first] for alias, first in names.items() if first in checked}
     removal = plan_removal(fn, graph, every_name)
     _warn_kept(fn, removal.kept)
     return checked, removal.cuts
-
-
-def _first_names(module: nn.Module) -> dict[str, str]:
-    """Each name of each parameter, to its first (its ``named_parameters()`` name)."""
-    first: dict[int, str] = {}
-    return {
-        name: first.setdefault(id(p), name)
-        for name, p in module.named_parameters(remove_duplicate=False)
-    }
-
-
-def _one_per_parameter(fn: str, names: Mapping[str, str], masks: Masks) -> dict[str, Tensor]:
-    """``masks`` keyed by first names; the names of a tied Parameter must agree."""
-    by_first: dict[str, Tensor] = {}
-    given: dict[str, str] = {}  # the name under which each Parameter's mask came first
-    for name, mask in masks.items():
-        first = names[name]
-        if first in by_first and not torch.equal(by_first[first], mask):
-            raise ValueError(
-                f"{fn}: {name!r} is tied to {given[first]!r} (one Parameter under two names), "
-                "but their masks differ; a tied weight has one set of values: give one mask, "
-                "under either name, or equal masks under both"
-            )
-        by_first[first], given[first] = mask, given.get(first, name)
-    return {name: by_first[name] for name in dict.fromkeys(names.values()) if name in by_first}
 
 
 def _warn_kept(fn: str, kept: Mapping[str, Mapping[str, int]]) -> None:
