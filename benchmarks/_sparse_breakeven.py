@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import os
 import platform
 import statistics
 import sys
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -46,6 +44,7 @@ import torch.nn.functional as F
 
 import funcprune as fp
 from funcprune._sparse import Layout, to_sparse
+from _timing import Contender, calls_for, interleaved
 from payoff import SPARSITIES, break_even
 
 @dataclass(frozen=True)
@@ -89,36 +88,18 @@ def two_four_mask(shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
     return mask.reshape(shape)
 
 
-def per_call(run: Callable[[], object], calls: int, sync: Callable[[], None]) -> float:
-    """Seconds per call of ``run`` over ``calls`` calls."""
-    sync()
-    start = time.perf_counter()
-    for _ in range(calls):
-        run()
-    sync()
-    return (time.perf_counter() - start) / calls
-
-
-def calls_for(run: Callable[[], object], min_time: float, sync: Callable[[], None]) -> int:
-    """Warm ``run`` up (untimed for the results) and pick a call count lasting ``min_time``."""
-    per_call(run, 2, sync)
-    once = per_call(run, 1, sync)
-    return max(1, math.ceil(min_time / max(once, 1e-9)))
-
-
 def measure(
     dense: Callable[[], object], sparse: Callable[[], object], repeats: int, min_time: float,
     sync: Callable[[], None],
 ) -> tuple[float, float, float]:  # fmt: skip
     """Median dense and sparse times per call, and the median of the per-repetition speedups."""
-    n_dense, n_sparse = calls_for(dense, min_time, sync), calls_for(sparse, min_time, sync)
-    dense_times: list[float] = []
-    sparse_times: list[float] = []
-    for _ in range(repeats):
-        dense_times.append(per_call(dense, n_dense, sync))
-        sparse_times.append(per_call(sparse, n_sparse, sync))
-    speedups = [d / s for d, s in zip(dense_times, sparse_times)]
-    return statistics.median(dense_times), statistics.median(sparse_times), statistics.median(speedups)
+    contenders = {
+        "dense": Contender(dense, calls=calls_for(dense, min_time, sync)),
+        "sparse": Contender(sparse, calls=calls_for(sparse, min_time, sync)),
+    }
+    times = interleaved(contenders, repeats, sync)
+    speedups = [d / s for d, s in zip(times["dense"], times["sparse"])]
+    return statistics.median(times["dense"]), statistics.median(times["sparse"]), statistics.median(speedups)
 
 
 def run_case(

@@ -27,24 +27,40 @@ class Contender:
     calls: int = 1
 
 
-def calls_for(run: Callable[[], object], seconds: float) -> int:
-    """How many calls of ``run`` (warmed up here) make a block of about ``seconds``."""
+def _no_sync() -> None:
+    pass
+
+
+def calls_for(run: Callable[[], object], seconds: float, sync: Callable[[], None] = _no_sync) -> int:
+    """How many calls of ``run`` (warmed up here) make a block of about ``seconds``.
+
+    ``sync`` waits for queued work (``torch.cuda.synchronize`` on a GPU).
+    """
     run()
+    sync()
     start = time.perf_counter()
     run()
+    sync()
     return max(1, math.ceil(seconds / max(time.perf_counter() - start, 1e-9)))
 
 
-def interleaved(contenders: Mapping[str, Contender], repeats: int) -> dict[str, list[float]]:
-    """Seconds per call over ``repeats`` alternating blocks of each contender, after a warm-up round."""
+def interleaved(
+    contenders: Mapping[str, Contender], repeats: int, sync: Callable[[], None] = _no_sync
+) -> dict[str, list[float]]:
+    """Seconds per call over ``repeats`` alternating blocks of each contender, after a warm-up round.
+
+    ``sync`` waits for queued work before and after each timed block.
+    """
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for i in range(repeats + 1):
         for name, c in contenders.items():
             if c.setup is not None:
                 c.setup()
+            sync()
             start = time.perf_counter()
             for _ in range(c.calls):
                 c.run()
+            sync()
             if i:  # the first round warms up
                 times[name].append((time.perf_counter() - start) / c.calls)
     return times

@@ -27,9 +27,7 @@ import os
 import platform
 import statistics
 import sys
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 import torch.nn.utils.prune as tprune
