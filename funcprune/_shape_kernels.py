@@ -31,7 +31,7 @@ from ._select import Blocks, Slices, Target, eligible_per_group, keep, resolve_c
 from ._types import Count, Mask, Tensor
 from ._validate import validate_dim_range
 
-__all__ = ["blocks", "n_m", "per_slice", "per_slice_unstructured"]
+__all__ = ["blocks", "kept_blocks", "n_m", "per_slice", "per_slice_unstructured"]
 
 
 # --- N:M --------------------------------------------------------------------
@@ -83,6 +83,16 @@ def _block_view(shape: tuple[int, ...], scores: Tensor) -> tuple[list[int], list
     return view, inner
 
 
+def kept_blocks(mask: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """Whether each block of ``shape`` keeps an entry of ``mask``: the grid of blocks, as bool.
+
+    A block counts as remaining while any of its entries is kept (what
+    :func:`blocks` selects among, and what a BSR tensor stores).
+    """
+    view, inner = _block_view(shape, mask)
+    return mask.reshape(view).any(dim=inner)
+
+
 def blocks(amount: Target, shape: tuple[int, ...], scores: Tensor, default_mask: Mask) -> Tensor:
     """Prune the ``amount`` remaining blocks of ``shape`` of smallest L2 norm.
 
@@ -94,7 +104,7 @@ def blocks(amount: Target, shape: tuple[int, ...], scores: Tensor, default_mask:
     view, inner = _block_view(shape, scores)
     default_mask = as_bool(default_mask)
     norms = torch.linalg.vector_norm(scores.reshape(view), dim=inner)
-    eligible = None if default_mask is None else default_mask.reshape(view).any(dim=inner)
+    eligible = None if default_mask is None else kept_blocks(default_mask, shape)
     k = resolve_count(amount, unpruned_count(norms, eligible, norms.numel()), norms.numel())
     if isinstance(k, int) and k == 0:
         return keep_all(scores, default_mask)

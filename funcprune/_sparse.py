@@ -55,6 +55,7 @@ import torch
 from ._bake import check_mask_dtypes
 from ._dtensor import refuse_in
 from ._names import check_masks, check_params
+from ._shape_kernels import kept_blocks
 from ._types import Masks, Params, Tensor
 
 __all__ = [
@@ -303,7 +304,7 @@ def _check_semi_structured(fn: str, name: str, weight: Tensor, mask: Tensor) -> 
 
 def _sparsity(mask: Tensor, block: tuple[int, int]) -> float:
     """The fraction of the blocks (CSR: of the entries) that ``mask`` prunes entirely."""
-    kept = _kept_blocks(mask, block)
+    kept = kept_blocks(mask, block)
     return 1.0 - int(kept.sum()) / max(1, kept.numel())
 
 
@@ -346,12 +347,6 @@ def _check_break_even(
     warnings.warn(message, SlowSparseWarning, stacklevel=3)
 
 
-def _kept_blocks(mask: Tensor, block: tuple[int, int]) -> Tensor:
-    """Whether each block of ``mask`` keeps anything: a ``(rows/br, cols/bc)`` bool grid."""
-    (rows, cols), (br, bc) = mask.shape, block
-    return mask.reshape(rows // br, br, cols // bc, bc).any(dim=3).any(dim=1)
-
-
 def _convert(
     fn: str, name: str, weight: Tensor, mask: Tensor, layout: Layout, block: tuple[int, int]
 ) -> Tensor:
@@ -383,7 +378,7 @@ def _compressed(values: Tensor, mask: Tensor, block: tuple[int, int], *, bsr: bo
     the speed at 50% sparsity, and broke even at 80% instead of 60%.
     """
     (rows, cols), (br, bc) = values.shape, block
-    kept = _kept_blocks(mask, block)
+    kept = kept_blocks(mask, block)
     index = torch.int32 if values.numel() < 2**31 else torch.int64
     counts = kept.sum(dim=1)
     crow = torch.cat([counts.new_zeros(1), counts.cumsum(dim=0)]).to(index)
