@@ -20,6 +20,7 @@ from typing import final
 
 import torch
 
+from . import _native
 from ._sharded import Shard
 from ._types import Mask, Tensor
 
@@ -80,18 +81,25 @@ def keep_by_bracket(parts: Sequence[KeyPart], k: int) -> list[Tensor] | None:
     total = sum(p.numel for p in parts)
     if not 0 < k <= total:
         return None
-    lo, hi = _bounds(torch.cat([_sample(p, _stride(total)) for p in parts]), k / total)
+    lo, hi, share = _bounds(torch.cat([_sample(p, _stride(total)) for p in parts]), k / total)
     chunk = _CHUNK * min(torch.get_num_threads(), 64)  # each thread's share stays in its cache
     below: list[Tensor] = []
+    n_below = 0
     found: list[Tensor] = []  # per part, the keys inside the bracket in index order
     for part in parts:
+        scanned = _native_scan(part, lo, hi, share)
+        if scanned is not None:
+            n_below += scanned[0]
+            found.append(scanned[1])
+            continue
         collected = []
         for start in range(0, part.numel, chunk):
             count, keys = _scan(_eligible_keys(part, start, start + chunk), lo, hi)
             below.append(count)
             collected.append(keys)
         found.append(torch.cat(collected))
-    n_below = int(torch.stack(below).sum(dtype=torch.float64))
+    if below:
+        n_below += int(torch.stack(below).sum(dtype=torch.float64))
     n_inside = sum(f.numel() for f in found)
     if not n_below < k <= n_below + n_inside:
         return None
@@ -181,6 +189,11 @@ def _sample(part: KeyPart, stride: int) -> Tensor:
 
 def _survivors(part: KeyPart, v: float, ties: int, take: int, chunk: int) -> Tensor:
     """Kept flags when every key below ``v`` and the first ``take`` of ``ties`` go."""
+    absolute = _absolute(part)
+    if absolute is not None:
+        kept = _native.survivors(part.source, part.eligible, absolute, v, None if take == ties else take)
+        if kept is not None:
+            return kept
     if take == ties:  # chunk by chunk: written while the chunk's keys are in cache
         kept = torch.empty(part.numel, dtype=torch.int8, device=part.source.device)
         for start in range(0, part.numel, chunk):
@@ -197,13 +210,14 @@ def _survivors(part: KeyPart, v: float, ties: int, take: int, chunk: int) -> Ten
     return kept if part.eligible is None else kept.logical_and_(part.eligible)
 
 
-def _bounds(sample: Tensor, q: float) -> tuple[float, float]:
-    """Bounds likely to hold the q-quantile of the keys, from a sample."""
+def _bounds(sample: Tensor, q: float) -> tuple[float, float, float]:
+    """Bounds likely to hold the q-quantile of the keys, from a sample, and the share of the sample inside."""
     m = sample.numel()
     margin = 4.0 * (m * q * (1.0 - q)) ** 0.5 + 8.0
     r_lo, r_hi = int(q * m - margin), int(q * m + margin) + 1
     lo, hi = _order_statistics(sample, max(r_lo, 1), min(r_hi, m))
-    return (lo if r_lo >= 1 else -math.inf), (hi if r_hi <= m else math.inf)
+    share = (min(r_hi, m) - max(r_lo, 1) + 1) / m
+    return (lo if r_lo >= 1 else -math.inf), (hi if r_hi <= m else math.inf), share
 
 
 #: From this many keys on, order statistics are found in a window of the keys.
@@ -227,11 +241,40 @@ def _order_statistics(keys: Tensor, *ranks: int) -> list[float]:
         if 1 <= i_lo and i_hi <= sub.numel():
             a, b = _kth(sub, i_lo), _kth(sub, i_hi)
             if math.isfinite(a) and math.isfinite(b):
-                below = int(torch.count_nonzero(keys < a))
-                window = keys[(keys >= a).logical_and_(keys <= b)]
+                below, window = _window(keys, a, b, (i_hi - i_lo + 1) / sub.numel())
                 if all(below < r <= below + window.numel() for r in ranks):
                     return [_kth(window, r - below) for r in ranks]
     return [_kth(keys, r) for r in ranks]
+
+
+def _window(keys: Tensor, a: float, b: float, share: float) -> tuple[int, Tensor]:
+    """How many ``keys`` lie below ``a``, and those in ``[a, b]`` (about ``share`` of them)."""
+    scanned = _native.scan(keys, None, False, a, b, _capacity(keys.numel(), share))
+    if scanned is not None:
+        return scanned
+    return int(torch.count_nonzero(keys < a)), keys[(keys >= a).logical_and_(keys <= b)]
+
+
+def _capacity(n: int, share: float) -> int:
+    """Room for the keys a bracket holding about ``share`` of ``n`` collects, with a wide margin."""
+    return int(2 * share * n) + 4096
+
+
+def _absolute(part: KeyPart) -> bool | None:
+    """Whether the part's keys are ``|source|`` (True) or ``source`` (False) in its dtype; ``None``: other keys."""
+    if part.key is magnitude_of:
+        return True
+    if part.key is _identity:
+        return False
+    return None
+
+
+def _native_scan(part: KeyPart, lo: float, hi: float, share: float) -> tuple[int, Tensor] | None:
+    """:func:`_scan` over the whole part in one native pass; ``None``: scan chunk by chunk."""
+    absolute = _absolute(part)
+    if absolute is None:
+        return None
+    return _native.scan(part.source, part.eligible, absolute, lo, hi, _capacity(part.numel, share))
 
 
 def _kth(keys: Tensor, r: int) -> float:

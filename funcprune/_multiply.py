@@ -32,12 +32,15 @@ from typing import Any
 
 import torch
 
+from . import _native
 from ._types import Tensor
 
 __all__ = ["as_multiplier", "masked_multiply"]
 
 #: Bytes of float multiplier made at a time, per torch thread (fits a core's L2).
 _CHUNK_BYTES = 1 << 20
+#: Up to this many entries torch's own elementwise ops run on one thread (its grain size).
+_SERIAL_MAX = 1 << 15
 
 
 def as_multiplier(mask: Tensor, dtype: torch.dtype, *, copy: bool = False) -> Tensor:
@@ -74,6 +77,10 @@ def _multiply(t: Tensor, mask: Tensor) -> Tensor:
         if t.device.type != "cpu":  # the uint8 detour helps torch's CPU kernels only
             return t * mask.to(t.dtype)
         return t * as_multiplier(mask, t.dtype)
+    if torch.get_num_threads() == 1 or t.numel() <= _SERIAL_MAX:  # the kernel runs on one thread
+        native = _native.mask_multiply(t, mask)
+        if native is not None:
+            return native
     out = torch.empty_like(t)
     step = max(1, _CHUNK_BYTES * torch.get_num_threads() // t.element_size())
     chunks = zip(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import funcprune as fp
-from funcprune import _multiply
+from funcprune import _multiply, _native
 from funcprune._multiply import masked_multiply
 
 Tensor = torch.Tensor
@@ -62,16 +63,17 @@ shapes = st.lists(st.integers(0, 9), min_size=0, max_size=3).map(tuple)
 
 
 @given(shape=shapes, dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16),
-       special=st.booleans(), chunk=st.sampled_from([1 << 20, 8, 3]))  # fmt: skip
+       special=st.booleans(), chunk=st.sampled_from([1 << 20, 8, 3]), native=st.booleans())  # fmt: skip
 def test_values_and_gradients_are_the_float_mask_products_bits(
-    shape: tuple[int, ...], dtype: torch.dtype, seed: int, special: bool, chunk: int
+    shape: tuple[int, ...], dtype: torch.dtype, seed: int, special: bool, chunk: int, native: bool
 ) -> None:
+    """Through the native kernel (float32/64, where it loads) or torch's chunks (any chunk size)."""
     weight = tensor_of(shape, dtype, seed, special).requires_grad_()
     mask = torch.rand(shape, generator=torch.Generator().manual_seed(seed + 1)) < 0.5
     grad_out = tensor_of(shape, dtype, seed + 2, special)
     reference = weight * mask.to(dtype)
     (expected,) = torch.autograd.grad(reference, weight, grad_out)
-    with chunk_bytes(chunk):
+    with chunk_bytes(chunk), contextlib.nullcontext() if native else _native.disabled():
         out = masked_multiply(weight, mask)
         (got,) = torch.autograd.grad(out, weight, grad_out)
     assert same_bits(out, reference)

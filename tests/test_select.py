@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 from hypothesis import given
@@ -9,7 +11,7 @@ from hypothesis import strategies as st
 from torch.func import vmap
 
 import funcprune as fp
-from funcprune import _bracket, _kernels, _select, _short_rows
+from funcprune import _bracket, _kernels, _native, _select, _short_rows
 from funcprune._select import keep
 from funcprune._validate import count_to_prune
 
@@ -17,6 +19,16 @@ from funcprune._validate import count_to_prune
 def kept_by_sort(keys: torch.Tensor, k: int, eligible: torch.Tensor | None) -> torch.Tensor:
     """The reference: the stable-sort path, whatever the size."""
     return _select._keep_rows(keys[None], k, None if eligible is None else eligible[None])[0]
+
+
+@pytest.fixture(scope="module", params=["native", "torch"])
+def path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The bracket's scans in native kernels (where they load), then in torch."""
+    if request.param == "native":
+        yield "native"
+    else:
+        with _native.disabled():
+            yield "torch"
 
 
 @st.composite
@@ -45,7 +57,7 @@ def keys_and_k(draw: st.DrawFn) -> tuple[torch.Tensor, int, torch.Tensor | None]
 @pytest.mark.parametrize("sample", [16, 1 << 17])
 @given(case=keys_and_k())
 def test_the_bracket_and_threshold_paths_equal_the_sort_path(
-    case: tuple[torch.Tensor, int, torch.Tensor | None], sample: int
+    case: tuple[torch.Tensor, int, torch.Tensor | None], sample: int, path: str
 ) -> None:
     keys, k, eligible = case
     expected = kept_by_sort(keys, k, eligible)
@@ -62,7 +74,9 @@ def test_the_bracket_and_threshold_paths_equal_the_sort_path(
 
 
 @given(case=keys_and_k(), data=st.data())
-def test_order_statistics_equal_kthvalue(case: tuple[torch.Tensor, int, torch.Tensor | None], data: st.DataObject) -> None:
+def test_order_statistics_equal_kthvalue(
+    case: tuple[torch.Tensor, int, torch.Tensor | None], data: st.DataObject, path: str
+) -> None:
     keys = case[0]
     ranks = data.draw(st.lists(st.integers(1, keys.numel()), min_size=1, max_size=3))
     expected = [float(torch.kthvalue(keys, r).values) for r in ranks]
@@ -153,7 +167,7 @@ def groups(draw: st.DrawFn) -> tuple[list[torch.Tensor], list[torch.Tensor | Non
 @pytest.mark.parametrize("sample", [16, 1 << 17])
 @given(group=groups())
 def test_joint_l1_equals_the_concatenated_mask(
-    group: tuple[list[torch.Tensor], list[torch.Tensor | None], float | int], sample: int
+    group: tuple[list[torch.Tensor], list[torch.Tensor | None], float | int], sample: int, path: str
 ) -> None:
     scores, defaults, amount = group
     flat = torch.cat(scores)

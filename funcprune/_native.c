@@ -1,0 +1,203 @@
+/* funcprune's optional native kernels (see _native.py).
+ *
+ * Plain C: no torch headers, so that a C compiler builds this file in about
+ * a second, the first time it is needed; _native.py loads the library
+ * through ctypes and passes the tensors' data pointers. Each kernel is one
+ * pass over contiguous memory that replaces several torch passes, and gives
+ * exactly what the pure-torch path of the same step gives (that path stays,
+ * and is what runs without a compiler). IEEE arithmetic only: no fast-math.
+ *
+ * One thread: the kernels run in the calling thread. (Threads of their own
+ * measured no faster on 2 cores, where torch's OpenMP workers spin after
+ * each parallel op; _multiply.py keeps torch's threaded path for the
+ * product when torch runs more than one thread.)
+ */
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- weight * mask for a bool mask: one pass, the float product's bits ---- */
+
+#define MASK_MULTIPLY(NAME, T)                                                        \
+    void NAME(const T *restrict x, const uint8_t *restrict m, T *restrict out, int64_t n) { \
+        for (int64_t i = 0; i < n; i++) out[i] = x[i] * (T)m[i];                      \
+    }
+
+MASK_MULTIPLY(fp_mask_multiply_f32, float)
+MASK_MULTIPLY(fp_mask_multiply_f64, double)
+
+/* ---- the bracket scan: count keys below lo, collect those in [lo, hi] ----
+ *
+ * key(i) = |x[i]| (absolute) or x[i], +inf where eligible[i] is 0 (eligible
+ * may be NULL: all eligible). NaN is neither below nor inside. The keys
+ * inside are written in index order to `inside`, at most `capacity` of them;
+ * the return value is how many there are (more than `capacity`: the caller
+ * must not use `inside`). `below` receives the count below.
+ */
+
+/* k where the eligible byte is 1, +inf where it is 0, without a branch. */
+static inline float keep_or_inf_f32(float k, uint8_t eligible) {
+    uint32_t bits, inf, select = -(uint32_t)(eligible != 0);
+    float infinity = INFINITY;
+    memcpy(&bits, &k, sizeof bits);
+    memcpy(&inf, &infinity, sizeof inf);
+    bits = (bits & select) | (inf & ~select);
+    memcpy(&k, &bits, sizeof k);
+    return k;
+}
+
+static inline double keep_or_inf_f64(double k, uint8_t eligible) {
+    uint64_t bits, inf, select = -(uint64_t)(eligible != 0);
+    double infinity = INFINITY;
+    memcpy(&bits, &k, sizeof bits);
+    memcpy(&inf, &infinity, sizeof inf);
+    bits = (bits & select) | (inf & ~select);
+    memcpy(&k, &bits, sizeof k);
+    return k;
+}
+
+/* The scan's inner step, 16 floats (8 doubles) at a time where the compiler
+ * targets AVX-512: adds the count below lo to *below, stores the keys inside
+ * [lo, hi] at out + *found (a full vector's room is needed there) and moves
+ * *found on; returns how many keys it looked at (a multiple of the width; the
+ * caller finishes the rest). Elsewhere it looks at none. Comparisons are
+ * ordered and quiet, as C's: NaN is neither below nor inside. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+static inline int64_t vector_scan_f32(const float *x, const uint8_t *e, int64_t n, int absolute, float lo_,
+                                      float hi_, float *out, int64_t *below, int64_t *found) {
+    const __m512 lo = _mm512_set1_ps(lo_), hi = _mm512_set1_ps(hi_), inf = _mm512_set1_ps(INFINITY);
+    int64_t i = 0, count = 0, f = *found;
+    for (; i + 16 <= n; i += 16) {
+        __m512 k = _mm512_loadu_ps(x + i);
+        if (absolute) k = _mm512_abs_ps(k);
+        if (e) {
+            __m512i flags = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(e + i)));
+            k = _mm512_mask_blend_ps(_mm512_test_epi32_mask(flags, flags), inf, k);
+        }
+        count += __builtin_popcount(_mm512_cmp_ps_mask(k, lo, _CMP_LT_OQ));
+        __mmask16 in = _mm512_cmp_ps_mask(k, lo, _CMP_GE_OQ) & _mm512_cmp_ps_mask(k, hi, _CMP_LE_OQ);
+        _mm512_storeu_ps(out + f, _mm512_maskz_compress_ps(in, k));
+        f += __builtin_popcount(in);
+    }
+    *below += count;
+    *found = f;
+    return i;
+}
+
+static inline int64_t vector_scan_f64(const double *x, const uint8_t *e, int64_t n, int absolute, double lo_,
+                                      double hi_, double *out, int64_t *below, int64_t *found) {
+    const __m512d lo = _mm512_set1_pd(lo_), hi = _mm512_set1_pd(hi_), inf = _mm512_set1_pd(INFINITY);
+    int64_t i = 0, count = 0, f = *found;
+    for (; i + 8 <= n; i += 8) {
+        __m512d k = _mm512_loadu_pd(x + i);
+        if (absolute) k = _mm512_abs_pd(k);
+        if (e) {
+            __m512i flags = _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(e + i)));
+            k = _mm512_mask_blend_pd(_mm512_test_epi64_mask(flags, flags), inf, k);
+        }
+        count += __builtin_popcount(_mm512_cmp_pd_mask(k, lo, _CMP_LT_OQ));
+        __mmask8 in = _mm512_cmp_pd_mask(k, lo, _CMP_GE_OQ) & _mm512_cmp_pd_mask(k, hi, _CMP_LE_OQ);
+        _mm512_storeu_pd(out + f, _mm512_maskz_compress_pd(in, k));
+        f += __builtin_popcount(in);
+    }
+    *below += count;
+    *found = f;
+    return i;
+}
+#else
+static inline int64_t vector_scan_f32(const float *x, const uint8_t *e, int64_t n, int absolute, float lo,
+                                      float hi, float *out, int64_t *below, int64_t *found) {
+    (void)x, (void)e, (void)n, (void)absolute, (void)lo, (void)hi, (void)out, (void)below, (void)found;
+    return 0;
+}
+
+static inline int64_t vector_scan_f64(const double *x, const uint8_t *e, int64_t n, int absolute, double lo,
+                                      double hi, double *out, int64_t *below, int64_t *found) {
+    (void)x, (void)e, (void)n, (void)absolute, (void)lo, (void)hi, (void)out, (void)below, (void)found;
+    return 0;
+}
+#endif
+
+#define SCAN(NAME, T, ABS, BLEND, VECTOR)                                             \
+    /* Branch-free: every key is written at inside[found], which moves on only  \
+       past a key inside; a block runs so, unchecked, while all its keys fit. */ \
+    static inline __attribute__((always_inline)) int64_t NAME##_run(                 \
+        const T *restrict x, const uint8_t *restrict e, int64_t n, int absolute,      \
+        T lo, T hi, T *restrict inside, int64_t capacity, int64_t *below_out) {       \
+        int64_t below = 0, found = 0;                                                 \
+        for (int64_t i = 0; i < n;) {                                                 \
+            int64_t end = n - i < 256 ? n : i + 256;                                  \
+            if (found + (end - i) < capacity) {                                       \
+                i += VECTOR(x + i, e ? e + i : NULL, end - i, absolute, lo, hi,       \
+                            inside, &below, &found);                                  \
+                for (; i < end; i++) {                                                \
+                    T k = absolute ? ABS(x[i]) : x[i];                                \
+                    if (e) k = BLEND(k, e[i]);                                        \
+                    below += k < lo;                                                  \
+                    inside[found] = k;                                                \
+                    found += (k >= lo) & (k <= hi);                                   \
+                }                                                                     \
+            } else {                                                                  \
+                for (; i < end; i++) {                                                \
+                    T k = absolute ? ABS(x[i]) : x[i];                                \
+                    if (e) k = BLEND(k, e[i]);                                        \
+                    below += k < lo;                                                  \
+                    if (k >= lo && k <= hi) {                                         \
+                        if (found < capacity) inside[found] = k;                      \
+                        found++;                                                      \
+                    }                                                                 \
+                }                                                                     \
+            }                                                                         \
+        }                                                                             \
+        *below_out = below;                                                           \
+        return found;                                                                 \
+    }                                                                                 \
+    int64_t NAME(const T *x, const uint8_t *e, int64_t n, int absolute, T lo, T hi,   \
+                 T *inside, int64_t capacity, int64_t *below) {                       \
+        /* one copy of the loop per case, each without the other cases' tests */      \
+        if (absolute && e) return NAME##_run(x, e, n, 1, lo, hi, inside, capacity, below); \
+        if (absolute) return NAME##_run(x, NULL, n, 1, lo, hi, inside, capacity, below);   \
+        if (e) return NAME##_run(x, e, n, 0, lo, hi, inside, capacity, below);        \
+        return NAME##_run(x, NULL, n, 0, lo, hi, inside, capacity, below);            \
+    }
+
+SCAN(fp_scan_f32, float, fabsf, keep_or_inf_f32, vector_scan_f32)
+SCAN(fp_scan_f64, double, fabs, keep_or_inf_f64, vector_scan_f64)
+
+/* ---- survivors: kept = key > v or NaN, eligible; the first `take` keys equal to v pruned ----
+ *
+ * take < 0 prunes every key equal to v; otherwise the first `take` of them
+ * in index order go. Keys as in the scan. Writes 0/1 bytes to `kept`.
+ */
+
+#define SURVIVORS(NAME, T, ABS)                                                       \
+    void NAME(const T *restrict x, const uint8_t *restrict e, int64_t n, int absolute, \
+              T v, int64_t take, uint8_t *restrict kept) {                            \
+        if (take < 0) { /* every tie goes: no order to keep, vectorized loops */      \
+            if (absolute && e)                                                        \
+                for (int64_t i = 0; i < n; i++) kept[i] = (!(ABS(x[i]) <= v)) & (e[i] != 0); \
+            else if (absolute)                                                        \
+                for (int64_t i = 0; i < n; i++) kept[i] = !(ABS(x[i]) <= v);          \
+            else if (e)                                                               \
+                for (int64_t i = 0; i < n; i++) kept[i] = (!(x[i] <= v)) & (e[i] != 0); \
+            else                                                                      \
+                for (int64_t i = 0; i < n; i++) kept[i] = !(x[i] <= v);               \
+            return;                                                                   \
+        }                                                                             \
+        for (int64_t i = 0; i < n; i++) {                                             \
+            T k = absolute ? ABS(x[i]) : x[i];                                        \
+            if (e && !e[i]) k = (T)INFINITY;                                          \
+            uint8_t keep = (!(k < v)) & (!e || e[i] != 0);                            \
+            if (k == v && take > 0) {                                                 \
+                keep = 0;                                                             \
+                take--;                                                               \
+            }                                                                         \
+            kept[i] = keep;                                                           \
+        }                                                                             \
+    }
+
+SURVIVORS(fp_survivors_f32, float, fabsf)
+SURVIVORS(fp_survivors_f64, double, fabs)

@@ -1,0 +1,250 @@
+"""The native kernels give exactly what their pure-torch steps give; without them, torch runs.
+
+Each kernel is checked against a reference written here in torch (the
+semantics the pure-torch path implements), on data with NaN, infinities,
+signed zeros and ties, with and without eligibility, from the build for this
+CPU and from the portable build.
+The end-to-end tests compare whole plans with the kernels on and off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import funcprune as fp
+from funcprune import _native, _select
+
+Tensor = torch.Tensor
+HAVE_COMPILER = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
+needs_compiler = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler on this machine")
+_BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
+#: Each property runs once per build (twice): half the profile's examples each.
+_EXAMPLES = max(1, settings().max_examples // 2)
+
+
+@pytest.fixture(scope="module", params=["native", "portable"])
+def kernels(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ctypes.CDLL]:
+    """The build for this CPU (the one in use), then the portable build."""
+    if not HAVE_COMPILER:
+        pytest.skip("no C compiler on this machine")
+    if request.param == "native":
+        library, status = _native._cached()
+    else:
+        library, status = _native.open_library(tmp_path_factory.mktemp("portable"), portable=True)
+    assert library is not None, status.detail
+    with _native.using(library):
+        yield library
+
+
+@st.composite
+def data(draw: st.DrawFn) -> tuple[Tensor, Tensor | None]:
+    """1-D float32/float64 values with specials and ties, and eligibility flags or ``None``."""
+    n = draw(st.integers(0, 3000))
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    x = torch.randn(n, generator=g, dtype=dtype)
+    if draw(st.booleans()):  # ties
+        x = torch.randint(-4, 5, (n,), generator=g).to(dtype) / 2
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-40], dtype=dtype)
+    where = torch.rand(n, generator=g) < draw(st.sampled_from([0.0, 0.1, 0.5]))
+    x[where] = specials[torch.randint(0, len(specials), (int(where.sum()),), generator=g)]
+    eligible = torch.rand(n, generator=g) < draw(st.floats(0.0, 1.0)) if draw(st.booleans()) else None
+    return x, eligible
+
+
+def keys_of(x: Tensor, eligible: Tensor | None, absolute: bool) -> Tensor:
+    keys = x.abs() if absolute else x.clone()
+    return keys if eligible is None else keys.masked_fill(~eligible, torch.inf)
+
+
+def bound(picks: st.DataObject, keys: Tensor) -> float:
+    """A key of the data (ties with it), an infinity, or any float."""
+    choices = [float("inf"), -float("inf"), picks.draw(st.floats(-3, 3))]
+    if keys.numel():
+        choices.append(float(keys[picks.draw(st.integers(0, keys.numel() - 1))]))
+    value: float = picks.draw(st.sampled_from(choices))
+    return value
+
+
+@settings(max_examples=_EXAMPLES)
+@given(case=data(), absolute=st.booleans(), picks=st.data())
+def test_the_scan_counts_below_and_collects_inside_in_index_order(
+    kernels: ctypes.CDLL, case: tuple[Tensor, Tensor | None], absolute: bool, picks: st.DataObject
+) -> None:
+    x, eligible = case
+    keys = keys_of(x, eligible, absolute)
+    lo, hi = sorted((bound(picks, keys), bound(picks, keys)))
+    inside = keys[(keys >= lo) & (keys <= hi)]
+    scanned = _native.scan(x, eligible, absolute, lo, hi, capacity=x.numel() + 64)
+    assert scanned is not None
+    below, found = scanned
+    assert below == int((keys < lo).sum())
+    assert found.dtype == x.dtype and torch.equal(found.view(_BITS[x.dtype]), inside.view(_BITS[x.dtype]))
+
+
+@settings(max_examples=_EXAMPLES)
+@given(case=data(), absolute=st.booleans(), picks=st.data())
+def test_the_scan_steps_aside_when_the_keys_inside_do_not_fit(
+    kernels: ctypes.CDLL, case: tuple[Tensor, Tensor | None], absolute: bool, picks: st.DataObject
+) -> None:
+    x, eligible = case
+    keys = keys_of(x, eligible, absolute)
+    inside = int(((keys >= -1) & (keys <= 1)).sum())
+    capacity = picks.draw(st.integers(0, x.numel() + 8))
+    scanned = _native.scan(x, eligible, absolute, -1.0, 1.0, capacity)
+    if scanned is None:
+        assert inside > capacity
+    else:
+        assert scanned[1].numel() == inside <= capacity
+
+
+@settings(max_examples=_EXAMPLES)
+@given(case=data(), absolute=st.booleans(), picks=st.data())
+def test_survivors_prune_below_v_and_the_first_ties(
+    kernels: ctypes.CDLL, case: tuple[Tensor, Tensor | None], absolute: bool, picks: st.DataObject
+) -> None:
+    x, eligible = case
+    keys = keys_of(x, eligible, absolute)
+    finite = keys[keys.isfinite()]
+    if not finite.numel():
+        return
+    v = float(finite[picks.draw(st.integers(0, finite.numel() - 1))])
+    ties = (keys == v).nonzero().squeeze(1)
+    take = picks.draw(st.one_of(st.none(), st.integers(0, ties.numel())))
+    pruned = keys < v
+    pruned[ties if take is None else ties[:take]] = True
+    expected = ~pruned if eligible is None else ~pruned & eligible
+    kept = _native.survivors(x, eligible, absolute, v, take)
+    assert kept is not None and kept.dtype == torch.bool
+    assert torch.equal(kept, expected)
+
+
+@settings(max_examples=_EXAMPLES)
+@given(case=data())
+def test_the_mask_product_has_the_float_products_bits(
+    kernels: ctypes.CDLL, case: tuple[Tensor, Tensor | None]
+) -> None:
+    x, mask = case
+    mask = torch.ones_like(x, dtype=torch.bool) if mask is None else mask
+    out = _native.mask_multiply(x, mask)
+    expected = x * mask.to(x.dtype)
+    assert out is not None
+    nan = expected.isnan()
+    assert torch.equal(out.isnan(), nan)
+    assert torch.equal(out[~nan].view(_BITS[x.dtype]), expected[~nan].view(_BITS[x.dtype]))  # -0.0 kept
+
+
+def test_what_the_kernels_do_not_take_goes_to_torch(kernels: ctypes.CDLL) -> None:
+    x = torch.randn(8, 6)
+    mask = torch.rand(8, 6) < 0.5
+    assert _native.mask_multiply(x.half(), mask) is None  # dtype
+    assert _native.mask_multiply(x.t(), mask.t()) is None  # not contiguous
+    assert _native.mask_multiply(x, mask.float()) is None  # not a bool mask
+    assert _native.scan(x.flatten()[::2], None, True, 0.0, 1.0, 100) is None
+    assert _native.survivors(x.flatten(), mask.flatten()[:10], True, 0.5, None) is None  # sizes differ
+    with torch.device("meta"):
+        assert _native.mask_multiply(torch.empty(3), torch.empty(3, dtype=torch.bool)) is None
+
+
+@pytest.mark.parametrize(("dtype", "ties"), [(torch.float32, True), (torch.float64, False)])
+def test_plans_give_the_same_masks_with_and_without_the_kernels(
+    kernels: ctypes.CDLL, dtype: torch.dtype, ties: bool
+) -> None:
+    g = torch.Generator().manual_seed(7)
+    shapes = {"a": (300, 250), "b": (64, 32, 3, 3), "c": (1000,), "d": (50, 7)}  # per layer, "a" is bracketed
+    params = {n: torch.randn(s, generator=g, dtype=dtype) for n, s in shapes.items()}
+    if ties:
+        params = {n: (p * 4).round() / 4 for n, p in params.items()}
+    params["b"][0, 0] = float("nan")
+    assert params["a"].numel() >= _select.FAST_MIN_KEYS
+    plans = [fp.global_unstructured(list(params), fp.L1Unstructured(0.6)), fp.Plan({"*": fp.L1Unstructured(0.3)})]
+    for plan in plans:
+        first = plan(params)
+        masks = plan(params, first)  # a second round: eligibility from the first
+        with _native.disabled():
+            expected_first = plan(params)
+            expected = plan(params, expected_first)
+        for name in params:
+            assert torch.equal(first[name], expected_first[name]), name
+            assert torch.equal(masks[name], expected[name]), name
+
+
+def test_the_masked_training_step_is_the_same_with_and_without_the_kernels(kernels: ctypes.CDLL) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(40, 30), torch.nn.ReLU(), torch.nn.Linear(30, 5))
+    params = {n: p.detach().clone().requires_grad_() for n, p in model.named_parameters()}
+    masks = fp.global_unstructured(["0.weight", "2.weight"], fp.L1Unstructured(0.7))(params)
+    x = torch.randn(16, 40)
+
+    def grads() -> list[Tensor]:
+        out = fp.functional_call_masked(model, params, masks, (x,))
+        return list(torch.autograd.grad(out.square().sum(), list(params.values())))
+
+    native = grads()
+    with _native.disabled():
+        plain = grads()
+    for a, b in zip(native, plain, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_without_a_compiler_the_kernels_are_unavailable_and_say_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cc, gcc or clang
+    monkeypatch.delenv("CC", raising=False)
+    library, status = _native.open_library(tmp_path / "cache", portable=False)
+    assert library is None and not status.available
+    assert "no C compiler found" in status.detail
+
+
+@needs_compiler
+def test_a_compiler_that_fails_leaves_the_torch_path_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake = tmp_path / "cc"
+    fake.write_text("#!/bin/sh\necho 'fake compiler: no' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    library, status = _native.open_library(tmp_path / "cache", portable=False)
+    assert library is None and "fake compiler: no" in status.detail
+    assert not list((tmp_path / "cache").glob("*.so"))  # nothing half-written left behind
+
+
+@needs_compiler
+def test_the_library_is_compiled_once_into_the_cache(tmp_path: Path) -> None:
+    first, status = _native.open_library(tmp_path, portable=True)
+    assert first is not None and status.available
+    built = list(tmp_path.glob("native-*.so"))
+    assert len(built) == 1 and str(built[0]) in status.detail
+    stamp = built[0].stat().st_mtime_ns
+    again, _ = _native.open_library(tmp_path, portable=True)
+    assert again is not None and built[0].stat().st_mtime_ns == stamp
+
+
+def test_the_environment_can_turn_the_kernels_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FUNCPRUNE_NATIVE", "0")
+    _native._cached.cache_clear()
+    try:
+        assert _native.status() == _native.NativeStatus(False, "turned off by FUNCPRUNE_NATIVE")
+        library, _ = _native._cached()
+        assert library is None
+    finally:
+        _native._cached.cache_clear()
+    with _native.using(library):  # what the process then runs on
+        x, mask = torch.randn(10), torch.rand(10) < 0.5
+        assert _native.mask_multiply(x, mask) is None
+        assert torch.equal(fp.apply_masks({"w": x}, {"w": mask})["w"], x * mask)
+
+
+@needs_compiler
+def test_this_machine_uses_the_kernels() -> None:
+    """CI's machine has a compiler: the default path there is the native one."""
+    assert _native.status().available, _native.status().detail
