@@ -39,8 +39,6 @@ __all__ = ["as_multiplier", "masked_multiply"]
 
 #: Bytes of float multiplier made at a time, per torch thread (fits a core's L2).
 _CHUNK_BYTES = 1 << 20
-#: Up to this many entries torch's own elementwise ops run on one thread (its grain size).
-_SERIAL_MAX = 1 << 15
 
 
 def as_multiplier(mask: Tensor, dtype: torch.dtype, *, copy: bool = False) -> Tensor:
@@ -77,7 +75,7 @@ def _multiply(t: Tensor, mask: Tensor) -> Tensor:
         if t.device.type != "cpu":  # the uint8 detour helps torch's CPU kernels only
             return t * mask.to(t.dtype)
         return t * as_multiplier(mask, t.dtype)
-    if torch.get_num_threads() == 1 or t.numel() <= _SERIAL_MAX:  # the kernel runs on one thread
+    if _native.as_many_threads_as_torch(t.numel()):
         native = _native.mask_multiply(t, mask)
         if native is not None:
             return native

@@ -7,20 +7,38 @@
  * exactly what the pure-torch path of the same step gives (that path stays,
  * and is what runs without a compiler). IEEE arithmetic only: no fast-math.
  *
- * One thread: the kernels run in the calling thread. (Threads of their own
- * measured no faster on 2 cores, where torch's OpenMP workers spin after
- * each parallel op; _multiply.py keeps torch's threaded path for the
- * product when torch runs more than one thread.)
+ * Threads: built with -fopenmp, the library needs libgomp.so.1, which is the
+ * copy torch has loaded already (Linux wheels ship theirs under that name):
+ * the kernels then run on torch's own OpenMP workers, `threads` of them (the
+ * caller passes torch.get_num_threads()), and never compete with them.
+ * Threads of the kernels' own (pthreads) measured no faster on 2 cores, as
+ * torch's workers spin for a while after each parallel op. Built without
+ * OpenMP (fp_openmp() returns 0), every kernel runs in the calling thread.
+ * The tie-breaking survivors pass runs in one thread: its result depends on
+ * the order of the ties.
  */
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+#define MAX_PIECES 256
+
+int fp_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* ---- weight * mask for a bool mask: one pass, the float product's bits ---- */
 
 #define MASK_MULTIPLY(NAME, T)                                                        \
-    void NAME(const T *restrict x, const uint8_t *restrict m, T *restrict out, int64_t n) { \
+    void NAME(const T *restrict x, const uint8_t *restrict m, T *restrict out, int64_t n, \
+              int threads) {                                                          \
+        (void)threads; /* without OpenMP */                                           \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")            \
         for (int64_t i = 0; i < n; i++) out[i] = x[i] * (T)m[i];                      \
     }
 
@@ -155,13 +173,38 @@ static inline int64_t vector_scan_f64(const double *x, const uint8_t *e, int64_t
         *below_out = below;                                                           \
         return found;                                                                 \
     }                                                                                 \
-    int64_t NAME(const T *x, const uint8_t *e, int64_t n, int absolute, T lo, T hi,   \
-                 T *inside, int64_t capacity, int64_t *below) {                       \
+    static int64_t NAME##_piece(const T *x, const uint8_t *e, int64_t n, int absolute,  \
+                                T lo, T hi, T *inside, int64_t capacity, int64_t *below) { \
         /* one copy of the loop per case, each without the other cases' tests */      \
         if (absolute && e) return NAME##_run(x, e, n, 1, lo, hi, inside, capacity, below); \
         if (absolute) return NAME##_run(x, NULL, n, 1, lo, hi, inside, capacity, below);   \
         if (e) return NAME##_run(x, e, n, 0, lo, hi, inside, capacity, below);        \
         return NAME##_run(x, NULL, n, 0, lo, hi, inside, capacity, below);            \
+    }                                                                                 \
+    /* In `threads` contiguous pieces, each collecting into its own share of      \
+       `inside`; the shares are then moved together in index order. Returns more   \
+       than `capacity` when the keys inside do not fit (in the whole or in a share). */ \
+    int64_t NAME(const T *x, const uint8_t *e, int64_t n, int absolute, T lo, T hi,   \
+                 T *inside, int64_t capacity, int64_t *below, int threads) {          \
+        int pieces = threads < 1 ? 1 : threads > MAX_PIECES ? MAX_PIECES : threads;   \
+        int64_t share = capacity / pieces, below_[MAX_PIECES], found_[MAX_PIECES];    \
+        _Pragma("omp parallel for num_threads(pieces) schedule(static, 1)")          \
+        for (int p = 0; p < pieces; p++) {                                            \
+            int64_t start = n * p / pieces, stop = n * (p + 1) / pieces;              \
+            found_[p] = NAME##_piece(x + start, e ? e + start : NULL, stop - start,   \
+                                     absolute, lo, hi, inside + share * p, share,     \
+                                     &below_[p]);                                     \
+        }                                                                             \
+        int64_t total_below = 0, total = 0, overflow = 0;                             \
+        for (int p = 0; p < pieces; p++) {                                            \
+            total_below += below_[p];                                                 \
+            overflow |= found_[p] > share;                                            \
+            if (!overflow && total != share * p)                                      \
+                memmove(inside + total, inside + share * p, (size_t)found_[p] * sizeof(T)); \
+            total += found_[p];                                                       \
+        }                                                                             \
+        *below = total_below;                                                         \
+        return overflow && total <= capacity ? capacity + 1 : total;                  \
     }
 
 SCAN(fp_scan_f32, float, fabsf, keep_or_inf_f32, vector_scan_f32)
@@ -175,16 +218,22 @@ SCAN(fp_scan_f64, double, fabs, keep_or_inf_f64, vector_scan_f64)
 
 #define SURVIVORS(NAME, T, ABS)                                                       \
     void NAME(const T *restrict x, const uint8_t *restrict e, int64_t n, int absolute, \
-              T v, int64_t take, uint8_t *restrict kept) {                            \
+              T v, int64_t take, uint8_t *restrict kept, int threads) {               \
+        (void)threads; /* without OpenMP */                                           \
         if (take < 0) { /* every tie goes: no order to keep, vectorized loops */      \
-            if (absolute && e)                                                        \
+            if (absolute && e) {                                                      \
+                _Pragma("omp parallel for num_threads(threads) schedule(static)")    \
                 for (int64_t i = 0; i < n; i++) kept[i] = (!(ABS(x[i]) <= v)) & (e[i] != 0); \
-            else if (absolute)                                                        \
+            } else if (absolute) {                                                    \
+                _Pragma("omp parallel for num_threads(threads) schedule(static)")    \
                 for (int64_t i = 0; i < n; i++) kept[i] = !(ABS(x[i]) <= v);          \
-            else if (e)                                                               \
+            } else if (e) {                                                           \
+                _Pragma("omp parallel for num_threads(threads) schedule(static)")    \
                 for (int64_t i = 0; i < n; i++) kept[i] = (!(x[i] <= v)) & (e[i] != 0); \
-            else                                                                      \
+            } else {                                                                  \
+                _Pragma("omp parallel for num_threads(threads) schedule(static)")    \
                 for (int64_t i = 0; i < n; i++) kept[i] = !(x[i] <= v);               \
+            }                                                                         \
             return;                                                                   \
         }                                                                             \
         for (int64_t i = 0; i < n; i++) {                                             \

@@ -43,13 +43,17 @@ import torch
 
 from ._types import Mask, Tensor
 
-__all__ = ["NativeStatus", "disabled", "load", "mask_multiply", "open_library", "scan", "status", "survivors", "using"]
+__all__ = ["NativeStatus", "disabled", "load", "mask_multiply", "open_library", "scan", "status", "survivors", "threaded", "using", "as_many_threads_as_torch"]
 
 _SOURCE = Path(__file__).with_name("_native.c")
 _FLAGS = ("-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math")
-#: Tried first, then without: code for this machine's CPU (the library is cached per CPU),
-#: in 512-bit vectors where it has them (the mask product streams about 15% faster so).
+#: Code for this machine's CPU (the library is cached per CPU), in 512-bit vectors where
+#: it has them (the mask product streams about 15% faster so).
 _NATIVE_ARCH = ("-march=native", "-mprefer-vector-width=512")
+#: On torch's OpenMP workers (see _native.c); where it fails, the kernels run in one thread.
+_OPENMP = ("-fopenmp",)
+#: Entries below which a kernel runs in one thread (torch's own grain size for elementwise ops).
+_SERIAL_MAX = 1 << 15
 _Kernel = Callable[..., Any]
 _TYPES = {torch.float32: ("f32", ctypes.c_float), torch.float64: ("f64", ctypes.c_double)}
 
@@ -157,7 +161,7 @@ def _cpu_flags() -> str:
 def _build(directory: Path, portable: bool) -> Path:
     """The compiled library's path, compiling it into ``directory`` if it is not there."""
     cc = _compiler()
-    arches = [()] if portable else [_NATIVE_ARCH, ()]
+    arches = [_OPENMP, ()] if portable else [_NATIVE_ARCH + _OPENMP, _NATIVE_ARCH, _OPENMP, ()]
     source = _SOURCE.read_bytes()
     version = subprocess.run([cc, "--version"], capture_output=True, timeout=30).stdout
     digest = hashlib.sha256()
@@ -189,13 +193,30 @@ def _build(directory: Path, portable: bool) -> Path:
 
 def _declare(library: ctypes.CDLL) -> None:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    library.fp_openmp.argtypes, library.fp_openmp.restype = [], i32
     for suffix, real in _TYPES.values():
         multiply = getattr(library, f"fp_mask_multiply_{suffix}")
-        multiply.argtypes, multiply.restype = [p, p, p, i64], None
+        multiply.argtypes, multiply.restype = [p, p, p, i64, i32], None
         scan_ = getattr(library, f"fp_scan_{suffix}")
-        scan_.argtypes, scan_.restype = [p, p, i64, i32, real, real, p, i64, p], i64
+        scan_.argtypes, scan_.restype = [p, p, i64, i32, real, real, p, i64, p, i32], i64
         survivors_ = getattr(library, f"fp_survivors_{suffix}")
-        survivors_.argtypes, survivors_.restype = [p, p, i64, i32, real, i64, p], None
+        survivors_.argtypes, survivors_.restype = [p, p, i64, i32, real, i64, p, i32], None
+
+
+def threaded() -> bool:
+    """Whether the kernels in use run on torch's threads (else in the calling thread only)."""
+    library = _library()
+    return library is not None and bool(library.fp_openmp())
+
+
+def as_many_threads_as_torch(n: int) -> bool:
+    """Whether a kernel over ``n`` entries runs on as many threads as torch's own op would."""
+    return threaded() or _threads(n) == 1
+
+
+def _threads(n: int) -> int:
+    """How many threads a kernel over ``n`` entries runs on: torch's count, or one for few entries."""
+    return 1 if n <= _SERIAL_MAX else torch.get_num_threads()
 
 
 def _plain(t: Tensor) -> bool:
@@ -234,7 +255,7 @@ def mask_multiply(x: Tensor, mask: Tensor) -> Tensor | None:
     if kernel is None or x.shape != mask.shape:
         return None
     out = torch.empty_like(x)
-    kernel(x.data_ptr(), mask.data_ptr(), out.data_ptr(), x.numel())
+    kernel(x.data_ptr(), mask.data_ptr(), out.data_ptr(), x.numel(), _threads(x.numel()))
     return out
 
 
@@ -251,11 +272,14 @@ def scan(
     if kernel is None:
         return None
     n = source.numel()
-    capacity = max(0, min(capacity, n))
+    threads = _threads(n)
+    capacity = max(0, min(capacity, n + threads))  # each thread's piece has room for all its keys
     inside = torch.empty(capacity, dtype=source.dtype)
     below = ctypes.c_int64(0)
-    address = _address(eligible)
-    found = kernel(source.data_ptr(), address, n, int(absolute), lo, hi, inside.data_ptr(), capacity, ctypes.byref(below))
+    found = kernel(
+        source.data_ptr(), _address(eligible), n, int(absolute), lo, hi,
+        inside.data_ptr(), capacity, ctypes.byref(below), threads,
+    )  # fmt: skip
     if found > capacity:
         return None
     return below.value, inside[:found]
@@ -272,5 +296,6 @@ def survivors(source: Tensor, eligible: Mask, absolute: bool, v: float, take: in
         return None
     n = source.numel()
     kept = torch.empty(n, dtype=torch.uint8)
-    kernel(source.data_ptr(), _address(eligible), n, int(absolute), v, -1 if take is None else take, kept.data_ptr())
+    threads = _threads(n) if take is None else 1  # ties go in index order: one thread
+    kernel(source.data_ptr(), _address(eligible), n, int(absolute), v, -1 if take is None else take, kept.data_ptr(), threads)
     return kept.view(torch.bool)

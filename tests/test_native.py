@@ -2,8 +2,9 @@
 
 Each kernel is checked against a reference written here in torch (the
 semantics the pure-torch path implements), on data with NaN, infinities,
-signed zeros and ties, with and without eligibility, from the build for this
-CPU and from the portable build.
+signed zeros and ties, with and without eligibility, in one piece and in
+several threads' pieces, from the build for this CPU and from the portable
+build.
 The end-to-end tests compare whole plans with the kernels on and off.
 """
 
@@ -26,8 +27,8 @@ Tensor = torch.Tensor
 HAVE_COMPILER = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
 needs_compiler = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler on this machine")
 _BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
-#: Each property runs once per build (twice): half the profile's examples each.
-_EXAMPLES = max(1, settings().max_examples // 2)
+#: Each property runs once per build and per piece count (4 times): a third of the profile's examples each.
+_EXAMPLES = max(1, settings().max_examples // 3)
 
 
 @pytest.fixture(scope="module", params=["native", "portable"])
@@ -42,6 +43,15 @@ def kernels(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     assert library is not None, status.detail
     with _native.using(library):
         yield library
+
+
+@pytest.fixture(scope="module", params=[1, 3])
+def pieces(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Run each kernel in one piece, then in three threads' pieces whatever the size."""
+    count: int = request.param
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_native, "_threads", lambda n: count)
+        yield count
 
 
 @st.composite
@@ -77,7 +87,7 @@ def bound(picks: st.DataObject, keys: Tensor) -> float:
 @settings(max_examples=_EXAMPLES)
 @given(case=data(), absolute=st.booleans(), picks=st.data())
 def test_the_scan_counts_below_and_collects_inside_in_index_order(
-    kernels: ctypes.CDLL, case: tuple[Tensor, Tensor | None], absolute: bool, picks: st.DataObject
+    kernels: ctypes.CDLL, pieces: int, case: tuple[Tensor, Tensor | None], absolute: bool, picks: st.DataObject
 ) -> None:
     x, eligible = case
     keys = keys_of(x, eligible, absolute)
@@ -93,7 +103,7 @@ def test_the_scan_counts_below_and_collects_inside_in_index_order(
 @settings(max_examples=_EXAMPLES)
 @given(case=data(), absolute=st.booleans(), picks=st.data())
 def test_the_scan_steps_aside_when_the_keys_inside_do_not_fit(
-    kernels: ctypes.CDLL, case: tuple[Tensor, Tensor | None], absolute: bool, picks: st.DataObject
+    kernels: ctypes.CDLL, pieces: int, case: tuple[Tensor, Tensor | None], absolute: bool, picks: st.DataObject
 ) -> None:
     x, eligible = case
     keys = keys_of(x, eligible, absolute)
@@ -101,7 +111,8 @@ def test_the_scan_steps_aside_when_the_keys_inside_do_not_fit(
     capacity = picks.draw(st.integers(0, x.numel() + 8))
     scanned = _native.scan(x, eligible, absolute, -1.0, 1.0, capacity)
     if scanned is None:
-        assert inside > capacity
+        # each piece has capacity // pieces of room: it may overflow before the whole does
+        assert inside > capacity // pieces
     else:
         assert scanned[1].numel() == inside <= capacity
 
@@ -109,7 +120,7 @@ def test_the_scan_steps_aside_when_the_keys_inside_do_not_fit(
 @settings(max_examples=_EXAMPLES)
 @given(case=data(), absolute=st.booleans(), picks=st.data())
 def test_survivors_prune_below_v_and_the_first_ties(
-    kernels: ctypes.CDLL, case: tuple[Tensor, Tensor | None], absolute: bool, picks: st.DataObject
+    kernels: ctypes.CDLL, pieces: int, case: tuple[Tensor, Tensor | None], absolute: bool, picks: st.DataObject
 ) -> None:
     x, eligible = case
     keys = keys_of(x, eligible, absolute)
@@ -130,7 +141,7 @@ def test_survivors_prune_below_v_and_the_first_ties(
 @settings(max_examples=_EXAMPLES)
 @given(case=data())
 def test_the_mask_product_has_the_float_products_bits(
-    kernels: ctypes.CDLL, case: tuple[Tensor, Tensor | None]
+    kernels: ctypes.CDLL, pieces: int, case: tuple[Tensor, Tensor | None]
 ) -> None:
     x, mask = case
     mask = torch.ones_like(x, dtype=torch.bool) if mask is None else mask
@@ -156,7 +167,7 @@ def test_what_the_kernels_do_not_take_goes_to_torch(kernels: ctypes.CDLL) -> Non
 
 @pytest.mark.parametrize(("dtype", "ties"), [(torch.float32, True), (torch.float64, False)])
 def test_plans_give_the_same_masks_with_and_without_the_kernels(
-    kernels: ctypes.CDLL, dtype: torch.dtype, ties: bool
+    kernels: ctypes.CDLL, pieces: int, dtype: torch.dtype, ties: bool
 ) -> None:
     g = torch.Generator().manual_seed(7)
     shapes = {"a": (300, 250), "b": (64, 32, 3, 3), "c": (1000,), "d": (50, 7)}  # per layer, "a" is bracketed
@@ -245,6 +256,12 @@ def test_the_environment_can_turn_the_kernels_off(monkeypatch: pytest.MonkeyPatc
 
 
 @needs_compiler
-def test_this_machine_uses_the_kernels() -> None:
-    """CI's machine has a compiler: the default path there is the native one."""
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads Linux's /proc/self/maps")
+def test_this_machine_uses_the_kernels_on_torchs_threads() -> None:
+    """CI's machine has a compiler: the default path there is the native one, on torch's OpenMP workers."""
     assert _native.status().available, _native.status().detail
+    library, _ = _native._cached()
+    assert library is not None and library.fp_openmp() == 1
+    with open("/proc/self/maps", encoding="utf-8") as maps:  # one OpenMP runtime: torch's
+        runtimes = {line.split()[-1] for line in maps if "libgomp" in line}
+    assert len(runtimes) <= 1, runtimes
