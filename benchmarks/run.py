@@ -21,6 +21,7 @@ shrunk and sparse models against the masked dense model.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import hashlib
 import os
@@ -35,6 +36,7 @@ from torch import nn
 from torch.func import stack_module_state, vmap
 
 import funcprune as fp
+from funcprune import _native
 import payoff
 from _timing import HEADER, Contender, Row, interleaved
 
@@ -98,7 +100,14 @@ class Bench:
             for n, p in params.items():
                 torch.gt(p, 0.01, out=outs[n])
 
+        flat = [p.reshape(-1) for p in params.values()]
+
+        def native_floor() -> None:  # the survivors kernel: |w| > c, one read, one byte written
+            for p in flat:
+                _native.survivors(p, None, True, 0.01, None)
+
         self.floor = Contender(floor)
+        self.native_floor = Contender(native_floor) if _native.status().available else None
 
     def _record(self, masks: Masks) -> None:
         for name in sorted(masks):
@@ -116,19 +125,34 @@ class Bench:
             holders[:] = [Holder(p) for p in params.values()]
 
         result: list[Masks] = []
+        plain: list[Masks] = []
+
+        def torch_path() -> None:
+            with _native.disabled():
+                plain.append(ours())
+
         contenders = {
             "torch": Contender(lambda: theirs(holders), fresh),
             "funcprune": Contender(lambda: result.append(ours())),
+            "funcprune, torch path": Contender(torch_path),
         }
         if floor_ratio is not None:
             contenders["floor"] = self.floor
+            if self.native_floor is not None:
+                contenders["C floor"] = self.native_floor
         times = interleaved(contenders, self.repeats)
         masks = result[-1]
         self._record(masks)
         same = compare_masks(masks, {n: h.mask for n, h in zip(params, holders, strict=True)}, scores)
-        rows = [Row(case, "torch", "funcprune", times, speedup, True, same)]
+        same_paths = all(torch.equal(masks[n], plain[-1][n]) for n in masks)
+        rows = [
+            Row(case, "torch", "funcprune", times, speedup, True, same),
+            Row(case, "torch", "funcprune, torch path", times, None, True, "identical" if same_paths else "DIFFERENT"),
+        ]
         if floor_ratio is not None:
             rows.append(Row(case, "funcprune", "floor", times, floor_ratio, False))
+            if "C floor" in times:
+                rows.append(Row(case, "funcprune", "C floor", times, None, False))
         return rows
 
     def global_l1(self, amount: float, speedup: float, floor_ratio: float | None) -> list[Row]:
@@ -178,20 +202,26 @@ class Bench:
             [(m, "weight") for m in hooked if isinstance(m, nn.Linear)], tprune.L1Unstructured, amount=0.8
         )
 
-        def step(forward: Callable[[], torch.Tensor]) -> Contender:
-            return Contender(lambda: torch.autograd.backward(nn.functional.mse_loss(forward(), y)))
+        def step(forward: Callable[[], torch.Tensor], native: bool = True) -> Contender:
+            def run() -> None:
+                with contextlib.nullcontext() if native else _native.disabled():
+                    torch.autograd.backward(nn.functional.mse_loss(forward(), y))
+
+            return Contender(run)
 
         contenders = {
             "bool masks": step(lambda: fp.functional_call_masked(model, params, masks, (x,))),
             "hooks": step(lambda: hooked(x)),
             "float masks": step(lambda: fp.functional_call_masked(model, params, multipliers, (x,))),
             "dense": step(lambda: torch.func.functional_call(model, params, (x,))),
+            "bool, torch path": step(lambda: fp.functional_call_masked(model, params, masks, (x,)), native=False),
         }
         times = interleaved(contenders, 10 * self.repeats)
         case = "d. train step, 10M MLP 80% sparse"
         return [
             Row(case, "bool masks", "hooks", times, 1.0, False),
             Row(case, "float masks", "hooks", times, None),
+            Row(case, "bool, torch path", "hooks", times, None),
             Row(case, "bool masks", "dense", times, None),
         ]
 
@@ -248,7 +278,8 @@ def main() -> int:
     total = sum(p.numel() for p in params.values())
     print(f"{datetime.date.today()}: funcprune {fp.__version__} vs torch.nn.utils.prune, torch {torch.__version__}")
     print(f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print(f"ResNet-50 weight set: {len(params)} tensors, {total / 1e6:.1f}M weights; {repeats} interleaved repetitions\n")
+    print(f"ResNet-50 weight set: {len(params)} tensors, {total / 1e6:.1f}M weights; {repeats} interleaved repetitions")
+    print(f"funcprune kernels: {_native.status().detail}; on torch's threads: {_native.threaded()}\n")
     print(HEADER)
     failed = False
     for threads in sorted({int(t) for t in args.threads.split(",")}):

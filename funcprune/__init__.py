@@ -28,6 +28,9 @@ functions, usable under ``torch.func.vmap``, ``grad`` and ``torch.compile``:
 - **Applying**: ``apply_masks``, ``functional_call_masked``, ``mask_gradients``
   and, for ``torch.optim`` loops, ``mask_gradients_`` and ``apply_masks_``;
   ``to_multipliers`` converts masks once for long training loops.
+- **Native kernels**: ``native_status()`` says whether the optional C
+  kernels of the eager CPU path are in use (compiled on first use), and
+  from where or why not.
 - **Reports**: ``sparsity_report(masks)`` gives per-tensor and global
   sparsity as a table.
 - **Payoff**: ``bake(module, masks)`` returns a pruned copy of the module;
@@ -61,6 +64,8 @@ from ._apply import mask_gradients_ as mask_gradients_
 from ._apply import Multipliers as Multipliers
 from ._apply import to_multipliers as to_multipliers
 from ._bake import bake as bake
+from ._native import NativeStatus as NativeStatus
+from ._native import status as native_status
 from ._masks import compute_joint_masks as compute_joint_masks
 from ._masks import compute_mask as compute_mask
 from ._masks import prune as prune
@@ -134,6 +139,7 @@ __all__ = [
     "Masks",
     "Multipliers",
     "NM",
+    "NativeStatus",
     "NormOrder",
     "OneShot",
     "Params",
@@ -165,6 +171,7 @@ __all__ = [
     "input_norms",
     "mask_gradients",
     "mask_gradients_",
+    "native_status",
     "propagate",
     "prunable",
     "prune",

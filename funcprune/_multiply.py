@@ -9,13 +9,17 @@ pruned ``inf`` or ``nan``, as ``x * 0.0`` gives), and the same gradient
 (``grad * mask``), but:
 
 - autograd keeps the bool mask itself: a float multiplier exists only while
-  the forward or the backward runs;
-- on the CPU the multiplier is made a chunk at a time (about 1 MB a thread,
-  so that it stays in cache) and multiplied into the result at once: one
-  pass over the weights that reads 1 byte of mask an entry, where torch's
-  hook mode reads its 4-byte float mask. The conversion is still work done
-  on every pass: a masked CPU training step stays a few percent slower than
-  hook mode's, which :func:`~funcprune.to_multipliers` removes.
+  the forward or the backward runs, if at all;
+- on the CPU, float32 and float64 weights go through the native kernel
+  (:mod:`._native`): one pass that reads 4 bytes of weight and 1 of mask
+  and writes the product, on torch's threads, where torch's hook mode reads
+  a 4-byte float mask. A masked CPU training step then runs at hook mode's
+  speed or slightly faster. Without the kernel (no C compiler, other
+  dtypes) the multiplier is made a chunk at a time (about 1 MB a thread,
+  so that it stays in cache) through ``uint8`` and multiplied into the
+  result at once; that conversion, done on every pass, leaves the step a
+  few percent slower than hook mode's, which
+  :func:`~funcprune.to_multipliers` removes.
 
 It is a :class:`torch.autograd.Function` with a generated vmap rule and a
 ``jvp``: it works under ``torch.func.grad``, ``vjp``, ``jvp``, ``vmap`` and
@@ -66,10 +70,12 @@ def _plain(t: Tensor) -> bool:
 def _multiply(t: Tensor, mask: Tensor) -> Tensor:
     """``t * mask.to(t.dtype)`` for a bool ``mask`` of ``t``'s shape.
 
-    Ordinary CPU tensors outside autograd take the chunked path: each chunk
-    of the result receives the converted mask (in cache) and is multiplied by
-    ``t`` in place. Anything else (a transform's tensors, a recorded backward,
-    other devices) takes the plain differentiable product.
+    Ordinary CPU tensors outside autograd take the native kernel where it
+    applies and runs on as many threads as torch would, else the chunked
+    path: each chunk of the result receives the converted mask (in cache)
+    and is multiplied by ``t`` in place. Anything else (a transform's
+    tensors, a recorded backward, other devices) takes the plain
+    differentiable product.
     """
     if torch.is_grad_enabled() or t.shape != mask.shape or not (_plain(t) and _plain(mask)):
         if t.device.type != "cpu":  # the uint8 detour helps torch's CPU kernels only
