@@ -276,13 +276,16 @@ def scan(
     capacity = max(0, min(capacity, n + threads))  # each thread's piece has room for all its keys
     inside = torch.empty(capacity, dtype=source.dtype)
     below = ctypes.c_int64(0)
-    found = kernel(
-        source.data_ptr(), _address(eligible), n, int(absolute), lo, hi,
-        inside.data_ptr(), capacity, ctypes.byref(below), threads,
-    )  # fmt: skip
-    if found > capacity:
-        return None
-    return below.value, inside[:found]
+    for pieces in (threads, 1) if threads > 1 else (1,):
+        # each piece collects into capacity / pieces: where the keys inside crowd into
+        # one piece (sorted data), that piece overflows, and one piece takes them all
+        found = kernel(
+            source.data_ptr(), _address(eligible), n, int(absolute), lo, hi,
+            inside.data_ptr(), capacity, ctypes.byref(below), pieces,
+        )  # fmt: skip
+        if found <= capacity:
+            return below.value, inside[:found]
+    return None
 
 
 def survivors(source: Tensor, eligible: Mask, absolute: bool, v: float, take: int | None) -> Tensor | None:

@@ -110,11 +110,17 @@ def test_the_scan_steps_aside_when_the_keys_inside_do_not_fit(
     inside = int(((keys >= -1) & (keys <= 1)).sum())
     capacity = picks.draw(st.integers(0, x.numel() + 8))
     scanned = _native.scan(x, eligible, absolute, -1.0, 1.0, capacity)
-    if scanned is None:
-        # each piece has capacity // pieces of room: it may overflow before the whole does
-        assert inside > capacity // pieces
+    if scanned is None:  # a piece that overflows its share is retried as one piece
+        assert inside > capacity
     else:
         assert scanned[1].numel() == inside <= capacity
+
+
+def test_keys_crowding_into_one_piece_are_collected_all_the_same(kernels: ctypes.CDLL, pieces: int) -> None:
+    x = torch.arange(3000, dtype=torch.float32)  # sorted: the keys inside all sit in the last piece
+    scanned = _native.scan(x, None, True, 2000.0, 2999.0, capacity=1200)
+    assert scanned is not None
+    assert scanned[0] == 2000 and torch.equal(scanned[1], x[2000:])
 
 
 @settings(max_examples=_EXAMPLES)
