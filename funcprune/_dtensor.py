@@ -17,9 +17,12 @@ argument; nothing is ever gathered or redistributed behind your back):
 - layouts: a 1-D device mesh, ``Shard(d)`` on any dim (uneven and empty
   blocks included, as ``torch.chunk`` cuts them) or ``Replicate()``; an
   earlier mask or given scores laid out exactly as their tensor;
-- specs: ``L1Unstructured`` (``amount`` or ``sparsity=``), ``Identity``,
+- specs: ``L1Unstructured``, ``RandomUnstructured``, ``LnStructured``,
+  ``RandomStructured`` (``amount`` or ``sparsity=``), ``Identity``,
   ``CustomFromMask`` (its mask whole, each process taking its block, or a
-  DTensor of the scores' layout) and chains of them; groups ranked jointly
+  DTensor of the scores' layout) and chains of them (see
+  :mod:`._dtensor_kernels` for what is exact and how random draws are
+  made); groups ranked jointly
   (global plans) of DTensors on one mesh, each with its own placements;
   earlier masks and given scores laid out as their parameter, DTensor
   masks ``torch.bool`` where funcprune would read their values.

@@ -3,23 +3,27 @@
 :mod:`._dtensor` says where a DTensor's block sits (:class:`~._dtensor.Layout`)
 and checks layouts; this module runs a spec on each process's blocks,
 through the kernels with a :class:`~._sharded.Shard` per block, and wraps
-the masks back as DTensors. Supported: ``L1Unstructured``, ``Identity``,
-``CustomFromMask`` and chains of them; anything else is refused by
-:func:`check_supported` before any work.
+the masks back as DTensors. Supported: ``L1Unstructured``,
+``RandomUnstructured``, ``LnStructured``, ``RandomStructured``,
+``Identity``, ``CustomFromMask`` and chains of them; anything else is
+refused by :func:`check_supported` before any work. The Ln-structured and
+random kernels, and what they promise (exactness of norms that cross
+processes, how random keys are drawn), are in :mod:`._dtensor_kernels`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 
 from ._dtensor import Layout, block_of, is_dtensor, layout_of, wrap
+from ._dtensor_kernels import Block, check_layout, random_unstructured, structured
 from ._kernels import as_bool, custom_from_mask, keep_all, l1_unstructured_jointly
 from ._sharded import Shard
 from ._spec import Chain, Spec
-from ._specs import CustomFromMask, Identity, L1Unstructured
+from ._specs import CustomFromMask, Identity, L1Unstructured, LnStructured, RandomStructured, RandomUnstructured
 from ._types import Mask, Tensor
 from ._validate import check_same_shape
 
@@ -29,21 +33,30 @@ if TYPE_CHECKING:
 __all__ = ["check_group", "check_supported", "compute_joint_masks", "compute_mask", "fold"]
 
 #: What the refusals say is supported.
-_SUPPORTED_SPECS = "L1Unstructured, Identity, CustomFromMask and chains of them"
+_SUPPORTED_SPECS = (
+    "L1Unstructured, RandomUnstructured, LnStructured, RandomStructured, Identity, CustomFromMask "
+    "and chains of them"
+)
+_SUPPORTED = (L1Unstructured, RandomUnstructured, LnStructured, RandomStructured, Identity, CustomFromMask)
 
 
 # --- specs ---------------------------------------------------------------------
 
 
-def check_supported(fn: str, what: str, spec: Spec) -> None:
+def check_supported(fn: str, what: str, spec: Spec, layout: Layout | None = None) -> None:
     """Refuse a spec (or a chain's step) that cannot prune DTensors block by block.
+
+    With ``layout`` (``what``'s), also what that layout cannot give
+    (:func:`~._dtensor_kernels.check_layout`: a nuclear norm across processes).
 
     Raises:
         NotImplementedError: naming the spec and what is supported.
     """
     steps = spec.specs if isinstance(spec, Chain) else (spec,)
     for step in steps:
-        if not isinstance(step, (L1Unstructured, Identity, CustomFromMask)):
+        if layout is not None:
+            check_layout(fn, what, step, layout)
+        if not isinstance(step, _SUPPORTED):
             raise NotImplementedError(
                 f"{fn}: {what} is a DTensor, and {step!r} cannot prune DTensors yet; on DTensors "
                 f"funcprune runs {_SUPPORTED_SPECS} (block by block, nothing gathered). To use "
@@ -51,39 +64,38 @@ def check_supported(fn: str, what: str, spec: Spec) -> None:
             )
 
 
-class _Local(NamedTuple):
-    """One tensor of a group as this process holds it."""
+def _masks_of(spec: Spec, parts: Sequence[Block], generator: torch.Generator | None = None) -> list[Tensor]:
+    """This process's blocks of the masks ``spec`` gives for the group ``parts`` (checked spec).
 
-    scores: Tensor  # this process's block of the scores
-    mask: Mask  # and of the earlier mask (torch.bool), or None
-    layout: Layout
-
-
-def _masks_of(spec: Spec, parts: Sequence[_Local]) -> list[Tensor]:
-    """This process's blocks of the masks ``spec`` gives for the group ``parts`` (checked spec)."""
+    Structured specs come with one part (a group ranked jointly is unstructured).
+    """
     match spec:
         case L1Unstructured():
             scores = [p.scores for p in parts]
             return l1_unstructured_jointly(spec.target, scores, [p.mask for p in parts], shards=_shards(parts))
+        case RandomUnstructured():
+            return random_unstructured(spec.target, parts, _shards(parts), generator)
+        case LnStructured() | RandomStructured():
+            return [structured(spec, p, generator) for p in parts]
         case Identity() | Chain(specs=()):
             return [keep_all(p.scores, p.mask) for p in parts]
         case CustomFromMask():
             return [custom_from_mask(_customblock_of(spec.mask, p.layout), p.scores, p.mask) for p in parts]
         case Chain():
-            return _chained(spec.specs, parts)
+            return _chained(spec.specs, parts, generator)
     raise AssertionError(f"unchecked spec {spec!r}")  # check_supported refused it
 
 
-def _chained(steps: Sequence[Spec], parts: Sequence[_Local]) -> list[Tensor]:
+def _chained(steps: Sequence[Spec], parts: Sequence[Block], generator: torch.Generator | None) -> list[Tensor]:
     """A chain's fold: step ``i > 0`` scores the tensor as pruned so far, as :class:`Chain` does."""
-    kept = _masks_of(steps[0], parts)
+    kept = _masks_of(steps[0], parts, generator)
     for step in steps[1:]:
-        now = [_Local(p.scores * m.to(p.scores.dtype), m, p.layout) for p, m in zip(parts, kept, strict=True)]
-        kept = _masks_of(step, now)
+        now = [Block(p.scores * m.to(p.scores.dtype), m, p.layout) for p, m in zip(parts, kept, strict=True)]
+        kept = _masks_of(step, now, generator)
     return kept
 
 
-def _shards(parts: Sequence[_Local]) -> list[Shard] | None:
+def _shards(parts: Sequence[Block]) -> list[Shard] | None:
     """The parts' shards, over the mesh's group; ``None`` if every process holds every part whole."""
     if not any(p.layout.sharded for p in parts):
         return None  # replicated: each process computes the same masks on its own
@@ -105,11 +117,19 @@ def _customblock_of(mask: Tensor, layout: Layout) -> Tensor:
 
 
 def compute_mask(
-    fn: str, spec: Spec, scores: Tensor, default_mask: Mask, names: tuple[str, str] = ("scores", "default_mask")
+    fn: str,
+    spec: Spec,
+    scores: Tensor,
+    default_mask: Mask,
+    names: tuple[str, str] = ("scores", "default_mask"),
+    *,
+    generator: torch.Generator | None = None,
 ) -> Tensor:
     """:func:`funcprune.compute_mask` where ``scores`` or ``default_mask`` is a DTensor.
 
-    ``names`` name the two in messages. Returns a DTensor of the scores' layout.
+    ``names`` name the two in messages; ``generator`` seeds the random specs
+    (torch's default CPU generator if ``None``). Returns a DTensor of the
+    scores' layout.
     """
     if not is_dtensor(scores):
         raise TypeError(
@@ -118,8 +138,9 @@ def compute_mask(
         )
     check_supported(fn, names[0], spec)
     layout = layout_of(fn, names[0], scores)
+    check_supported(fn, names[0], spec, layout)
     mask = None if default_mask is None else as_bool(block_of(fn, names[1], default_mask, names[0], layout))
-    (kept,) = _masks_of(spec, [_Local(scores.to_local(), mask, layout)])
+    (kept,) = _masks_of(spec, [Block(scores.to_local(), mask, layout)], generator)
     return wrap(kept, layout)
 
 
@@ -152,9 +173,17 @@ def check_group(fn: str, names: Sequence[str], tensors: Sequence[Tensor], spec: 
 
 
 def compute_joint_masks(
-    fn: str, spec: Spec, scores: Sequence[Tensor], default_masks: Sequence[Mask]
+    fn: str,
+    spec: Spec,
+    scores: Sequence[Tensor],
+    default_masks: Sequence[Mask],
+    *,
+    generator: torch.Generator | None = None,
 ) -> list[Tensor]:
-    """:func:`funcprune.compute_joint_masks` where any tensor is a DTensor; DTensor masks back."""
+    """:func:`funcprune.compute_joint_masks` where any tensor is a DTensor; DTensor masks back.
+
+    ``generator`` seeds the random specs (torch's default CPU generator if ``None``).
+    """
     for i, (s, d) in enumerate(zip(scores, default_masks, strict=True)):
         if is_dtensor(d) and not is_dtensor(s):
             raise TypeError(
@@ -168,23 +197,31 @@ def compute_joint_masks(
         assert is_dtensor(s)  # checked by check_group
         layout = layout_of(fn, names[i], s)
         mask = None if d is None else as_bool(block_of(fn, f"default_masks[{i}]", d, names[i], layout))
-        parts.append(_Local(s.to_local(), mask, layout))
-    return [wrap(kept, p.layout) for kept, p in zip(_masks_of(spec, parts), parts, strict=True)]
+        parts.append(Block(s.to_local(), mask, layout))
+    return [wrap(kept, p.layout) for kept, p in zip(_masks_of(spec, parts, generator), parts, strict=True)]
 
 
 def fold(
-    fn: str, name: str, param: DTensor, steps: Sequence[Spec], scores_of: Callable[[int, Mask], Tensor], mask: Mask
+    fn: str,
+    name: str,
+    param: DTensor,
+    steps: Sequence[Spec],
+    scores_of: Callable[[int, Mask], Tensor],
+    mask: Mask,
+    *,
+    generator: torch.Generator | None = None,
 ) -> Tensor:
     """A plan's fold (``_fold.fold``) over the DTensor parameter ``name``: each step block by block.
 
     ``scores_of`` computes step ``i``'s scores as DTensors: elementwise, of
-    the parameter's layout (checked first), so nothing is communicated.
+    the parameter's layout (checked first), so nothing is communicated;
+    ``generator`` seeds the random steps.
     """
     names = (f"the parameter {name!r}", f"the mask for {name!r}")
-    layout_of(fn, names[0], param)
+    layout = layout_of(fn, names[0], param)
     for step in steps:
-        check_supported(fn, names[0], step)
+        check_supported(fn, names[0], step, layout)
     for i, step in enumerate(steps or (Identity(),)):
-        mask = compute_mask(fn, step, scores_of(i, mask), mask, names)
+        mask = compute_mask(fn, step, scores_of(i, mask), mask, names, generator=generator)
     assert mask is not None
     return mask

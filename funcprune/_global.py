@@ -93,8 +93,7 @@ def global_unstructured(names: Sequence[str], spec: Spec | Sequence[Spec]) -> Gl
     call's ``scores``. The tensors may be DTensors on one 1-D device mesh
     (an FSDP2 model's parameters), each with its own ``Shard(dim)`` or
     ``Replicate()`` placement: they are ranked jointly across processes,
-    nothing gathered, with ``L1Unstructured`` (see
-    :func:`~funcprune.compute_joint_masks`).
+    nothing gathered (see :func:`~funcprune.compute_joint_masks`).
 
     Args:
         names: parameter names or glob patterns (see :class:`Plan`).

@@ -10,6 +10,13 @@ vector through :func:`~funcprune.compute_mask`, with the channels still
 unpruned as its default mask. The kept channels are then expanded back to
 each tensor's shape, so every mask prunes whole channels, as
 :func:`~funcprune.shrink` expects.
+
+DTensors (one 1-D mesh, each ``Shard(d)`` or ``Replicate()``) are ranked
+across processes, nothing gathered (:func:`_dtensor_masks`): channels
+whole on each process are normed where they lie and ranked by the exact
+selection over shards, bit for bit as one process; channels cut across
+processes get the norms of :mod:`._dtensor_kernels` (one ``all_reduce``
+per tensor; exact for ``n`` = ``inf``, ``-inf``, ``0``).
 """
 
 from __future__ import annotations
@@ -19,9 +26,14 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal, NamedTuple, Optional, Union, final
 
 import torch
+import torch.distributed as dist
 
-from ._dtensor import is_dtensor
-from ._kernels import check_matrix_norm, unpruned_units
+from ._dtensor import block_of, is_dtensor, layout_of, wrap
+from ._dtensor_kernels import (
+    Block, Channels, agree_on_failures, all_reduced, channels, check_layout, random_unstructured,
+)
+from ._dtensor_masks import check_group
+from ._kernels import as_bool, check_matrix_norm, l1_unstructured_jointly, unpruned_units
 from ._masks import compute_mask
 from ._names import select_names
 from ._plan import AbstractPlan, naming, scores_for
@@ -90,7 +102,9 @@ class GlobalStructuredPlan(AbstractPlan):
         generator: torch.Generator | None,
     ) -> dict[str, Tensor]:
         selected = select_names(self._FN, self.names, tuple(params))
-        _refuse_dtensors(selected, params)
+        if any(is_dtensor(params[name]) for name in selected):
+            kept = _dtensor_masks(self, selected, params, masks, scores, generator)
+            return {**masks, **dict(zip(selected, kept, strict=True))}
         parts = []
         for name in selected:
             with naming(self._FN, repr(name), self.spec):
@@ -103,14 +117,102 @@ class GlobalStructuredPlan(AbstractPlan):
         return {**masks, **dict(zip(selected, kept, strict=True))}
 
 
-def _refuse_dtensors(selected: Sequence[str], params: Params) -> None:
-    for name in selected:
-        if is_dtensor(params[name]):
-            raise NotImplementedError(
-                f"global_structured: the parameter {name!r} is a DTensor, which global_structured "
-                "does not prune yet (its channel norms would cross processes); prune DTensors with "
-                "global_unstructured or a Plan of L1Unstructured"
-            )
+def _dtensor_masks(
+    plan: GlobalStructuredPlan,
+    selected: Sequence[str],
+    params: Params,
+    masks: dict[str, Tensor],
+    scores: Scores,
+    generator: torch.Generator | None,
+) -> list[Tensor]:
+    """The group's masks where its tensors are DTensors: ranked across processes, nothing gathered.
+
+    Each tensor's channels are keyed where they lie (:func:`._dtensor_kernels.channels`),
+    normalized with sums and maxima reduced across processes, and the
+    group's channel vector is ranked by the exact selection over shards
+    (``LnStructured``) or by random keys (``RandomStructured``).
+    """
+    fn, spec = plan._FN, plan.spec
+    labels = [f"the parameter {name!r}" for name in selected]
+    check_group(fn, labels, [params[name] for name in selected], spec)
+    blocks = []
+    for name, label in zip(selected, labels, strict=True):
+        param = params[name]
+        assert is_dtensor(param)  # checked by check_group
+        layout = layout_of(fn, label, param)
+        check_layout(fn, label, spec, layout)
+        each = scores_for(param, masks.get(name), scores.get(name))
+        mask = masks.get(name)
+        local = None if mask is None else as_bool(block_of(fn, f"the mask for {name!r}", mask, label, layout))
+        blocks.append(Block(block_of(fn, f"the scores for {name!r}", each, label, layout), local, layout))
+    for name, block in zip(selected, blocks, strict=True):  # one process's checks, before any communication
+        with naming(fn, repr(name), spec):
+            _check_channels(spec, torch.empty(block.layout.shape, dtype=block.scores.dtype, device="meta"))
+    parts = [channels(spec, block, spec.dim % len(block.layout.shape)) for block in blocks]
+    if isinstance(spec, LnStructured) and spec.n == "nuc" and any(p.layout.sharded for p in parts):
+        agree_on_failures(spec, parts)  # an SVD may fail on one process only: then all raise
+    for part in parts:
+        if part.failure is not None:  # every process holds the same values: all fail alike
+            raise part.failure
+    keys = _normalized_across(parts, plan.normalize)
+    total = sum(p.layout.shape[0] for p in parts)
+    what = f"the {total} channels of [" + ", ".join(map(repr, selected)) + "] jointly"
+    shards = None
+    if any(p.layout.sharded for p in parts):
+        group = parts[0].layout.mesh.get_group(0)
+        shards = [p.layout.shard(group) for p in parts]
+    with naming(fn, what, spec):
+        if isinstance(spec, RandomStructured):
+            vectors = [Block(k, p.eligible, p.layout) for k, p in zip(keys, parts, strict=True)]
+            kept = random_unstructured(spec.target, vectors, shards, generator)
+        else:
+            kept = l1_unstructured_jointly(spec.target, keys, [p.eligible for p in parts], shards=shards)
+    out = []
+    for flags, part, block in zip(kept, parts, blocks, strict=True):
+        local = _expand(flags, _Channels(flags, None, part.dim, block.scores.shape, block.mask))
+        out.append(wrap(local, block.layout))
+    return out
+
+
+def _normalized_across(parts: Sequence[Channels], normalize: Normalize) -> list[Tensor]:
+    """Each tensor's channel keys scaled as :func:`_normalized` scales them, over all its processes.
+
+    Channels whole on every process are normalized there, exactly as one
+    process does. A tensor whose channels are cut across processes sums
+    (``"mean"``: in float64, rounded once to the norms' dtype, so within an
+    ulp of one process's float32 sum) or maximizes (``"max"``: exact) its
+    part of each tensor's numbers: one ``all_reduce`` for the whole group.
+    """
+    if normalize is None:
+        return [p.keys for p in parts]
+    cut = [i for i, p in enumerate(parts) if p.layout.sharded]
+    numbers: list[float] = []
+    for i in cut:
+        norms, eligible = parts[i].keys, parts[i].eligible
+        counted = norms.isfinite() if eligible is None else norms.isfinite() & eligible
+        values = torch.where(counted, norms, torch.zeros_like(norms))
+        if normalize == "mean":
+            numbers += [float(values.sum(dtype=torch.float64)), float(counted.sum())]
+        else:
+            numbers.append(float(values.amax()) if values.numel() else 0.0)
+    reduced: list[float] = []
+    if cut:
+        op = dist.ReduceOp.SUM if normalize == "mean" else dist.ReduceOp.MAX
+        reduced = all_reduced(numbers, parts[cut[0]].layout, op, parts[cut[0]].keys.device)
+    out = []
+    for i, part in enumerate(parts):
+        norms = part.keys
+        if i not in cut:
+            out.append(_normalized(norms, part.eligible, normalize))
+            continue
+        j = cut.index(i)
+        if normalize == "mean":
+            total = torch.tensor(reduced[2 * j], dtype=torch.float64, device=norms.device).to(norms.dtype)
+            scale = total / torch.tensor(max(reduced[2 * j + 1], 1.0), device=norms.device).to(norms.dtype)
+        else:
+            scale = torch.tensor(reduced[j], device=norms.device).to(norms.dtype)
+        out.append(norms / torch.where(scale > 0, scale, torch.ones_like(scale)))
+    return out
 
 
 def _check_normalize(normalize: object, spec: Spec) -> None:
@@ -128,20 +230,26 @@ def _check_normalize(normalize: object, spec: Spec) -> None:
         )
 
 
-def _channels(spec: StructuredSpec, scores: Tensor, mask: Mask, normalize: Normalize) -> _Channels:
-    """The channel scores of one tensor and its still-unpruned channels (torch's checks first)."""
+def _check_channels(spec: StructuredSpec, scores: Tensor) -> None:
+    """One tensor's checks (torch's first): floating scores, 2 dims or more, ``dim`` in range, the norm."""
     if not scores.is_floating_point():
         raise TypeError(
             f"scores must be a floating-point tensor, got dtype {scores.dtype}; convert them with .float()"
         )
     validate_structured(scores)
     validate_dim_range(scores, spec.dim)
+    if isinstance(spec, LnStructured):
+        check_matrix_norm(spec.n, scores)
+
+
+def _channels(spec: StructuredSpec, scores: Tensor, mask: Mask, normalize: Normalize) -> _Channels:
+    """The channel scores of one tensor and its still-unpruned channels (torch's checks first)."""
+    _check_channels(spec, scores)
     d = spec.dim % scores.dim()
     eligible = None if mask is None else unpruned_units("structured", mask, d)
     if isinstance(spec, RandomStructured):
         keys = torch.zeros(scores.shape[d], device=scores.device)
     else:
-        check_matrix_norm(spec.n, scores)
         others = [i for i in range(scores.dim()) if i != d]
         keys = _normalized(torch.norm(scores, p=spec.n, dim=others), eligible, normalize)
     return _Channels(keys, eligible, d, scores.shape, mask)
@@ -226,6 +334,19 @@ def global_structured(
       (as ``RandomUnstructured`` draws over the vector of the group's
       channels): reproducible for a seed or ``generator=``, following
       ``vmap``'s ``randomness=``, though no torch function draws the same.
+    - DTensors (an FSDP2 model's parameters; all of the group on one 1-D
+      mesh, each ``Shard(d)`` or ``Replicate()``) are ranked across
+      processes with a few ``all_reduce`` calls of fixed size, nothing
+      gathered. Where each process holds whole channels (sharded along
+      ``dim``, or replicated) the masks equal one process's bit for bit
+      (``normalize="mean"`` of cut channels: the mean's sum is rounded
+      once from float64, so it may differ from one process's float32 sum
+      in the last bit). A tensor sharded along another dim gets its norms
+      reduced across processes (exact for ``n`` = ``inf``, ``-inf``,
+      ``0``; else within float32 rounding; ``'nuc'`` refused there).
+      ``RandomStructured`` then draws as ``RandomStructured`` on DTensors
+      does (see :func:`~funcprune.compute_mask`): the same masks for any
+      world size and placement, not torch's draws.
 
     Args:
         names: parameter names or glob patterns (see :class:`Plan`); each
@@ -252,7 +373,11 @@ def global_structured(
             ``"max"``, or is given with ``RandomStructured``. When the plan
             is called: as a :class:`Plan` (an ``IndexError`` for a ``dim``
             that does not index a tensor; a ``ValueError`` for an ``int``
-            amount larger than the group's unpruned channels).
+            amount larger than the group's unpruned channels; for DTensors,
+            a ``TypeError`` if the group mixes them with plain tensors, a
+            ``ValueError`` if they are on different meshes and a
+            ``NotImplementedError`` for a layout or ``n='nuc'`` across
+            processes that is not supported).
 
     >>> import torch, funcprune as fp
     >>> params = {"fc1.weight": torch.tensor([[3.0, 4.0], [0.1, 0.0], [1.0, 1.0]]),

@@ -86,7 +86,10 @@ def compute_mask(
     ``torch.bool`` DTensor of the scores' layout; together the blocks are
     exactly the mask of the whole tensor. Only counts cross processes (a
     few fixed-size all-reduces); nothing is gathered. Supported so far:
-    ``L1Unstructured``, ``Identity``, ``CustomFromMask`` and chains of them.
+    ``L1Unstructured``, ``RandomUnstructured``, ``LnStructured``,
+    ``RandomStructured``, ``Identity``, ``CustomFromMask`` and chains of
+    them (random draws on DTensors are reproducible for a seed, and are not
+    one process's draws; see the README).
 
     Raises:
         TypeError: if ``spec`` is not a spec, ``scores`` is not a floating
@@ -116,7 +119,7 @@ def compute_mask(
     mask = None if default_mask is None else _check_mask("compute_mask", "default_mask", default_mask, scores)
     check_generator("compute_mask", generator)
     if is_dtensor(scores) or is_dtensor(mask):
-        return dtensor.compute_mask("compute_mask", spec, scores.detach(), mask)
+        return dtensor.compute_mask("compute_mask", spec, scores.detach(), mask, generator=generator)
     return checked_mask(spec, scores.detach(), mask, generator)
 
 
@@ -138,7 +141,8 @@ def compute_joint_masks(
     The scores may be DTensors, all on one 1-D device mesh, each laid out
     as ``Shard(dim)`` or ``Replicate()`` (its earlier mask likewise), as
     for :func:`compute_mask`: ranked jointly across processes, nothing
-    gathered, with ``L1Unstructured``, ``Identity`` or chains of them.
+    gathered, with the unstructured specs :func:`compute_mask` runs on
+    DTensors.
 
     Args:
         spec: an unstructured spec (``pruning_type == "unstructured"``).
@@ -182,7 +186,7 @@ def compute_joint_masks(
                     for i, (d, s) in enumerate(zip(default_masks, each))]  # fmt: skip
     check_generator(fn, generator)
     if any(map(is_dtensor, [*each, *defaults])):
-        return dtensor.compute_joint_masks(fn, spec, each, defaults)
+        return dtensor.compute_joint_masks(fn, spec, each, defaults, generator=generator)
     masks = spec.compute_joint_masks(each, defaults, generator=generator)
     for i, (mask, s) in enumerate(zip(masks, each, strict=True)):
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != s.shape:
@@ -230,5 +234,5 @@ def prune(
     if any(map(is_dtensor, (t, scores, mask))):
         names = ("t" if scores is t else "importance_scores", "default_mask")
         check_like("prune", names[0], scores, "t", t)
-        return t * dtensor.compute_mask("prune", spec, scores.detach(), mask, names).to(t.dtype)
+        return t * dtensor.compute_mask("prune", spec, scores.detach(), mask, names, generator=generator).to(t.dtype)
     return t * checked_mask(spec, scores.detach(), mask, generator).to(t.dtype)

@@ -284,7 +284,9 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
 
                 with naming(self._FN, repr(name), spec):
                     if dtensor.is_dtensor(param):  # block by block, nothing gathered
-                        out[name] = dtensor_masks.fold(self._FN, name, param, steps, scores_of, out.get(name))
+                        out[name] = dtensor_masks.fold(
+                            self._FN, name, param, steps, scores_of, out.get(name), generator=generator
+                        )
                     else:
                         out[name] = fold(steps, scores_of, out.get(name), generator)
         return out

@@ -207,9 +207,8 @@ class EveryOther(fp.Spec):
 
 
 _REFUSED = [
-    fp.RandomUnstructured(0.5), fp.LnStructured(0.5, n=2, dim=0), fp.RandomStructured(1, dim=1),
     fp.NM(2, 4), fp.Block(0.5, (2, 2)), fp.PerSlice(fp.L1Unstructured(1), dim=0), EveryOther(),
-    fp.chain(fp.L1Unstructured(0.5), fp.RandomUnstructured(1)),
+    fp.chain(fp.L1Unstructured(0.5), fp.NM(2, 4)),
 ]  # fmt: skip
 
 
@@ -217,7 +216,10 @@ _REFUSED = [
 def test_specs_that_would_need_the_whole_tensor_are_refused(mesh: DeviceMesh, spec: fp.Spec) -> None:
     w = distribute(torch.randn(4, 4), mesh, Shard(0))
     name = repr(spec.specs[-1] if isinstance(spec, fp.Chain) else spec)
-    supported = "on DTensors funcprune runs L1Unstructured, Identity, CustomFromMask and chains of them"
+    supported = (
+        "on DTensors funcprune runs L1Unstructured, RandomUnstructured, LnStructured, RandomStructured, "
+        "Identity, CustomFromMask and chains of them"
+    )
     with pytest.raises(NotImplementedError, match=rf"^compute_mask: scores is a DTensor, and {re.escape(name)} cannot prune DTensors yet; {supported}"):
         fp.compute_mask(spec, w)
     with pytest.raises(NotImplementedError, match=rf"^Plan: the parameter 'w' is a DTensor, and {re.escape(name)} cannot"):
@@ -230,7 +232,10 @@ def test_specs_that_would_need_the_whole_tensor_are_refused(mesh: DeviceMesh, sp
 
 
 @pytest.mark.parametrize(
-    "spec", [*_REFUSED[:-2], fp.L1Unstructured(0.5), fp.Identity(), fp.CustomFromMask(torch.ones(4, 4))],
+    "spec", [
+        fp.RandomUnstructured(0.5), fp.LnStructured(0.5, n=2, dim=0), fp.RandomStructured(1, dim=1), *_REFUSED[:3],
+        fp.L1Unstructured(0.5), fp.Identity(), fp.CustomFromMask(torch.ones(4, 4)),
+    ],
     ids=lambda s: type(s).__name__,
 )  # fmt: skip
 def test_a_specs_own_compute_mask_refuses_dtensors_rather_than_gather_them(mesh: DeviceMesh, spec: fp.Spec) -> None:
@@ -327,12 +332,6 @@ def test_a_group_spans_one_mesh(mesh: DeviceMesh) -> None:
     b = distribute(t, init_device_mesh("cpu", (1,), mesh_dim_names=("b",)), Shard(0))
     with pytest.raises(ValueError, match=r"^compute_joint_masks: scores\[1\] is on .* but scores\[0\] on .*; a group ranked jointly must share one device mesh"):
         fp.compute_joint_masks(fp.L1Unstructured(1), [a, b])
-
-
-def test_global_structured_refuses_dtensors(mesh: DeviceMesh) -> None:
-    w = distribute(torch.randn(4, 4), mesh, Shard(0))
-    with pytest.raises(NotImplementedError, match=r"^global_structured: the parameter 'w' is a DTensor, which global_structured does not prune yet"):
-        fp.global_structured(["w"], fp.LnStructured(1, n=2, dim=0))({"w": w})
 
 
 def test_reports_and_payoff_refuse_dtensors_rather_than_count_or_rebuild_one_block(mesh: DeviceMesh) -> None:

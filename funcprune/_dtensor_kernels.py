@@ -1,0 +1,530 @@
+"""DTensor kernels for the specs that need more than magnitudes: Ln-structured and random specs.
+
+:mod:`._dtensor_masks` dispatches ``LnStructured``, ``RandomStructured`` and
+``RandomUnstructured`` here with each process's blocks (:class:`Block`). What
+crosses processes is a few ``all_reduce`` calls of fixed size per call,
+whatever ``k`` and the tensors' sizes along the sharded dim; nothing is
+gathered, and every process gets the same decision.
+
+**LnStructured**, by where the channels' dim ``d`` lies:
+
+- ``d`` is the sharded dim (``Shard(d)``: each process holds whole
+  channels): each block's channel norms are ``torch.norm`` of the block,
+  as one process computes them, and the channels are ranked across
+  processes by the exact radix select (:mod:`._sharded`; ties to the lower
+  channel index, NaN last). Communicated: the count of channels still
+  unpruned with a flag saying whether a process failed to compute its
+  norms (2 int64), then the select's fixed-size histograms (3 rounds of
+  32 KiB for float32 norms, 2 for 16-bit ones, 6 for float64). The mask
+  equals one process's bit for bit wherever torch's norm of a channel
+  does not depend on the block it is computed in: always for ``n`` =
+  ``inf``, ``-inf``, ``0`` and for exact sums, and otherwise but where
+  torch reduces a block of one or two channels, or of fewer channels than
+  threads, in an order of its own (last-bit differences: channels whose
+  norms are within an ulp or two of each other may then swap).
+- ``Replicate()``: every process runs the one-process kernel on its whole
+  copy, bit for bit as one process, nothing communicated.
+- another dim is sharded: each channel's norm needs every process. Each
+  process reduces its block per channel in float64 (the sum of
+  ``|x|**n``; the count of nonzero entries for ``n=0``; the largest or
+  smallest ``|x|`` for ``n=inf`` or ``-inf``, NaN kept), and ONE
+  ``all_reduce`` of ``C`` numbers (``2C`` with an earlier mask, whose
+  per-channel counts ride along; ``C`` channels) combines them. The norm is
+  then formed as ``torch.linalg.vector_norm`` would form it with exact
+  arithmetic: the sum rounded once to torch's accumulation dtype
+  (``float32`` for float16, bfloat16 and float32 scores, ``float64`` for
+  float64; so an overflow or underflow torch's float32 sum would hit
+  happens here too), the root taken, the result rounded to the scores'
+  dtype. Every process ranks the same norm vector alone, so all agree.
+  **Exactness:** ``n`` = ``inf``, ``-inf`` and ``0`` are computed exactly,
+  so those masks equal one process's bit for bit; for other ``n`` torch
+  rounds its float32 sum in an order of its own, so the mask equals one
+  process's whenever no channel that is pruned has a norm within torch's
+  rounding error (a few float32 ulps for usual channel sizes) of one that
+  is kept, and in particular whenever the sums are exact (small integers,
+  dyadic values); in every case all processes compute the same mask.
+  ``n='nuc'`` (a matrix norm) cannot be formed from per-process parts and
+  is refused there.
+
+**Random specs** (``RandomUnstructured``, ``RandomStructured``) do not draw
+as torch does: each draws ONE 64-bit seed from ``generator`` (or torch's
+default CPU generator), agrees on the seed of the mesh's first process (it
+rides along the call's first ``all_reduce``, so processes whose generators
+differ still agree), and keys every unit by a counter-based hash of the
+seed and the unit's global index (splitmix64: the output numbered
+``index + 1`` from the state ``seed``, its top 53 bits a float64 in
+``[0, 1)``); the units of lowest keys among those still unpruned are
+pruned, exactly the amount asked (ties, about never, to the lower index).
+So a mask depends only on the seed, the whole tensor's shape and the
+earlier mask: the same for any world size and placement (and equal to what
+a 1-process mesh gives), identical on re-run from the same generator
+state, never equal to one process's ``torch.rand`` draws. When nothing is
+pruned (``k == 0``) or the amount is refused, the generator is put back as
+it was (torch draws nothing then either). Communicated, in int64:
+``RandomUnstructured`` over shards and ``RandomStructured`` with sharded
+channels send the count of units still unpruned with the seed (one
+``all_reduce`` of 2 numbers), then the radix select's rounds over 64-bit
+keys (6 rounds of 32 KiB); replicas send the seed alone and rank locally,
+and so does ``RandomStructured`` sharded along another dim, with the
+``C`` per-channel counts beside the seed where there is an earlier mask.
+
+**global_structured** (:func:`channels`): each tensor's channel vector is
+keyed as above (norms where the channels lie, or reduced across processes
+and then held whole by every process, counted on the first), and the
+group's vectors are ranked jointly by the exact selection over shards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from ._dtensor import Layout
+from ._kernels import check_matrix_norm, keep_all, ln_structured, unpruned_units
+from ._select import KeyPart, Shard, Target, keep, keep_jointly, resolve_count
+from ._specs import LnStructured, RandomStructured
+from ._types import Mask, NormOrder, Tensor
+from ._validate import validate_dim_range, validate_structured
+
+__all__ = [
+    "Block", "Channels", "agree_on_failures", "all_reduced", "channels", "check_layout", "random_unstructured",
+    "structured", "uniform",
+]  # fmt: skip
+
+
+class Block(NamedTuple):
+    """One tensor of a group as this process holds it."""
+
+    scores: Tensor  # this process's block of the scores
+    mask: Mask  # and of the earlier mask (torch.bool), or None
+    layout: Layout
+
+
+# --- where the channels lie ------------------------------------------------------------
+
+
+def _sharded_dim(layout: Layout) -> int | None:
+    """The dim a ``Shard`` placement cuts (non-negative); ``None`` for ``Replicate``."""
+    from torch.distributed.tensor import Shard as ShardPlacement
+
+    placement = layout.placements[0]
+    if not layout.sharded or not isinstance(placement, ShardPlacement):
+        return None
+    return placement.dim % len(layout.shape)
+
+
+def check_layout(fn: str, what: str, spec: object, layout: Layout) -> None:
+    """Refuse, before any work, a spec that cannot be computed from this layout's blocks.
+
+    Only ``LnStructured(n='nuc')`` of a 3-dim tensor sharded along another dim
+    than the channels': a nuclear norm is no sum of per-process parts. (A
+    ``dim`` out of range, or ``'nuc'`` of another number of dims, is left to
+    the kernel, which raises as on one process.)
+
+    Raises:
+        NotImplementedError: naming the spec, the layout and what works.
+    """
+    if not isinstance(spec, LnStructured) or spec.n != "nuc":
+        return
+    ndim = len(layout.shape)
+    cut = _sharded_dim(layout)
+    if cut is None or ndim != 3 or not -ndim <= spec.dim < ndim or cut == spec.dim % ndim:
+        return  # other shapes get the kernel's own error
+    raise NotImplementedError(
+        f"{fn}: {what} is a DTensor sharded along dim {cut} ({layout}), and {spec!r} takes each "
+        f"channel's nuclear norm over the other dims, which no sum of per-process parts gives; on "
+        f"DTensors n='nuc' works where the channels' dim ({spec.dim % ndim}) is the sharded dim or "
+        "the tensor is replicated; use a vector norm (n=2, n='fro', n=1, ...) or shard along the "
+        "channels' dim"
+    )
+
+
+# --- seeds and keys for the random specs -------------------------------------------------------
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(value: int) -> int:
+    """``value`` modulo 2**64 as a signed 64-bit integer (torch's int64)."""
+    value &= _MASK64
+    return value - (1 << 64) if value >> 63 else value
+
+
+_GAMMA = 0x9E3779B97F4A7C15
+_MIX1 = _signed(0xBF58476D1CE4E5B9)
+_MIX2 = _signed(0x94D049BB133111EB)
+
+
+def _shifted(z: Tensor, s: int) -> Tensor:
+    """``z >> s`` as unsigned 64-bit integers (a logical shift of int64 values)."""
+    return (z >> s).bitwise_and_((1 << (64 - s)) - 1)
+
+
+def uniform(seed: int, index: Tensor) -> Tensor:
+    """One float64 in ``[0, 1)`` per int64 ``index``: splitmix64's output ``index + 1`` from state ``seed``.
+
+    The top 53 bits of ``mix(seed + (index + 1) * 0x9E3779B97F4A7C15)``
+    (wrapping 64-bit arithmetic), exactly as the reference generator; a
+    counter-based draw, so any block of indices is drawn on its own.
+    """
+    z = index * _signed(_GAMMA)
+    z.add_(_signed(seed + _GAMMA))
+    z.bitwise_xor_(_shifted(z, 30)).mul_(_MIX1)
+    z.bitwise_xor_(_shifted(z, 27)).mul_(_MIX2)
+    z.bitwise_xor_(_shifted(z, 31))
+    return _shifted(z, 11).to(torch.float64).mul_(2.0**-53)
+
+
+class _Seed:
+    """One 64-bit draw from ``generator`` (torch's default CPU generator if ``None``), undoable."""
+
+    def __init__(self, generator: torch.Generator | None) -> None:
+        self._generator = torch.default_generator if generator is None else generator
+        self._state = self._generator.get_state()
+        drawn = torch.randint(
+            -(2**63), 2**63 - 1, (1,), dtype=torch.int64, generator=self._generator,
+            device=self._generator.device,
+        )  # fmt: skip
+        self.value = int(drawn)
+
+    def undo(self) -> None:
+        """Put the generator back as it was before the draw."""
+        self._generator.set_state(self._state)
+
+
+def _first(layout: Layout) -> bool:
+    """Whether this process is the mesh's first (whose seed every process takes)."""
+    coordinate = layout.mesh.get_coordinate()
+    assert coordinate is not None  # layout_of refused a process outside the mesh
+    return coordinate[0] == 0
+
+
+def _all_reduce(values: Tensor, layout: Layout, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> Tensor:
+    """``values`` reduced over the mesh's processes (in place; returned)."""
+    dist.all_reduce(values, op=op, group=layout.mesh.get_group(0))
+    return values
+
+
+def _agreed(numbers: Sequence[int] | Tensor, seed: _Seed, layout: Layout, device: torch.device) -> tuple[Tensor, int]:
+    """``numbers`` summed over the processes, and the first process's seed: one ``all_reduce``."""
+    head = torch.as_tensor(numbers, dtype=torch.int64, device=device).reshape(-1)
+    mine = torch.tensor([seed.value if _first(layout) else 0], dtype=torch.int64, device=device)
+    summed = _all_reduce(torch.cat([head, mine]), layout)
+    return summed[:-1], int(summed[-1])
+
+
+def _count(target: Target, unpruned: int, total: int, seed: _Seed | None) -> int:
+    """:func:`resolve_count`, putting the generator back if nothing is drawn for (k == 0, or refused)."""
+    try:
+        k = resolve_count(target, unpruned, total)
+    except Exception:
+        if seed is not None:
+            seed.undo()
+        raise
+    assert isinstance(k, int)
+    if k == 0 and seed is not None:
+        seed.undo()
+    return k
+
+
+# --- RandomUnstructured --------------------------------------------------------------------
+
+
+def _positions(layout: Layout, device: torch.device) -> Tensor:
+    """The whole tensor's flat indices of this block's entries, in the block's flat order."""
+    if not layout.shape:
+        return torch.zeros(1, dtype=torch.int64, device=device)
+    index = torch.zeros((), dtype=torch.int64, device=device)
+    stride = 1
+    for d in reversed(range(len(layout.shape))):
+        coords = torch.arange(layout.offsets[d], layout.offsets[d] + layout.size[d], device=device) * stride
+        view = [1] * len(layout.shape)
+        view[d] = -1
+        index = index + coords.reshape(view)
+        stride *= layout.shape[d]
+    return index.reshape(-1)
+
+
+def random_unstructured(
+    target: Target, blocks: Sequence[Block], shards: Sequence[Shard] | None, generator: torch.Generator | None
+) -> list[Tensor]:
+    """This process's blocks of the masks of ``RandomUnstructured(target)`` over the group ``blocks``.
+
+    Each entry's key is :func:`uniform` of the agreed seed and its index in
+    the concatenation of the whole (flattened) tensors; the ``k`` lowest
+    keys of the unpruned entries go, over the shards when ``shards``.
+    """
+    device = blocks[0].scores.device
+    flags = [None if b.mask is None else b.mask.reshape(-1) for b in blocks]
+    counts = [b.scores.numel() if f is None else int(f.sum()) for b, f in zip(blocks, flags, strict=True)]
+    seed = _Seed(generator)
+    mine = sum(c for c, b in zip(counts, blocks, strict=True) if shards is None or b.layout.counted)
+    summed, value = _agreed([] if shards is None else [mine], seed, blocks[0].layout, device)
+    unpruned = sum(counts) if shards is None else int(summed[0])
+    k = _count(target, unpruned, sum(math.prod(b.layout.shape) for b in blocks), seed)
+    if k == 0:
+        return [keep_all(b.scores, b.mask) for b in blocks]
+    parts, base = [], 0
+    for i, (b, f) in enumerate(zip(blocks, flags, strict=True)):
+        shard = None if shards is None else shards[i]
+        parts.append(KeyPart(_positions(b.layout, device) + base, _keyed(value), f, shard))
+        base += math.prod(b.layout.shape)
+    kept = keep_jointly(parts, k)
+    return [m.reshape(b.scores.shape) for m, b in zip(kept, blocks, strict=True)]
+
+
+def _keyed(seed: int) -> Callable[[Tensor], Tensor]:
+    def keys(index: Tensor) -> Tensor:
+        return uniform(seed, index)
+
+    return keys
+
+
+# --- LnStructured and RandomStructured ----------------------------------------------------
+
+
+def structured(spec: LnStructured | RandomStructured, block: Block, generator: torch.Generator | None) -> Tensor:
+    """This process's block of the mask ``spec`` gives for the DTensor ``block`` (see the module)."""
+    scores, mask, layout = block
+    whole = torch.empty(layout.shape, dtype=scores.dtype, device="meta")  # torch's checks, on the whole shape
+    validate_structured(whole)
+    validate_dim_range(whole, spec.dim)
+    if isinstance(spec, LnStructured):
+        check_matrix_norm(spec.n, whole)
+    d = spec.dim % whole.dim()
+    if whole.numel() == 0:
+        return _empty(spec, block)
+    if isinstance(spec, LnStructured) and not layout.sharded:  # a whole copy: one process's kernel
+        return ln_structured(spec.target, spec.n, spec.dim, scores, mask)
+    if _sharded_dim(layout) == d:
+        kept = _split_channels(spec, block, d, generator)
+    else:
+        kept = _whole_channels(spec, block, d, generator)
+    if kept is None:
+        return keep_all(scores, mask)
+    shape = [1] * scores.dim()
+    shape[d] = scores.shape[d]
+    kept = kept.reshape(shape)
+    return kept.expand(scores.shape).contiguous() if mask is None else kept & mask
+
+
+def _empty(spec: LnStructured | RandomStructured, block: Block) -> Tensor:
+    """A whole tensor of no entries: one process's kernel on an empty tensor (its errors), nothing sent."""
+    scores, mask, layout = block
+    empty = torch.zeros(layout.shape, dtype=scores.dtype, device=scores.device)
+    earlier = None if mask is None else torch.zeros(layout.shape, dtype=torch.bool, device=scores.device)
+    spec.compute_mask(empty, earlier, generator=torch.Generator(device=scores.device))
+    return torch.ones(scores.shape, dtype=torch.bool, device=scores.device)
+
+
+def _split_channels(
+    spec: LnStructured | RandomStructured, block: Block, d: int, generator: torch.Generator | None
+) -> Tensor | None:
+    """Kept flags of this block's channels, each process holding whole channels; ``None``: none pruned.
+
+    The first ``all_reduce`` sums the unpruned channels and carries the seed
+    (random) or whether a process failed to compute its norms (a nuclear
+    norm's SVD of non-finite values): then every process raises, none is
+    left waiting in the select.
+    """
+    scores, mask, layout = block
+    channels = layout.shape[d]
+    start = layout.offsets[d]
+    shard = Shard((channels,), (start,), (layout.size[d],), True, layout.mesh.get_group(0))
+    eligible = None if mask is None else unpruned_units("structured", mask, d)
+    mine = scores.shape[d] if eligible is None else int(eligible.sum())
+    seed, failure = None, None
+    if isinstance(spec, RandomStructured):
+        seed = _Seed(generator)
+        summed, value = _agreed([mine], seed, layout, scores.device)
+        keys = uniform(value, torch.arange(start, start + scores.shape[d], device=scores.device))
+    else:
+        others = [i for i in range(scores.dim()) if i != d]
+        try:
+            keys = torch.norm(scores, p=spec.n, dim=others)
+        except RuntimeError as e:
+            failure = e
+        summed = _all_reduce(torch.tensor([mine, failure is not None], dtype=torch.int64, device=scores.device), layout)
+    k = _count(spec.target, int(summed[0]), channels, seed)  # an amount refused first, as on one process
+    if k == 0:
+        return None
+    if failure is not None:
+        raise failure
+    if isinstance(spec, LnStructured) and int(summed[1]):
+        raise RuntimeError(
+            f"{spec!r}: another process of the mesh failed to compute its channels' norms (its own "
+            "error says why); no process computed a mask"
+        )
+    return keep(keys, k, eligible, group=shard)
+
+
+def _whole_channels(
+    spec: LnStructured | RandomStructured, block: Block, d: int, generator: torch.Generator | None
+) -> Tensor | None:
+    """Kept flags of every channel, every process holding part of each; ``None``: none pruned."""
+    scores, mask, layout = block
+    channels = layout.shape[d]
+    others = [i for i in range(scores.dim()) if i != d]
+    seed = None
+    if isinstance(spec, LnStructured):
+        keys, eligible = _norms_across(spec.n, block, d, others)
+    else:
+        seed = _Seed(generator)
+        eligible = None
+        if mask is not None and not layout.sharded:
+            eligible = unpruned_units("structured", mask, d)
+        counts: Sequence[int] | Tensor = []
+        if mask is not None and layout.sharded:
+            counts = mask.sum(dim=others, dtype=torch.int64)
+        summed, value = _agreed(counts, seed, layout, scores.device)
+        if mask is not None and layout.sharded:
+            eligible = summed != 0
+        keys = uniform(value, torch.arange(channels, device=scores.device))
+    unpruned = channels if eligible is None else int(eligible.sum())
+    k = _count(spec.target, unpruned, channels, seed)
+    if k == 0:
+        return None
+    return keep(keys, k, eligible)  # the same keys on every process: the same flags
+
+
+#: Codes of NaN in the max and min reductions: above every other code, below every other.
+_NAN_ABOVE = 0x7FF8000000000000  # a quiet NaN's bits: above +inf's (0x7FF0...)
+_NAN_BELOW = -1
+
+
+def _norms_across(n: NormOrder, block: Block, d: int, others: list[int]) -> tuple[Tensor, Mask]:
+    """Every channel's L``n`` norm and (with a mask) whether it is unpruned: one ``all_reduce``.
+
+    See the module for how the norm is formed; NaN propagates as in torch.
+    """
+    scores, mask, layout = block
+    channels = layout.shape[d]
+    dtype, device = scores.dtype, scores.device
+    held = scores.numel() > 0  # an uneven cut leaves some processes no entries of the other dims
+    if n in (math.inf, -math.inf):
+        largest = n == math.inf
+        if held:  # in the scores' dtype: exact, NaN kept
+            magnitudes = scores.abs()
+            extreme = (magnitudes.amax(dim=others) if largest else magnitudes.amin(dim=others)).to(torch.float64)
+        else:
+            extreme = torch.full((channels,), 0.0 if largest else math.inf, dtype=torch.float64, device=device)
+        codes = extreme.contiguous().view(torch.int64).clone()
+        codes[extreme.isnan()] = _NAN_ABOVE if largest else _NAN_BELOW
+        rows = [codes]
+        if mask is not None:  # any entry kept: the max of the flags, or the min of their negation
+            kept_any = mask.any(dim=others).to(torch.int64)
+            rows.append(kept_any if largest else 1 - kept_any)
+        op = dist.ReduceOp.MAX if largest else dist.ReduceOp.MIN
+        reduced = _all_reduce(torch.stack(rows), layout, op)
+        nan = reduced[0] == (_NAN_ABOVE if largest else _NAN_BELOW)
+        norms = reduced[0].view(torch.float64).masked_fill(nan, math.nan).to(dtype)  # exact: values of dtype
+        eligible = None if mask is None else (reduced[1] != 0 if largest else reduced[1] == 0)
+        return norms, eligible
+    if n == 0:
+        partial = (scores != 0).sum(dim=others, dtype=torch.float64)
+    else:
+        p = 2.0 if n == "fro" else float(n)
+        partial = scores.to(torch.float64).abs_()
+        if p != 1:
+            partial.pow_(p)
+        partial = partial.sum(dim=others)
+    rows = [partial]
+    if mask is not None:
+        rows.append(mask.sum(dim=others, dtype=torch.float64))
+    reduced = _all_reduce(torch.stack(rows), layout)
+    eligible = None if mask is None else reduced[1] != 0
+    accumulate = torch.float64 if dtype == torch.float64 else torch.float32  # torch's accumulation dtype
+    total = reduced[0].to(accumulate)  # rounded once, overflowing or underflowing where torch's sum would
+    if n == 0 or n == 1:
+        return total.to(dtype), eligible
+    p = 2.0 if n == "fro" else float(n)
+    root = total.to(torch.float64)
+    root = root.sqrt() if p == 2 else root.pow(1 / p)
+    return root.to(accumulate).to(dtype), eligible
+
+
+# --- channels ranked across tensors (global_structured) -------------------------------------
+
+
+class Channels(NamedTuple):
+    """One tensor of a global structured group, seen channel by channel on this process."""
+
+    keys: Tensor  # this process's channel norms (zeros for RandomStructured): its block of channels, or all
+    eligible: Mask  # of those channels, the ones not entirely pruned; None: all
+    layout: Layout  # where they sit in the tensor's channel vector
+    dim: int  # the channels' dim of the tensor, non-negative
+    failure: RuntimeError | None  # this process could not compute its norms (a nuclear norm's SVD)
+
+
+def _channel_layout(layout: Layout, d: int) -> Layout:
+    """The layout of a tensor's channel vector: cut as its channels are, or whole on every process."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Shard as ShardPlacement
+
+    channels = layout.shape[d]
+    if _sharded_dim(layout) == d:
+        return Layout(
+            layout.mesh, (ShardPlacement(0),), (channels,), (layout.offsets[d],), (layout.size[d],), True, True
+        )
+    return Layout(layout.mesh, (Replicate(),), (channels,), (0,), (channels,), False, _first(layout))
+
+
+def channels(spec: LnStructured | RandomStructured, block: Block, d: int) -> Channels:
+    """The channel keys of one DTensor of a global structured group (its shape checked by the caller).
+
+    Channels whole on each process (sharded along ``d``, or replicated) are
+    normed where they lie; otherwise their norms are reduced across the
+    processes as :func:`structured` reduces them (one ``all_reduce``), and
+    the vector, then the same on every process, is counted on the first.
+    """
+    scores, mask, layout = block
+    device = scores.device
+    vector = _channel_layout(layout, d)
+    others = [i for i in range(scores.dim()) if i != d]
+    box = slice(vector.offsets[0], vector.offsets[0] + vector.size[0])
+    if math.prod(layout.shape) == 0:  # nothing to norm: one process's norms (and errors), nothing sent
+        keys = torch.zeros(layout.shape[d], dtype=scores.dtype, device=device)
+        if isinstance(spec, LnStructured):
+            keys = torch.norm(torch.zeros(layout.shape, dtype=scores.dtype, device=device), p=spec.n, dim=others)
+        eligible = None if mask is None else torch.zeros(layout.shape[d], dtype=torch.bool, device=device)
+        return Channels(keys[box], None if eligible is None else eligible[box], vector, d, None)
+    if vector.sharded or not layout.sharded:  # whole channels here
+        eligible = None if mask is None else unpruned_units("structured", mask, d)
+        if isinstance(spec, RandomStructured):
+            return Channels(torch.zeros(scores.shape[d], dtype=scores.dtype, device=device), eligible, vector, d, None)
+        try:
+            return Channels(torch.norm(scores, p=spec.n, dim=others), eligible, vector, d, None)
+        except RuntimeError as e:
+            return Channels(torch.empty(0, dtype=scores.dtype, device=device), eligible, vector, d, e)
+    if isinstance(spec, LnStructured):
+        keys, eligible = _norms_across(spec.n, block, d, others)
+        return Channels(keys, eligible, vector, d, None)
+    eligible = None
+    if mask is not None:
+        eligible = _all_reduce(mask.sum(dim=others, dtype=torch.int64), layout) != 0
+    return Channels(torch.zeros(layout.shape[d], dtype=scores.dtype, device=device), eligible, vector, d, None)
+
+
+def agree_on_failures(spec: LnStructured, parts: Sequence[Channels]) -> None:
+    """Raise on every process if one failed to compute its channels' norms (one ``all_reduce``)."""
+    failed = next((p.failure for p in parts if p.failure is not None), None)
+    flag = torch.tensor([failed is not None], dtype=torch.int64, device=parts[0].keys.device)
+    if int(_all_reduce(flag, parts[0].layout)[0]):
+        if failed is not None:
+            raise failed
+        raise RuntimeError(
+            f"{spec!r}: another process of the mesh failed to compute its channels' norms (its own "
+            "error says why); no process computed a mask"
+        )
+
+
+def all_reduced(
+    values: Sequence[float], layout: Layout, op: dist.ReduceOp.RedOpType, device: torch.device
+) -> list[float]:
+    """Python numbers reduced over the mesh's processes as float64 (one ``all_reduce``)."""
+    return [float(v) for v in _all_reduce(torch.tensor(values, dtype=torch.float64, device=device), layout, op)]
