@@ -20,6 +20,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_PIECES 256
@@ -250,3 +251,166 @@ SCAN(fp_scan_f64, double, fabs, keep_or_inf_f64, vector_scan_f64)
 
 SURVIVORS(fp_survivors_f32, float, fabsf)
 SURVIVORS(fp_survivors_f64, double, fabs)
+
+/* ---- order codes' top bits: the first round of the selection over shards (_sharded.py) ----
+ *
+ * The order code of a key (_short_rows.order_codes) is the integer of the
+ * key's width whose bits are those of key + 0.0 (so -0.0 codes as 0.0), the
+ * lower bits of negatives flipped; every NaN codes one above +inf. Codes
+ * order as the keys do. The first round histograms their top 12 bits, the
+ * code offset by 2^(bits - 1) (the sign bit flipped), as _sharded.py's
+ * bincount of (code >> (bits - 12)) + 2048 does: fp_code_histogram counts
+ * the eligible keys per bin, without writing any code; fp_code_collect then
+ * writes the codes (int64) and indices of the eligible keys in one bin, and
+ * the flags of the keys above that bin (the last pass, but for the bin's). Both
+ * run in `pieces` contiguous pieces, split alike, so the histogram's per-piece
+ * counts tell each piece where its entries go.
+ */
+
+#define CODE_BITS 12
+#define CODE_BINS (1 << CODE_BITS)
+#define CODE_BLOCK 256
+/* Entries counted in the 32-bit sub-histograms before they are added to the 64-bit one. */
+#define CODE_FLUSH ((int64_t)1 << 24)
+
+static inline int32_t order_code_f32(float x) {
+    float y = x + 0.0f; /* -0.0 -> 0.0 (not folded away: no fast-math) */
+    int32_t raw;
+    memcpy(&raw, &y, sizeof raw);
+    int32_t code = raw ^ (int32_t)((uint32_t)(raw >> 31) >> 1);
+    return x != x ? (int32_t)0x7F800001 : code;
+}
+
+static inline int64_t order_code_f64(double x) {
+    double y = x + 0.0;
+    int64_t raw;
+    memcpy(&raw, &y, sizeof raw);
+    int64_t code = raw ^ (int64_t)((uint64_t)(raw >> 63) >> 1);
+    return x != x ? (int64_t)0x7FF0000000000001LL : code;
+}
+
+/* The code's bin: its top bits, the sign bit flipped (the code offset to unsigned). */
+static inline uint32_t code_bin_f32(int32_t code) { return ((uint32_t)code ^ 0x80000000u) >> (32 - CODE_BITS); }
+static inline uint32_t code_bin_f64(int64_t code) {
+    return (uint32_t)(((uint64_t)code ^ 0x8000000000000000ULL) >> (64 - CODE_BITS));
+}
+
+#define CODE_KERNELS(SUFFIX, T)                                                         \
+    /* bins[j] for m keys (m <= CODE_BLOCK): CODE_BINS where not eligible */           \
+    static inline void bins_##SUFFIX(const T *restrict x, const uint8_t *restrict e,   \
+                                     int64_t m, uint16_t *restrict bins) {             \
+        if (e) {                                                                       \
+            for (int64_t j = 0; j < m; j++) {                                          \
+                uint32_t b = code_bin_##SUFFIX(order_code_##SUFFIX(x[j]));             \
+                bins[j] = (uint16_t)(e[j] ? b : CODE_BINS);                            \
+            }                                                                          \
+        } else {                                                                       \
+            for (int64_t j = 0; j < m; j++)                                            \
+                bins[j] = (uint16_t)code_bin_##SUFFIX(order_code_##SUFFIX(x[j]));      \
+        }                                                                              \
+    }                                                                                  \
+    static void histogram_piece_##SUFFIX(const T *x, const uint8_t *e, int64_t n,      \
+                                         int64_t *restrict out) {                      \
+        /* four sub-histograms take turns: a run of one bin waits less on itself */    \
+        uint32_t(*sub)[CODE_BINS + 1] = malloc(4 * sizeof *sub);                       \
+        uint16_t bins[CODE_BLOCK];                                                     \
+        if (!sub) { /* no memory for them: one histogram, the 64-bit one */           \
+            for (int64_t i = 0; i < n; i += CODE_BLOCK) {                              \
+                int64_t m = n - i < CODE_BLOCK ? n - i : CODE_BLOCK;                   \
+                bins_##SUFFIX(x + i, e ? e + i : NULL, m, bins);                       \
+                for (int64_t j = 0; j < m; j++) out[bins[j] & (CODE_BINS - 1)] += bins[j] < CODE_BINS; \
+            }                                                                          \
+            return;                                                                    \
+        }                                                                              \
+        memset(sub, 0, 4 * sizeof *sub);                                               \
+        int64_t since = 0;                                                             \
+        for (int64_t i = 0; i < n; i += CODE_BLOCK) {                                  \
+            int64_t m = n - i < CODE_BLOCK ? n - i : CODE_BLOCK, j = 0;                \
+            bins_##SUFFIX(x + i, e ? e + i : NULL, m, bins);                           \
+            for (; j + 4 <= m; j += 4) {                                               \
+                sub[0][bins[j]]++;                                                     \
+                sub[1][bins[j + 1]]++;                                                 \
+                sub[2][bins[j + 2]]++;                                                 \
+                sub[3][bins[j + 3]]++;                                                 \
+            }                                                                          \
+            for (; j < m; j++) sub[0][bins[j]]++;                                      \
+            since += m;                                                                \
+            if (since >= CODE_FLUSH || i + m >= n) {                                   \
+                for (int b = 0; b < CODE_BINS; b++)                                    \
+                    out[b] += (int64_t)sub[0][b] + sub[1][b] + sub[2][b] + sub[3][b];  \
+                memset(sub, 0, 4 * sizeof *sub);                                       \
+                since = 0;                                                             \
+            }                                                                          \
+        }                                                                              \
+        free(sub);                                                                     \
+    }                                                                                  \
+    /* Adds to hist[p * CODE_BINS + b] the eligible keys of piece p in bin b. */       \
+    void fp_code_histogram_##SUFFIX(const T *x, const uint8_t *e, int64_t n,           \
+                                    int64_t *hist, int pieces) {                       \
+        if (pieces < 1) pieces = 1;                                                    \
+        _Pragma("omp parallel for num_threads(pieces) schedule(static, 1)")           \
+        for (int p = 0; p < pieces; p++) {                                             \
+            int64_t start = n * p / pieces, stop = n * (p + 1) / pieces;               \
+            histogram_piece_##SUFFIX(x + start, e ? e + start : NULL, stop - start,    \
+                                     hist + (int64_t)p * CODE_BINS);                   \
+        }                                                                              \
+    }                                                                                  \
+    static int64_t collect_piece_##SUFFIX(const T *x, const uint8_t *e, int64_t n,     \
+                                          int64_t start, uint32_t bin,                 \
+                                          int64_t *restrict codes,                     \
+                                          int64_t *restrict where, int64_t room,       \
+                                          uint8_t *restrict above) {                   \
+        uint16_t bins[CODE_BLOCK];                                                     \
+        int64_t found = 0;                                                             \
+        for (int64_t i = 0; i < n; i += CODE_BLOCK) {                                  \
+            int64_t m = n - i < CODE_BLOCK ? n - i : CODE_BLOCK;                       \
+            bins_##SUFFIX(x + i, e ? e + i : NULL, m, bins);                           \
+            if (above)                                                                 \
+                for (int64_t j = 0; j < m; j++)                                        \
+                    above[i + j] = (bins[j] > bin) & (bins[j] < CODE_BINS);            \
+            for (int64_t j = 0; j < m; j += 64) {                                      \
+                /* a bit per key, set in the bin: one step per key set, none per other */ \
+                int64_t w = m - j < 64 ? m - j : 64;                                   \
+                uint64_t hits = 0;                                                     \
+                for (int64_t k = 0; k < w; k++) hits |= (uint64_t)(bins[j + k] == bin) << k; \
+                for (; hits; hits &= hits - 1) {                                       \
+                    int64_t at = i + j + __builtin_ctzll(hits);                        \
+                    if (found < room) {                                                \
+                        codes[found] = order_code_##SUFFIX(x[at]);                     \
+                        where[found] = start + at;                                     \
+                    }                                                                  \
+                    found++;                                                           \
+                }                                                                      \
+            }                                                                          \
+        }                                                                              \
+        return found;                                                                  \
+    }                                                                                  \
+    /* Writes the codes and indices, in index order, of the eligible keys in bin    \
+       `bin`: piece p's at offsets[p] up to offsets[p + 1]; and, where `above` is    \
+       not NULL, above[i] = 1 for the eligible keys in a higher bin, 0 for the      \
+       others (the last pass's flags, but for the keys in `bin`). Returns how many  \
+       keys are in `bin`, or -1 where a piece holds another number than its room    \
+       (the offsets were not counted on these keys); nothing is written past        \
+       offsets[pieces]. */                                                           \
+    int64_t fp_code_collect_##SUFFIX(const T *x, const uint8_t *e, int64_t n,         \
+                                      int64_t bin, const int64_t *offsets,             \
+                                      int64_t *codes, int64_t *where, uint8_t *above,  \
+                                      int pieces) {                                    \
+        if (pieces < 1 || pieces > MAX_PIECES || bin < 0 || bin >= CODE_BINS) return -1; \
+        int64_t found_[MAX_PIECES];                                                    \
+        _Pragma("omp parallel for num_threads(pieces) schedule(static, 1)")           \
+        for (int p = 0; p < pieces; p++) {                                             \
+            int64_t start = n * p / pieces, stop = n * (p + 1) / pieces;               \
+            found_[p] = collect_piece_##SUFFIX(x + start, e ? e + start : NULL,        \
+                                               stop - start, start, (uint32_t)bin,     \
+                                               codes + offsets[p], where + offsets[p], \
+                                               offsets[p + 1] - offsets[p],            \
+                                               above ? above + start : NULL);          \
+        }                                                                              \
+        for (int p = 0; p < pieces; p++)                                               \
+            if (found_[p] != offsets[p + 1] - offsets[p]) return -1;                   \
+        return offsets[pieces] - offsets[0];                                           \
+    }
+
+CODE_KERNELS(f32, float)
+CODE_KERNELS(f64, double)

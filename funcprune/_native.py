@@ -4,8 +4,11 @@ Three steps of the eager CPU path are each one pass of C over the data
 instead of several torch passes: the bool-mask product (forward and
 backward, :mod:`._multiply`), the bracket's scan (count the keys below a
 bracket, collect those inside) and its last pass (write the kept flags,
-ties to the lower index), both in :mod:`._bracket`. Each gives exactly what
-the pure-torch step gives; the tests run both and compare them.
+ties to the lower index), both in :mod:`._bracket`. The selection over
+shards (:mod:`._sharded`) histograms its keys' order codes by their top bits
+and collects one bin's codes, indices and the flags above it
+(:func:`code_histogram`, :func:`code_collect`). Each gives exactly what the
+pure-torch step gives; the tests run both and compare them.
 
 Nothing is needed at install time and nothing new at run time: the first
 call that can use a kernel compiles ``_native.c`` (plain C, no torch
@@ -43,7 +46,22 @@ import torch
 
 from ._types import Mask, Tensor
 
-__all__ = ["NativeStatus", "disabled", "load", "mask_multiply", "open_library", "scan", "status", "survivors", "threaded", "using", "as_many_threads_as_torch"]
+__all__ = [
+    "CODE_BINS",
+    "NativeStatus",
+    "as_many_threads_as_torch",
+    "code_collect",
+    "code_histogram",
+    "disabled",
+    "load",
+    "mask_multiply",
+    "open_library",
+    "scan",
+    "status",
+    "survivors",
+    "threaded",
+    "using",
+]
 
 _SOURCE = Path(__file__).with_name("_native.c")
 _FLAGS = ("-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math")
@@ -56,6 +74,10 @@ _OPENMP = ("-fopenmp",)
 _SERIAL_MAX = 1 << 15
 _Kernel = Callable[..., Any]
 _TYPES = {torch.float32: ("f32", ctypes.c_float), torch.float64: ("f64", ctypes.c_double)}
+#: Bins of :func:`code_histogram`: the order codes' top 12 bits (``_native.c``'s ``CODE_BINS``).
+CODE_BINS = 1 << 12
+#: Most pieces a kernel splits its input into (``_native.c``'s ``MAX_PIECES``).
+_MAX_PIECES = 256
 
 
 @final
@@ -201,6 +223,10 @@ def _declare(library: ctypes.CDLL) -> None:
         scan_.argtypes, scan_.restype = [p, p, i64, i32, real, real, p, i64, p, i32], i64
         survivors_ = getattr(library, f"fp_survivors_{suffix}")
         survivors_.argtypes, survivors_.restype = [p, p, i64, i32, real, i64, p, i32], None
+        histogram = getattr(library, f"fp_code_histogram_{suffix}")
+        histogram.argtypes, histogram.restype = [p, p, i64, p, i32], None
+        collect = getattr(library, f"fp_code_collect_{suffix}")
+        collect.argtypes, collect.restype = [p, p, i64, i64, p, p, p, p, i32], i64
 
 
 def threaded() -> bool:
@@ -302,3 +328,53 @@ def survivors(source: Tensor, eligible: Mask, absolute: bool, v: float, take: in
     threads = _threads(n) if take is None else 1  # ties go in index order: one thread
     kernel(source.data_ptr(), _address(eligible), n, int(absolute), v, -1 if take is None else take, kept.data_ptr(), threads)
     return kept.view(torch.bool)
+
+
+def code_histogram(keys: Tensor, eligible: Mask) -> Tensor | None:
+    """Per piece of ``keys``, how many eligible keys have each value of their order codes' top 12 bits.
+
+    The order codes are :func:`._short_rows.order_codes`' (``-0.0`` as
+    ``0.0``, NaN one above ``+inf``), none written: bin ``b`` counts the
+    codes ``c`` with ``(c >> (bits - 12)) + 2048 == b``, ``bits`` the keys'
+    width. Returns ``int64`` of shape ``(pieces, CODE_BINS)``, row ``p`` for
+    the ``p``-th of ``pieces`` contiguous pieces (the threads' pieces, as
+    :func:`code_collect` splits them); ``None`` where the kernel does not
+    apply (then use torch).
+    """
+    kernel = _kernel("code_histogram", keys, eligible)
+    if kernel is None:
+        return None
+    n = keys.numel()
+    pieces = max(1, min(_threads(n), _MAX_PIECES))
+    histogram = torch.zeros(pieces, CODE_BINS, dtype=torch.int64)
+    kernel(keys.data_ptr(), _address(eligible), n, histogram.data_ptr(), pieces)
+    return histogram
+
+
+def code_collect(keys: Tensor, eligible: Mask, b: int, counts: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+    """The eligible keys in bin ``b``: their order codes and indices (``int64``, in index order), and flags.
+
+    Bins as in :func:`code_histogram`; ``counts`` is column ``b`` of its
+    answer for the same ``keys`` and ``eligible`` (per piece, how many are
+    in the bin: where each piece writes, and all the room it has). The
+    flags (``torch.bool``, one per key) are set for the eligible keys in a
+    higher bin: the kept flags of a cut inside bin ``b``, but for the keys
+    in it. ``None`` where the kernel does not apply, or a piece holds
+    another number than ``counts`` says (nothing is written past the room).
+    """
+    kernel = _kernel("code_collect", keys, eligible)
+    if kernel is None or counts.dim() != 1 or not 1 <= counts.numel() <= _MAX_PIECES or not 0 <= b < CODE_BINS:
+        return None
+    if int(counts.min()) < 0:
+        return None
+    offsets = torch.zeros(counts.numel() + 1, dtype=torch.int64)
+    torch.cumsum(counts.to(torch.int64), 0, out=offsets[1:])
+    total = int(offsets[-1])
+    codes = torch.empty(total, dtype=torch.int64)
+    where = torch.empty(total, dtype=torch.int64)
+    above = torch.empty(keys.numel(), dtype=torch.uint8)
+    found = kernel(
+        keys.data_ptr(), _address(eligible), keys.numel(), b, offsets.data_ptr(),
+        codes.data_ptr(), where.data_ptr(), above.data_ptr(), counts.numel(),
+    )  # fmt: skip
+    return (codes, where, above.view(torch.bool)) if found == total else None

@@ -19,6 +19,15 @@ crosses processes: at most ``ceil(bits / 12)`` rounds for the keys (2 for
 bits, whatever ``k`` and the tensors' sizes. No process gathers keys.
 :func:`sum_over_shards` adds up per-block counts the same way (one
 ``all_reduce`` of one number), a replicated block counted once.
+
+Locally, float32 and float64 blocks (contiguous, on the CPU) take the native
+kernels (:mod:`._native`): the first round's histogram is counted straight
+from the keys, no code written; a second pass writes the codes and indices
+of the chosen bin's entries only (typically a few percent: the later
+rounds' torch work) and the kept flags of all the others, so that the last
+pass sets the flags of that bin's entries alone. Other blocks, or all where
+the kernels are unavailable, code every entry in torch; both send the same
+histograms and give the same flags.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from typing import TYPE_CHECKING, TypeGuard, final
 import torch
 import torch.distributed as dist
 
+from . import _native
 from ._short_rows import order_codes
 from ._types import Mask, Tensor
 from ._validate import is_concrete
@@ -45,6 +55,7 @@ __all__ = ["BINS", "Shard", "is_dtensor", "keep_over_shards", "refuse_dtensors",
 #: Bits resolved per round, and the histogram's length (32 KiB of int64).
 _RADIX_BITS = 12
 BINS = 1 << _RADIX_BITS
+_INTS = {16: torch.int16, 32: torch.int32, 64: torch.int64}
 
 
 def is_dtensor(t: object) -> TypeGuard[DTensor]:
@@ -123,15 +134,28 @@ class Shard:
 
 @dataclass(slots=True)
 class _Part:
-    """One process's view of a part while the cut is searched."""
+    """One process's view of a part while the cut is searched.
+
+    A counted part starts with every eligible entry in play and no code
+    computed (``codes`` ``None``, ``where`` empty). The first round then
+    histograms it with the native kernels straight from the keys (``pieces``
+    holds the per-piece counts), and collects the codes and indices of the
+    chosen bin's entries only (``binned``), writing the kept flags of all
+    the others on the way (``kept``): the last pass then sets the flags of
+    the bin's entries alone. Where the kernels do not apply, the torch path
+    codes the whole block (``block_codes``) and selects from that.
+    """
 
     block: Tensor  # this process's keys of the part
     eligible: Mask
     shard: Shard
     base: int  # global position of the part's first entry in the concatenation
-    block_codes: Tensor  # the codes of the whole block
-    codes: Tensor  # codes of the candidates still in play (counted parts only)
-    where: Tensor  # their local flat indices
+    block_codes: Tensor | None  # the codes of the whole block, where the torch path computed them
+    codes: Tensor | None  # codes of the candidates still in play (counted parts only); None: not yet coded
+    where: Tensor  # their local flat indices (none while codes is None)
+    pieces: Tensor | None = None  # the native first round's histogram, per piece of the block
+    binned: tuple[Tensor, Tensor] | None = None  # native: the codes and indices of the first round's bin
+    kept: Tensor | None = None  # native: kept flags of the entries outside that bin (False in it)
 
 
 def keep_over_shards(
@@ -194,17 +218,47 @@ def sum_over_shards(counts: Sequence[int], shards: Sequence[Shard], device: torc
 
 
 def _part(block: Tensor, eligible: Mask, shard: Shard, base: int) -> _Part:
-    """A checked part, its candidates the eligible entries (none where another process counts)."""
+    """A checked part, its candidates the eligible entries (none where another process counts), not yet coded."""
     _check_block(block, eligible, shard)
-    codes = order_codes(block).to(torch.int64)
-    if not shard.counted:
-        where = torch.empty(0, dtype=torch.int64, device=block.device)
-    elif eligible is None:  # every entry: the block's codes as they are, no copy
-        where = torch.arange(block.numel(), device=block.device)
-        return _Part(block, eligible, shard, base, codes, codes, where)
-    else:
-        where = eligible.nonzero().squeeze(1)
-    return _Part(block, eligible, shard, base, codes, codes[where], where)
+    none = torch.empty(0, dtype=torch.int64, device=block.device)
+    return _Part(block, eligible, shard, base, None, None if shard.counted else none, none)
+
+
+def _code(part: _Part) -> tuple[Tensor, Tensor]:
+    """The torch path: the codes of the whole block, and the candidates' codes and indices."""
+    codes = order_codes(part.block).to(torch.int64)
+    part.block_codes, part.pieces = codes, None
+    if part.eligible is None:  # every entry: the block's codes as they are, no copy
+        return codes, torch.arange(part.block.numel(), device=part.block.device)
+    where = part.eligible.nonzero().squeeze(1)
+    return codes[where], where
+
+
+def _histogram(part: _Part, shift: int, base: int) -> Tensor:
+    """The part's candidates counted per bin of ``(code >> shift) - base``."""
+    if part.codes is None:  # every eligible entry, not yet coded: the first round
+        bits = torch.finfo(part.block.dtype).bits
+        if shift == bits - _RADIX_BITS and base == -(BINS >> 1):  # the bins are the codes' top bits
+            part.pieces = _native.code_histogram(part.block, part.eligible)
+            if part.pieces is not None:
+                return part.pieces.sum(0)
+        part.codes, part.where = _code(part)
+    return torch.bincount((part.codes >> shift) - base, minlength=BINS)
+
+
+def _narrow(part: _Part, shift: int, base: int, b: int) -> None:
+    """Keeps the part's candidates in bin ``b`` of ``(code >> shift) - base``."""
+    if part.codes is None:
+        if part.pieces is not None:
+            collected = _native.code_collect(part.block, part.eligible, b, part.pieces[:, b])
+            part.pieces = None
+            if collected is not None:
+                part.codes, part.where, part.kept = collected
+                part.binned = (part.codes, part.where)
+                return
+        part.codes, part.where = _code(part)
+    inside = (part.codes >> shift) == base + b
+    part.codes, part.where = part.codes[inside], part.where[inside]
 
 
 def _radix_select(
@@ -223,7 +277,7 @@ def _radix_select(
         base = lo >> shift
         histogram = torch.zeros(BINS, dtype=torch.int64, device=device)
         for p in parts:
-            histogram += torch.bincount((p.codes >> shift) - base, minlength=BINS)
+            histogram += _histogram(p, shift, base)
         dist.all_reduce(histogram, group=group)
         if first:
             need = min(need, int(histogram.sum()))
@@ -236,8 +290,7 @@ def _radix_select(
         equal = int(histogram[b])
         lo, hi = max(lo, (base + b) << shift), min(hi, ((base + b + 1) << shift) - 1)
         for p in parts:
-            inside = (p.codes >> shift) == base + b
-            p.codes, p.where = p.codes[inside], p.where[inside]
+            _narrow(p, shift, base, b)
         if lo == hi:
             return lo, need, equal
 
@@ -252,13 +305,49 @@ def _shift(lo: int, hi: int) -> int:
 
 def _survivors(part: _Part, cut: int, last: int | None) -> Tensor:
     """Kept flags of a block: pruned below ``cut``, and at it up to position ``last``."""
-    codes = part.block_codes
+    if part.kept is not None and part.binned is not None:  # the native path: flags but for the bin's entries
+        kept, (codes, where) = part.kept, part.binned
+        kept.scatter_(0, where, codes > cut)
+        if last is not None:
+            ties = where[codes == cut]
+            kept[ties[part.base + part.shard.positions(ties) > last]] = True
+        return kept
+    if part.block_codes is None and last is None:  # never coded (a replica): the native pass if it applies
+        flags = _native_survivors(part, cut)
+        if flags is not None:
+            return flags
+    codes = order_codes(part.block).to(torch.int64) if part.block_codes is None else part.block_codes
     pruned = codes < cut
     at_cut = (codes == cut).nonzero().squeeze(1)
     if last is not None:
         at_cut = at_cut[part.base + part.shard.positions(at_cut) <= last]
     pruned[at_cut] = True
     return _flags(part.block, part.eligible).logical_and_(pruned.logical_not_())
+
+
+def _native_survivors(part: _Part, cut: int) -> Tensor | None:
+    """:func:`_survivors` where every tie goes, by the native kernel; ``None`` where it does not apply.
+
+    Kept: the eligible keys above the key whose code is ``cut`` (codes and
+    keys compare alike, ``-0.0`` equal to ``0.0``, NaN above every number),
+    none where ``cut`` is NaN's code.
+    """
+    value = _key(cut, part.block.dtype)
+    if value is None:
+        return None
+    if math.isnan(value):  # nothing codes above NaN
+        return torch.zeros(part.block.shape, dtype=torch.bool, device=part.block.device)
+    return _native.survivors(part.block, part.eligible, False, value, None)
+
+
+def _key(code: int, dtype: torch.dtype) -> float | None:
+    """The key of ``dtype`` whose order code is ``code`` (a NaN for NaN's code); ``None``: no key has it."""
+    bits = torch.finfo(dtype).bits
+    if not -(1 << (bits - 1)) <= code < 1 << (bits - 1):
+        return None
+    raw = code if code >= 0 else code ^ ((1 << (bits - 1)) - 1)
+    key = torch.tensor([raw], dtype=_INTS[bits]).view(dtype)
+    return float(key) if int(order_codes(key)) == code else None
 
 
 def _flags(block: Tensor, eligible: Mask) -> Tensor:

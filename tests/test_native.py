@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import funcprune as fp
 from funcprune import _native, _select
+from funcprune._short_rows import order_codes
 
 Tensor = torch.Tensor
 HAVE_COMPILER = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
@@ -271,3 +272,111 @@ def test_this_machine_uses_the_kernels_on_torchs_threads() -> None:
     with open("/proc/self/maps", encoding="utf-8") as maps:  # one OpenMP runtime: torch's
         runtimes = {line.split()[-1] for line in maps if "libgomp" in line}
     assert len(runtimes) <= 1, runtimes
+
+
+# --- the order codes' kernels of the selection over shards (_sharded.py's first round) ---
+
+
+def _top_bins(x: Tensor) -> Tensor:
+    """Each key's bin in the first round over shards: its order code's top 12 bits, offset (int64)."""
+    bits = torch.finfo(x.dtype).bits
+    return (order_codes(x).to(torch.int64) >> (bits - 12)) + 2048
+
+
+def _pieces_of(n: int, count: int) -> list[tuple[int, int]]:
+    return [(n * p // count, n * (p + 1) // count) for p in range(count)]
+
+
+@settings(max_examples=_EXAMPLES)
+@given(case=data())
+def test_the_code_histogram_counts_each_pieces_codes_by_their_top_bits(
+    kernels: ctypes.CDLL, pieces: int, case: tuple[Tensor, Tensor | None]
+) -> None:
+    x, eligible = case
+    flags = torch.ones_like(x, dtype=torch.bool) if eligible is None else eligible
+    bins = _top_bins(x)
+    histogram = _native.code_histogram(x, eligible)
+    assert histogram is not None and histogram.dtype == torch.int64
+    assert histogram.shape == (pieces, _native.CODE_BINS)
+    for row, (start, stop) in zip(histogram, _pieces_of(x.numel(), pieces), strict=True):
+        expected = torch.bincount(bins[start:stop][flags[start:stop]], minlength=_native.CODE_BINS)
+        assert torch.equal(row, expected)
+
+
+@settings(max_examples=_EXAMPLES)
+@given(case=data(), picks=st.data())
+def test_the_code_collect_writes_one_bins_codes_and_indices_and_flags_the_keys_above(
+    kernels: ctypes.CDLL, pieces: int, case: tuple[Tensor, Tensor | None], picks: st.DataObject
+) -> None:
+    x, eligible = case
+    flags = torch.ones_like(x, dtype=torch.bool) if eligible is None else eligible
+    bins = _top_bins(x)
+    histogram = _native.code_histogram(x, eligible)
+    assert histogram is not None
+    filled = histogram.sum(0).nonzero().squeeze(1).tolist()
+    b = picks.draw(st.sampled_from(filled) if filled else st.integers(0, _native.CODE_BINS - 1))
+    collected = _native.code_collect(x, eligible, b, histogram[:, b])
+    assert collected is not None
+    inside = flags & (bins == b)
+    codes, where, above = collected
+    assert codes.dtype == where.dtype == torch.int64 and above.dtype == torch.bool
+    assert torch.equal(where, inside.nonzero().squeeze(1))
+    assert torch.equal(codes, order_codes(x).to(torch.int64)[inside])
+    assert torch.equal(above, flags & (bins > b))
+
+
+def test_the_code_collect_refuses_counts_that_are_not_its_keys_and_writes_nothing_past_its_room(
+    kernels: ctypes.CDLL,
+) -> None:
+    x = torch.tensor([1.0, -0.0, 0.0, 1.0, float("nan"), 1.0, 2.0, 1.0])
+    histogram = _native.code_histogram(x, None)
+    assert histogram is not None
+    b = int(_top_bins(torch.tensor([1.0]))[0])
+    counts = histogram[:, b]
+    assert int(counts.sum()) == 4
+    assert _native.code_collect(x, None, b, counts - (counts > 0).long()) is None  # too few: refused
+    assert _native.code_collect(x, None, b, counts + 1) is None  # too many
+    assert _native.code_collect(x, None, _native.CODE_BINS, counts) is None  # no such bin
+    # the raw kernel: one piece with room for 2 of the 4 keys writes 2, the rest of the buffers stays
+    codes = torch.full((6,), -7, dtype=torch.int64)
+    where = torch.full((6,), -7, dtype=torch.int64)
+    offsets = torch.tensor([0, 2], dtype=torch.int64)
+    found = kernels.fp_code_collect_f32(
+        x.data_ptr(), None, 8, b, offsets.data_ptr(), codes.data_ptr(), where.data_ptr(), None, 1
+    )
+    assert found == -1
+    assert torch.equal(where, torch.tensor([0, 3, -7, -7, -7, -7]))
+    assert torch.equal(codes[2:], torch.full((4,), -7, dtype=torch.int64))
+
+
+def test_the_code_kernels_code_signed_zeros_nans_and_subnormals_as_order_codes(
+    kernels: ctypes.CDLL, pieces: int
+) -> None:
+    for dtype in (torch.float32, torch.float64):
+        tiny = torch.finfo(dtype).tiny
+        x = torch.tensor(
+            [-0.0, 0.0, float("nan"), -float("nan"), float("inf"), -float("inf"), tiny / 4, -tiny / 4, tiny, -1.5, 1.5],
+            dtype=dtype,
+        )
+        histogram = _native.code_histogram(x, None)
+        assert histogram is not None
+        assert torch.equal(histogram.sum(0), torch.bincount(_top_bins(x), minlength=_native.CODE_BINS))
+        for b in histogram.sum(0).nonzero().squeeze(1).tolist():
+            collected = _native.code_collect(x, None, b, histogram[:, b])
+            assert collected is not None
+            assert torch.equal(collected[0], order_codes(x).to(torch.int64)[_top_bins(x) == b])
+            assert torch.equal(collected[2], _top_bins(x) > b)
+
+
+def test_what_the_code_kernels_do_not_take_goes_to_torch(kernels: ctypes.CDLL) -> None:
+    x = torch.randn(40)
+    counts = torch.tensor([40])
+    assert _native.code_histogram(x.half(), None) is None  # dtype
+    assert _native.code_histogram(x.bfloat16(), None) is None
+    assert _native.code_histogram(x[::2], None) is None  # not contiguous
+    assert _native.code_histogram(x, torch.ones(40)) is None  # not a bool mask
+    assert _native.code_histogram(x, torch.ones(39, dtype=torch.bool)) is None  # sizes differ
+    assert _native.code_collect(x[::2], None, 0, counts) is None
+    with _native.disabled():
+        assert _native.code_histogram(x, None) is None
+        assert _native.code_collect(x, None, 0, counts) is None
