@@ -481,6 +481,20 @@ def world4() -> Iterator[World]:
     w.close()
 
 
+def test_the_issue_s_done_when_an_fsdp2_model_on_4_processes_gets_one_process_s_masks(world4: World) -> None:
+    """``global_unstructured(prunable(model), L1Unstructured(sparsity=0.9))`` on FSDP2 over 4 processes."""
+    answers = world4.run(_prune_and_train_fsdp, 50)
+    assert [a["local rows"] for a in answers] == [13, 13, 13, 11]  # uneven dim 0, as torch.chunk cuts it
+    for a in answers:
+        assert a["collectives"] == {"c10d.allreduce_"}
+        assert a["bytes"] == 8 + 3 * BINS * 8  # kilobytes, as with 2 processes
+        assert set(a["masks"]) == {"0.weight", "2.weight"} and all(a["masks"].values())
+        for name, mask in a["kept"].items():
+            assert not a["trained"][name][~mask].any()
+        for name, p in a["trained"].items():
+            torch.testing.assert_close(p, a["expected"][name])
+
+
 Part = tuple[torch.Tensor, "torch.Tensor | None", int | None]  # values, earlier mask, Shard dim (None: Replicate)
 #: What a per-parameter plan does to the group's first tensor.
 _CHAIN = [fp.L1Unstructured(0.3), fp.L1Unstructured(sparsity=0.6)]
