@@ -472,8 +472,8 @@ def main() -> int:
         f"{repeats} interleaved repetitions after a warm-up call, a barrier before each call"
     )
     print(
-        f"single process: funcprune's kernels ({_native.status().detail}); DTensor blocks: "
-        "funcprune._sharded's radix select on torch ops\n"
+        f"funcprune's kernels: {_native.status().detail}; DTensor blocks: funcprune._sharded's radix "
+        "select (its first round in those kernels where they load)\n"
     )
     failed: list[str] = []
     summaries = []
