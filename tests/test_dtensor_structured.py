@@ -18,7 +18,6 @@ Three settings, cheapest first:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from collections.abc import Iterator
@@ -35,7 +34,7 @@ from _distributed import World
 from funcprune import _dtensor_masks
 from funcprune._dtensor_kernels import uniform
 from funcprune._sharded import BINS
-from test_dtensor import CommBytes, collectives, comm_mode, distribute, dt
+from test_dtensor import CommBytes, EveryOther, collectives, comm_mode, distribute, dt
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
@@ -210,22 +209,6 @@ def test_an_explicit_generator_reaches_the_dtensor_masks_through_every_entry_poi
         assert torch.equal(dt(planned).full_tensor(), expected)
         kept = dt(fp.prune(spec, w, generator=torch.Generator().manual_seed(3))).full_tensor() != 0
         assert torch.equal(kept, expected | (t == 0))
-
-
-@dataclasses.dataclass(frozen=True)
-class EveryOther(fp.Spec):
-    """A user spec: keeps the odd flat indices."""
-
-    @property
-    def pruning_type(self) -> fp.PruningType:
-        return "unstructured"
-
-    def compute_mask(
-        self, scores: torch.Tensor, default_mask: torch.Tensor | None = None, *,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:  # fmt: skip
-        keep = (torch.arange(scores.numel()) % 2 == 1).reshape(scores.shape)
-        return keep if default_mask is None else keep & default_mask
 
 
 _STILL_REFUSED = [
