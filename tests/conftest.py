@@ -8,14 +8,22 @@ Two profiles, both derandomized (the same examples every run):
   ``CI`` is set (CI runs with ``CI=true``) or ``FUNCPRUNE_PROFILE=ci``.
 
 ``FUNCPRUNE_EXAMPLES=N`` overrides the number of examples of either.
+
+Once the tests are collected, the long subprocesses that the selected tests
+wait for (a module's ``BACKGROUND`` jobs, ``tests/_background.py``) start
+running one after another beside the tests; the session's end stops any
+still running.
 """
 
 from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
+
+import _background
 
 _EXAMPLES = {"dev": 60, "ci": 300}
 
@@ -30,3 +38,18 @@ for _name, _examples in _EXAMPLES.items():
 _default = "ci" if os.environ.get("CI") else "dev"
 settings.load_profile(os.environ.get("FUNCPRUNE_PROFILE", _default))
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Run the background jobs whose fixtures the collected tests use, in the order collected."""
+    if session.config.option.collectonly:
+        return
+    needed: dict[_background.Job, None] = {}
+    for item in session.items:
+        jobs: dict[str, _background.Job] = getattr(getattr(item, "module", None), "BACKGROUND", {})
+        needed.update((job, None) for fixture, job in jobs.items() if fixture in getattr(item, "fixturenames", ()))
+    _background.run_in_order(list(needed))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _background.stop_all()

@@ -1,8 +1,10 @@
 """The demo: ``python -m funcprune --quick`` tells the story on the digits with plausible figures.
 
 The demo runs once, in a subprocess, with ``--quick`` (fewer training steps,
-about 15 seconds on 2 cores); the fallbacks without scikit-learn or
-matplotlib are checked in-process by hiding the import.
+about 15 seconds of one core), in the background from the end of collection
+(``tests/_background.py``), beside the tests before these; the fallbacks
+without scikit-learn or matplotlib are checked in-process by hiding the
+import.
 """
 
 from __future__ import annotations
@@ -10,13 +12,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from _background import Job
 from funcprune._demo import Curves, save_png
 from funcprune._digits import load_data
 
@@ -26,28 +28,36 @@ HAS_SKLEARN = importlib.util.find_spec("sklearn") is not None
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
-@pytest.fixture(scope="module")
-def png(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("demo") / "curves.png"
-
-
-@pytest.fixture(scope="module")
-def output(png: Path) -> str:
-    """What ``python -m funcprune --quick --png PNG`` prints.
+def _demo(directory: Path) -> list[str]:
+    """``python -m funcprune --quick --png PNG``, PNG in ``directory``.
 
     Warnings are errors, except the one torch itself gives at import on a
     machine without NumPy (as in pyproject's filterwarnings).
     """
+    png = directory / "curves.png"
+    return [sys.executable, "-W", "error", "-W", NUMPY_WARNING, "-m", "funcprune", "--quick", "--png", str(png)]
+
+
+def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [sys.executable, "-W", "error", "-W", NUMPY_WARNING, "-m", "funcprune", "--quick", "--png", str(png)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return env
+
+
+#: The demo, run in the background from the end of collection (tests/_background.py).
+DEMO = Job(_demo, cwd=ROOT, env=_env(), timeout=300)
+BACKGROUND = {"output": DEMO}
+
+
+@pytest.fixture(scope="module")
+def png() -> Path:
+    return DEMO.directory / "curves.png"
+
+
+@pytest.fixture(scope="module")
+def output() -> str:
+    """What the demo prints."""
+    done = DEMO.result()
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     return done.stdout

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import torch.nn.utils.prune as tp
 
+from _background import Job
+
 from .test_surface import CLASSES, FUNCTIONS, HELPERS
 
 TYPINGS = Path(__file__).resolve().parents[2] / "typings"
@@ -96,9 +98,9 @@ def test_method_signatures_are_torchs(cls: str) -> None:
         ), name
 
 
-def test_mypy_reads_the_stub(tmp_path: Path) -> None:
-    """A wrong call type-checks against the stub, not torch's untyped source."""
-    probe = tmp_path / "probe.py"
+def _mypy_on_a_probe(directory: Path) -> list[str]:
+    """mypy on a probe file that makes a wrong call (run in ``directory``, where the probe is)."""
+    probe = directory / "probe.py"
     probe.write_text(
         "import torch.nn.utils.prune as tp\n"
         "from torch import nn\n"
@@ -106,12 +108,22 @@ def test_mypy_reads_the_stub(tmp_path: Path) -> None:
         "reveal_type(module)\n"
         'tp.l1_unstructured(module, "weight", amount="half")\n'
     )
-    env = {**os.environ, "PYTHONPATH": str(TYPINGS)}
-    run = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--config-file=",
-         str(probe)],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
-    )  # fmt: skip
-    assert 'Revealed type is "torch.nn.modules.linear.Linear"' in run.stdout, run.stdout
-    assert 'Argument "amount" to "l1_unstructured" has incompatible type "str"' in run.stdout
-    assert run.stdout.count("error:") == 1, run.stdout
+    return [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--config-file=", str(probe)]
+
+
+#: mypy takes seconds to read torch: it runs in the background from the end of collection (tests/_background.py).
+MYPY = Job(_mypy_on_a_probe, env={**os.environ, "PYTHONPATH": str(TYPINGS)}, timeout=300)
+BACKGROUND = {"mypy_run": MYPY}
+
+
+@pytest.fixture
+def mypy_run() -> subprocess.CompletedProcess[str]:
+    return MYPY.result()
+
+
+def test_mypy_reads_the_stub(mypy_run: subprocess.CompletedProcess[str]) -> None:
+    """A wrong call type-checks against the stub, not torch's untyped source."""
+    out = mypy_run.stdout
+    assert 'Revealed type is "torch.nn.modules.linear.Linear"' in out, out
+    assert 'Argument "amount" to "l1_unstructured" has incompatible type "str"' in out
+    assert out.count("error:") == 1, out
