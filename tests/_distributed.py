@@ -28,7 +28,8 @@ import multiprocessing.queues
 import queue
 import socket
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -52,6 +53,17 @@ def _context() -> multiprocessing.context.ForkServerContext | multiprocessing.co
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)  # read when the server starts, with the first world
     return context
+
+
+@contextmanager
+def one_process_group() -> Iterator[None]:
+    """The default process group as a gloo group of this process alone (an in-memory store), for the block."""
+    store = dist.HashStore()  # type: ignore[attr-defined]
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def _free_port() -> int:

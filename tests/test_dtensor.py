@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import funcprune as fp
-from _distributed import World
+from _distributed import World, one_process_group
 from funcprune._dtensor import _chunk, layout_of
 from funcprune._sharded import BINS
 
@@ -96,12 +96,8 @@ def dt(t: object) -> DTensor:
 
 @pytest.fixture(scope="module")
 def mesh() -> Iterator[DeviceMesh]:
-    store = dist.HashStore()  # type: ignore[attr-defined]
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
+    with one_process_group():
         yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_blocks_are_cut_as_torch_cuts_them() -> None:

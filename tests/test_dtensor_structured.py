@@ -30,7 +30,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import funcprune as fp
-from _distributed import World
+from _distributed import World, one_process_group
 from funcprune import _dtensor_masks
 from funcprune._dtensor_kernels import uniform
 from funcprune._sharded import BINS
@@ -114,12 +114,8 @@ def test_random_keys_are_splitmix64_outputs_in_the_unit_interval(seed: int, star
 
 @pytest.fixture(scope="module")
 def mesh() -> Iterator[DeviceMesh]:
-    store = dist.HashStore()  # type: ignore[attr-defined]
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
+    with one_process_group():
         yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
 
 
 def _random_mask(spec: fp.Spec, w: torch.Tensor, before: torch.Tensor | None, seed: int) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _distributed import World
+from _distributed import World, one_process_group
 from funcprune import _native, _sharded, _short_rows
 from funcprune._select import keep
 from funcprune._sharded import Shard, keep_over_shards
@@ -38,12 +38,8 @@ Part = tuple[torch.Tensor, "torch.Tensor | None", tuple[int, ...]]
 @pytest.fixture(scope="module")
 def group() -> Iterator[None]:
     """A 1-process gloo group (the default one)."""
-    store = dist.HashStore()  # type: ignore[attr-defined]
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
+    with one_process_group():
         yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
