@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from . import _native
-from ._short_rows import order_codes
+from ._short_rows import key_of_code, order_codes
 from ._types import Mask, Tensor
 from ._validate import is_concrete
 
@@ -55,7 +55,6 @@ __all__ = ["BINS", "Shard", "is_dtensor", "keep_over_shards", "refuse_dtensors",
 #: Bits resolved per round, and the histogram's length (32 KiB of int64).
 _RADIX_BITS = 12
 BINS = 1 << _RADIX_BITS
-_INTS = {16: torch.int16, 32: torch.int32, 64: torch.int64}
 
 
 def is_dtensor(t: object) -> TypeGuard[DTensor]:
@@ -332,22 +331,12 @@ def _native_survivors(part: _Part, cut: int) -> Tensor | None:
     keys compare alike, ``-0.0`` equal to ``0.0``, NaN above every number),
     none where ``cut`` is NaN's code.
     """
-    value = _key(cut, part.block.dtype)
+    value = key_of_code(cut, part.block.dtype)
     if value is None:
         return None
     if math.isnan(value):  # nothing codes above NaN
         return torch.zeros(part.block.shape, dtype=torch.bool, device=part.block.device)
     return _native.survivors(part.block, part.eligible, False, value, None)
-
-
-def _key(code: int, dtype: torch.dtype) -> float | None:
-    """The key of ``dtype`` whose order code is ``code`` (a NaN for NaN's code); ``None``: no key has it."""
-    bits = torch.finfo(dtype).bits
-    if not -(1 << (bits - 1)) <= code < 1 << (bits - 1):
-        return None
-    raw = code if code >= 0 else code ^ ((1 << (bits - 1)) - 1)
-    key = torch.tensor([raw], dtype=_INTS[bits]).view(dtype)
-    return float(key) if int(order_codes(key)) == code else None
 
 
 def _flags(block: Tensor, eligible: Mask) -> Tensor:

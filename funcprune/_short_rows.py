@@ -21,7 +21,7 @@ import torch
 
 from ._types import Count, Mask, Tensor
 
-__all__ = ["SHORT_ROW_MAX", "keep_in_short_rows", "order_codes"]
+__all__ = ["SHORT_ROW_MAX", "keep_in_short_rows", "key_of_code", "order_codes"]
 
 #: Rows up to this long are ranked pairwise (``m * (m - 1)`` comparisons a row).
 SHORT_ROW_MAX = 16
@@ -40,6 +40,19 @@ def order_codes(keys: Tensor) -> Tensor:
     raw = (keys + 0.0).view(_INT[bits])  # + 0.0 turns -0.0 into 0.0
     codes = raw ^ ((raw >> (bits - 1)) & ((1 << (bits - 1)) - 1))  # negatives: lower bits flipped
     return codes.masked_fill_(keys.isnan(), _INF_CODE[keys.dtype] + 1)
+
+
+def key_of_code(code: int, dtype: torch.dtype) -> float | None:
+    """The key of ``dtype`` whose :func:`order_codes` code is ``code`` (a NaN for NaN's code).
+
+    ``None`` where no key of ``dtype`` has that code.
+    """
+    bits = torch.finfo(dtype).bits
+    if not -(1 << (bits - 1)) <= code < 1 << (bits - 1):
+        return None
+    raw = code if code >= 0 else code ^ ((1 << (bits - 1)) - 1)
+    key = torch.tensor([raw], dtype=_INT[bits]).view(dtype)
+    return float(key) if int(order_codes(key)) == code else None
 
 
 def keep_in_short_rows(rows: Tensor, k: Count, eligible: Mask) -> Tensor:
