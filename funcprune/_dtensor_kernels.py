@@ -235,21 +235,6 @@ def _count(target: Target, unpruned: int, total: int, seed: _Seed | None) -> int
 # --- RandomUnstructured --------------------------------------------------------------------
 
 
-def _positions(layout: Layout, device: torch.device) -> Tensor:
-    """The whole tensor's flat indices of this block's entries, in the block's flat order."""
-    if not layout.shape:
-        return torch.zeros(1, dtype=torch.int64, device=device)
-    index = torch.zeros((), dtype=torch.int64, device=device)
-    stride = 1
-    for d in reversed(range(len(layout.shape))):
-        coords = torch.arange(layout.offsets[d], layout.offsets[d] + layout.size[d], device=device) * stride
-        view = [1] * len(layout.shape)
-        view[d] = -1
-        index = index + coords.reshape(view)
-        stride *= layout.shape[d]
-    return index.reshape(-1)
-
-
 def random_unstructured(
     target: Target, blocks: Sequence[Block], shards: Sequence[Shard] | None, generator: torch.Generator | None
 ) -> list[Tensor]:
@@ -272,7 +257,9 @@ def random_unstructured(
     parts, base = [], 0
     for i, (b, f) in enumerate(zip(blocks, flags, strict=True)):
         shard = None if shards is None else shards[i]
-        parts.append(KeyPart(_positions(b.layout, device) + base, _keyed(value), f, shard))
+        where = Shard(b.layout.shape, b.layout.offsets, b.layout.size)
+        positions = where.positions(torch.arange(b.scores.numel(), device=device))  # in the whole tensor
+        parts.append(KeyPart(positions + base, _keyed(value), f, shard))
         base += math.prod(b.layout.shape)
     kept = keep_jointly(parts, k)
     return [m.reshape(b.scores.shape) for m, b in zip(kept, blocks, strict=True)]
@@ -356,10 +343,7 @@ def _split_channels(
     if failure is not None:
         raise failure
     if isinstance(spec, LnStructured) and int(summed[1]):
-        raise RuntimeError(
-            f"{spec!r}: another process of the mesh failed to compute its channels' norms (its own "
-            "error says why); no process computed a mask"
-        )
+        raise _failed_elsewhere(spec)
     return keep(keys, k, eligible, group=shard)
 
 
@@ -517,10 +501,15 @@ def agree_on_failures(spec: LnStructured, parts: Sequence[Channels]) -> None:
     if int(_all_reduce(flag, parts[0].layout)[0]):
         if failed is not None:
             raise failed
-        raise RuntimeError(
-            f"{spec!r}: another process of the mesh failed to compute its channels' norms (its own "
-            "error says why); no process computed a mask"
-        )
+        raise _failed_elsewhere(spec)
+
+
+def _failed_elsewhere(spec: LnStructured) -> RuntimeError:
+    """What a process raises when another one of its mesh failed to compute its channels' norms."""
+    return RuntimeError(
+        f"{spec!r}: another process of the mesh failed to compute its channels' norms (its own "
+        "error says why); no process computed a mask"
+    )
 
 
 def all_reduced(
