@@ -57,16 +57,6 @@ def as_multiplier(mask: Tensor, dtype: torch.dtype, *, copy: bool = False) -> Te
     return mask.to(dtype, copy=copy)
 
 
-def _plain(t: Tensor) -> bool:
-    """An ordinary CPU tensor, contiguous, that no transform or subclass wraps."""
-    return (
-        (type(t) is torch.Tensor or type(t) is torch.nn.Parameter)
-        and t.device.type == "cpu"
-        and t.is_contiguous()
-        and not torch._C._functorch.is_functorch_wrapped_tensor(t)
-    )
-
-
 def _multiply(t: Tensor, mask: Tensor) -> Tensor:
     """``t * mask.to(t.dtype)`` for a bool ``mask`` of ``t``'s shape.
 
@@ -77,7 +67,7 @@ def _multiply(t: Tensor, mask: Tensor) -> Tensor:
     tensors, a recorded backward, other devices) takes the plain
     differentiable product.
     """
-    if torch.is_grad_enabled() or t.shape != mask.shape or not (_plain(t) and _plain(mask)):
+    if torch.is_grad_enabled() or t.shape != mask.shape or not (_native.plain(t) and _native.plain(mask)):
         if t.device.type != "cpu":  # the uint8 detour helps torch's CPU kernels only
             return t * mask.to(t.dtype)
         return t * as_multiplier(mask, t.dtype)

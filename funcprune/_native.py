@@ -56,6 +56,7 @@ __all__ = [
     "load",
     "mask_multiply",
     "open_library",
+    "plain",
     "scan",
     "status",
     "survivors",
@@ -245,7 +246,7 @@ def _threads(n: int) -> int:
     return 1 if n <= _SERIAL_MAX else torch.get_num_threads()
 
 
-def _plain(t: Tensor) -> bool:
+def plain(t: Tensor) -> bool:
     """A contiguous CPU tensor of its own class, that no transform wraps, whose bytes are its values."""
     return (
         (type(t) is torch.Tensor or type(t) is torch.nn.Parameter)
@@ -259,10 +260,10 @@ def _plain(t: Tensor) -> bool:
 
 def _kernel(kind: str, x: Tensor, *others: Mask) -> _Kernel | None:
     """The kernel ``kind`` for ``x``'s dtype, or ``None`` where the torch path must run."""
-    if x.dtype not in _TYPES or not _plain(x):
+    if x.dtype not in _TYPES or not plain(x):
         return None
     for t in others:
-        if t is not None and (t.dtype != torch.bool or t.numel() != x.numel() or not _plain(t)):
+        if t is not None and (t.dtype != torch.bool or t.numel() != x.numel() or not plain(t)):
             return None
     library = _library()
     if library is None:
