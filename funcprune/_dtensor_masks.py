@@ -30,7 +30,7 @@ from ._validate import check_same_shape
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
-__all__ = ["check_group", "check_supported", "compute_joint_masks", "compute_mask", "fold"]
+__all__ = ["check_group", "check_supported", "compute_joint_masks", "compute_mask", "fold", "shards_of"]
 
 #: What the refusals say is supported.
 _SUPPORTED_SPECS = (
@@ -72,9 +72,9 @@ def _masks_of(spec: Spec, parts: Sequence[Block], generator: torch.Generator | N
     match spec:
         case L1Unstructured():
             scores = [p.scores for p in parts]
-            return l1_unstructured_jointly(spec.target, scores, [p.mask for p in parts], shards=_shards(parts))
+            return l1_unstructured_jointly(spec.target, scores, [p.mask for p in parts], shards=shards_of([p.layout for p in parts]))
         case RandomUnstructured():
-            return random_unstructured(spec.target, parts, _shards(parts), generator)
+            return random_unstructured(spec.target, parts, shards_of([p.layout for p in parts]), generator)
         case LnStructured() | RandomStructured():
             return [structured(spec, p, generator) for p in parts]
         case Identity() | Chain(specs=()):
@@ -95,12 +95,12 @@ def _chained(steps: Sequence[Spec], parts: Sequence[Block], generator: torch.Gen
     return kept
 
 
-def _shards(parts: Sequence[Block]) -> list[Shard] | None:
-    """The parts' shards, over the mesh's group; ``None`` if every process holds every part whole."""
-    if not any(p.layout.sharded for p in parts):
+def shards_of(layouts: Sequence[Layout]) -> list[Shard] | None:
+    """The blocks' shards, over the mesh's group; ``None`` if every process holds every tensor whole."""
+    if not any(layout.sharded for layout in layouts):
         return None  # replicated: each process computes the same masks on its own
-    group = parts[0].layout.mesh.get_group(0)
-    return [p.layout.shard(group) for p in parts]
+    group = layouts[0].mesh.get_group(0)
+    return [layout.shard(group) for layout in layouts]
 
 
 def _customblock_of(mask: Tensor, layout: Layout) -> Tensor:

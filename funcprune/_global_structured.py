@@ -32,7 +32,7 @@ from ._dtensor import block_of, is_dtensor, layout_of, wrap
 from ._dtensor_kernels import (
     Block, Channels, agree_on_failures, all_reduced, channels, check_layout, random_unstructured,
 )
-from ._dtensor_masks import check_group
+from ._dtensor_masks import check_group, shards_of
 from ._kernels import as_bool, check_matrix_norm, l1_unstructured_jointly, unpruned_units
 from ._masks import compute_mask
 from ._names import select_names
@@ -157,10 +157,7 @@ def _dtensor_masks(
     keys = _normalized_across(parts, plan.normalize)
     total = sum(p.layout.shape[0] for p in parts)
     what = f"the {total} channels of [" + ", ".join(map(repr, selected)) + "] jointly"
-    shards = None
-    if any(p.layout.sharded for p in parts):
-        group = parts[0].layout.mesh.get_group(0)
-        shards = [p.layout.shard(group) for p in parts]
+    shards = shards_of([p.layout for p in parts])
     with naming(fn, what, spec):
         if isinstance(spec, RandomStructured):
             vectors = [Block(k, p.eligible, p.layout) for k, p in zip(keys, parts, strict=True)]
