@@ -14,9 +14,12 @@ global index, NaN last).
 What is supported (everything else is refused with an error naming the
 argument; nothing is ever gathered or redistributed behind your back):
 
-- layouts: a 1-D device mesh, ``Shard(d)`` on any dim (uneven and empty
-  blocks included, as ``torch.chunk`` cuts them) or ``Replicate()``; an
-  earlier mask or given scores laid out exactly as their tensor;
+- layouts: a device mesh of any number of dims, each placing the tensor
+  ``Shard(d)`` (any dim; uneven and empty blocks included, as
+  ``torch.chunk`` cuts them, a dim cut again by a later mesh dim as
+  DTensor cuts it) or ``Replicate()`` (HSDP's ``(Replicate(), Shard(0))``
+  included); an earlier mask or given scores laid out exactly as their
+  tensor;
 - specs: ``L1Unstructured``, ``RandomUnstructured``, ``LnStructured``,
   ``RandomStructured`` (``amount`` or ``sparsity=``), ``Identity``,
   ``CustomFromMask`` (its mask whole, each process taking its block, or a
@@ -27,8 +30,13 @@ argument; nothing is ever gathered or redistributed behind your back):
   earlier masks and given scores laid out as their parameter, DTensor
   masks ``torch.bool`` where funcprune would read their values.
 
-A group with no ``Shard`` at all is computed by every process on its own
-(replicas decide alike): then nothing crosses processes.
+Counts are reduced over the mesh dims that cut the group's tensors only,
+one ``all_reduce`` per such mesh dim (:func:`all_reduce`): processes that
+differ along the other mesh dims hold the same blocks and decide alike on
+their own (HSDP's replicas send nothing to one another), and a group with
+no ``Shard`` at all is computed by every process on its own. Where copies
+of a block lie along a mesh dim that is reduced over (a group mixing
+layouts), one copy counts it (:attr:`Layout.counted`).
 
 ``torch.distributed.tensor`` is only imported once a DTensor exists:
 :func:`is_dtensor` looks it up in ``sys.modules`` first. This module says
@@ -38,12 +46,14 @@ runs the specs on the blocks.
 
 from __future__ import annotations
 
+import itertools
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, final
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ._sharded import Shard, is_dtensor
@@ -55,12 +65,18 @@ if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.placement_types import Placement
 
+ReduceOp = dist.ReduceOp.RedOpType
+SUM = dist.ReduceOp.SUM
+
 __all__ = [
     "Layout",
+    "all_reduce",
     "block_of",
+    "box",
     "check_layouts",
     "check_like",
     "check_not_fsdp",
+    "groups",
     "refuse_in",
     "is_dtensor",
     "layout_of",
@@ -68,7 +84,7 @@ __all__ = [
 ]
 
 #: What the refusals say is supported.
-_SUPPORTED_LAYOUTS = "Shard(dim) or Replicate() on a 1-D device mesh"
+_SUPPORTED_LAYOUTS = "Shard(dim) or Replicate() on each dim of a device mesh"
 
 
 @final
@@ -77,15 +93,15 @@ class Layout:
     """Where this process's block of a DTensor sits in the whole tensor.
 
     Attributes:
-        mesh: the DTensor's (1-D) device mesh.
-        placements: its placements: one ``Shard(d)`` or ``Replicate()``.
+        mesh: the DTensor's device mesh (of any number of dims).
+        placements: its placements, one per mesh dim: ``Shard(d)`` or ``Replicate()``.
         shape: the whole tensor's shape.
         offsets: where the block starts, along each dim.
         size: the block's shape.
-        sharded: whether the placement is a ``Shard`` (else every process
-            of the mesh holds the whole tensor).
-        counted: ``False`` where the block is a replica that another
-            process (the mesh's first) counts.
+        coordinate: this process's coordinate in the mesh.
+        span: the mesh dims whose placement is a ``Shard``, in order: the
+            processes along them hold different blocks; along the others,
+            copies of the same block.
     """
 
     mesh: DeviceMesh
@@ -93,16 +109,44 @@ class Layout:
     shape: tuple[int, ...]
     offsets: tuple[int, ...]
     size: tuple[int, ...]
-    sharded: bool
-    counted: bool
+    coordinate: tuple[int, ...]
+    span: tuple[int, ...]
+
+    @property
+    def sharded(self) -> bool:
+        """Whether some process of the mesh holds another block (else each holds the whole tensor)."""
+        return bool(self.span)
+
+    @property
+    def counted(self) -> bool:
+        """Whether this process counts its block in a sum over the whole mesh.
+
+        Of the processes holding copies of one block (they differ only along
+        the mesh dims that replicate it), the one at coordinate 0 along each
+        of those dims counts it.
+        """
+        return self.counted_in(range(self.mesh.ndim))
+
+    def counted_in(self, dims: Iterable[int]) -> bool:
+        """Whether this process counts its block in a sum over the mesh dims ``dims``."""
+        return all(self.coordinate[i] == 0 for i in dims if i not in self.span)
 
     def describes(self, t: DTensor) -> bool:
         """Whether ``t`` has this layout's mesh and placements."""
         return t.device_mesh == self.mesh and tuple(t.placements) == self.placements
 
-    def shard(self, group: ProcessGroup) -> Shard:
-        """The block as :mod:`._sharded` describes it, selected over ``group``."""
-        return Shard(self.shape, self.offsets, self.size, self.counted, group)
+    def shard(self, dims: Sequence[int]) -> Shard:
+        """The block as :mod:`._sharded` describes it, selected over the mesh dims ``dims``."""
+        return Shard(self.shape, self.offsets, self.size, self.counted_in(dims), groups(self.mesh, dims))
+
+    def boxes(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """The offsets and size of the block of every process of the mesh, in the mesh's order.
+
+        The same on every process (computed from the layout alone): checks
+        that must pass on all processes or on none look at these.
+        """
+        coordinates = itertools.product(*(range(n) for n in self.mesh.shape))
+        return [box(self.shape, tuple(self.mesh.shape), c, self.placements) for c in coordinates]
 
     def __str__(self) -> str:
         return _shown(self.placements, self.mesh)
@@ -123,46 +167,80 @@ def _chunk(n: int, pieces: int, index: int) -> tuple[int, int]:
     return offset, min(step, n - offset)
 
 
+def box(
+    shape: tuple[int, ...], mesh_shape: tuple[int, ...], coordinate: Sequence[int], placements: Sequence[Placement]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Offsets and size of the block at mesh ``coordinate``, cut as DTensor cuts it.
+
+    Mesh dim by mesh dim, in order, each ``Shard(d)`` cuts the block held
+    so far along ``d`` as ``torch.chunk`` does (so ``(Shard(0), Shard(0))``
+    on a 2x2 mesh cuts 7 rows into 0-1, 2-3, 4-5 and 6).
+    """
+    from torch.distributed.tensor import Shard as ShardPlacement
+
+    offsets, size = [0] * len(shape), list(shape)
+    for i, placement in enumerate(placements):
+        if isinstance(placement, ShardPlacement):
+            d = placement.dim % len(shape)
+            offset, size[d] = _chunk(size[d], mesh_shape[i], coordinate[i])
+            offsets[d] += offset
+    return tuple(offsets), tuple(size)
+
+
+def groups(mesh: DeviceMesh, dims: Iterable[int]) -> tuple[ProcessGroup, ...]:
+    """The process groups of the mesh dims ``dims``: reducing over each in turn reduces over all of them."""
+    return tuple(mesh.get_group(i) for i in dims)
+
+
+def all_reduce(values: Tensor, mesh: DeviceMesh, dims: Iterable[int] | None = None, op: ReduceOp = SUM) -> Tensor:
+    """``values`` reduced (in place; returned) over the processes of ``mesh`` along ``dims`` (all if ``None``).
+
+    One ``all_reduce`` per mesh dim, in order: the processes that differ
+    along those dims only end with the reduction of all of theirs. Sums
+    must count each block once (:attr:`Layout.counted`); maxima and minima
+    need not.
+    """
+    for group in groups(mesh, range(mesh.ndim) if dims is None else dims):
+        dist.all_reduce(values, op=op, group=group)
+    return values
+
+
 def layout_of(fn: str, what: str, t: DTensor) -> Layout:
     """The layout of this process's block of ``t``, refusing what is not supported.
 
     Raises:
-        NotImplementedError: for a mesh of more than 1 dim or a placement
-            other than ``Shard`` and ``Replicate`` (``Partial``,
-            ``_StridedShard``).
+        NotImplementedError: for a placement other than ``Shard`` and
+            ``Replicate`` (``Partial``, ``_StridedShard``).
         ValueError: if this process is not in the mesh, or its block does
-            not have the shape ``torch.chunk``'s cut gives.
+            not have the shape DTensor's cut gives.
     """
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor import Shard as ShardPlacement
 
     mesh, placements = t.device_mesh, tuple(t.placements)
-    if mesh.ndim != 1 or not all(type(p) in (ShardPlacement, Replicate) for p in placements):
+    if not all(type(p) in (ShardPlacement, Replicate) for p in placements):
         raise NotImplementedError(
             f"{fn}: {what} is a DTensor laid out as {_shown(placements, mesh)}; funcprune computes "
-            f"masks of DTensors laid out as {_SUPPORTED_LAYOUTS} only (not yet Partial, "
-            "_StridedShard or meshes of several dims); redistribute it yourself with "
-            ".redistribute(mesh, placements) if you mean to pay for that communication"
+            f"masks of DTensors laid out as {_SUPPORTED_LAYOUTS} only (not yet Partial or "
+            "_StridedShard); redistribute it yourself with .redistribute(mesh, placements) if you "
+            "mean to pay for that communication"
         )
     coordinate = mesh.get_coordinate()
     if coordinate is None:
         raise ValueError(
             f"{fn}: this process is not in {what}'s device mesh {mesh}; call it on the mesh's processes only"
         )
-    shape, placement = tuple(t.shape), placements[0]
-    offsets, size = [0] * len(shape), list(shape)
-    if isinstance(placement, ShardPlacement):
-        d = placement.dim % len(shape)
-        offsets[d], size[d] = _chunk(shape[d], mesh.size(0), coordinate[0])
+    shape = tuple(t.shape)
+    offsets, size = box(shape, tuple(mesh.shape), coordinate, placements)
     local = tuple(t.to_local().shape)
-    if local != tuple(size):
+    if local != size:
         raise ValueError(
-            f"{fn}: {what} holds a block of shape {local} on this process, but {placements[0]!r} of "
-            f"shape {shape} over {mesh.size(0)} processes gives {tuple(size)} (torch.chunk's cut); "
-            "build it with distribute_tensor, or from_local with blocks cut that way"
+            f"{fn}: {what} holds a block of shape {local} on this process, but {list(placements)} of "
+            f"shape {shape} over a mesh of shape {tuple(mesh.shape)} gives {size} (torch.chunk's "
+            "cut); build it with distribute_tensor, or from_local with blocks cut that way"
         )
-    sharded = isinstance(placement, ShardPlacement)
-    return Layout(mesh, placements, shape, tuple(offsets), tuple(size), sharded, sharded or coordinate[0] == 0)
+    span = tuple(i for i, p in enumerate(placements) if isinstance(p, ShardPlacement))
+    return Layout(mesh, placements, shape, offsets, size, tuple(coordinate), span)
 
 
 def wrap(local: Tensor, layout: Layout) -> Tensor:
@@ -282,17 +360,16 @@ def check_not_fsdp(fn: str, module: nn.Module) -> None:
 
 
 def refuse_in(fn: str, tensors: Mapping[str, object] | None, what: str = "parameter") -> None:
-    """Refuse DTensors where a function reads or rebuilds whole tensors (reports, payoff).
+    """Refuse DTensors where a function rebuilds whole tensors (payoff: bake, shrink, to_sparse).
 
-    Counted on one process, a DTensor's block would give that process's
-    share only; rebuilt into a module or a sparse tensor, it would be
-    gathered. Not supported yet, so refused.
+    Rebuilt into a module or a sparse tensor, a DTensor would be gathered,
+    or be that process's block only. Not supported yet, so refused.
     """
     for name, t in (tensors or {}).items():
         if is_dtensor(t):
             raise NotImplementedError(
                 f"{fn}: the {what} {name!r} is a DTensor ({_shown(t.placements, t.device_mesh)}); "
-                f"{fn} does not support DTensors yet (it would count or rebuild this process's "
-                "block only); DTensors are supported by compute_mask, the plans and the "
-                "apply functions"
+                f"{fn} does not support DTensors yet (it would rebuild this process's "
+                "block only); DTensors are supported by compute_mask, the plans, the "
+                "apply functions and sparsity_report"
             )

@@ -4,7 +4,12 @@
 ``RandomUnstructured`` here with each process's blocks (:class:`Block`). What
 crosses processes is a few ``all_reduce`` calls of fixed size per call,
 whatever ``k`` and the tensors' sizes along the sharded dim; nothing is
-gathered, and every process gets the same decision.
+gathered, and every process gets the same decision. On a mesh of several
+dims each reduction is one ``all_reduce`` per mesh dim it spans
+(:func:`~._dtensor.all_reduce`); below, "processes" are those of the mesh
+dims that cut the tensor, and a channel's dim ``d`` may be cut by some
+mesh dims and its other dims by others: its norms are then reduced over
+the latter, and the channels ranked over the former.
 
 **LnStructured**, by where the channels' dim ``d`` lies:
 
@@ -49,8 +54,8 @@ gathered, and every process gets the same decision.
 **Random specs** (``RandomUnstructured``, ``RandomStructured``) do not draw
 as torch does: each draws ONE 64-bit seed from ``generator`` (or torch's
 default CPU generator), agrees on the seed of the mesh's first process (it
-rides along the call's first ``all_reduce``, so processes whose generators
-differ still agree), and keys every unit by a counter-based hash of the
+rides along the call's first ``all_reduce``, over every mesh dim, so
+processes whose generators differ still agree, replicas included), and keys every unit by a counter-based hash of the
 seed and the unit's global index (splitmix64: the output numbered
 ``index + 1`` from the state ``seed``, its top 53 bits a float64 in
 ``[0, 1)``); the units of lowest keys among those still unpruned are
@@ -69,9 +74,10 @@ and so does ``RandomStructured`` sharded along another dim, with the
 ``C`` per-channel counts beside the seed where there is an earlier mask.
 
 **global_structured** (:func:`channels`): each tensor's channel vector is
-keyed as above (norms where the channels lie, or reduced across processes
-and then held whole by every process, counted on the first), and the
-group's vectors are ranked jointly by the exact selection over shards.
+keyed as above (norms where the channels lie, or reduced across the
+processes that share them), laid out as the channels are (cut by the mesh
+dims that cut ``d``, copied along the others), and the group's vectors are
+ranked jointly by the exact selection over shards.
 """
 
 from __future__ import annotations
@@ -83,9 +89,9 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ._dtensor import Layout
+from ._dtensor import Layout, all_reduce, box
 from ._kernels import check_matrix_norm, keep_all, ln_structured, unpruned_units
-from ._select import KeyPart, Shard, Target, keep, keep_jointly, resolve_count
+from ._select import WHOLE, Group, KeyPart, Shard, Target, keep, keep_jointly, resolve_count
 from ._specs import LnStructured, RandomStructured
 from ._types import Mask, NormOrder, Tensor
 from ._validate import validate_dim_range, validate_structured
@@ -107,14 +113,23 @@ class Block(NamedTuple):
 # --- where the channels lie ------------------------------------------------------------
 
 
-def _sharded_dim(layout: Layout) -> int | None:
-    """The dim a ``Shard`` placement cuts (non-negative); ``None`` for ``Replicate``."""
+def _cutting(layout: Layout, d: int) -> tuple[int, ...]:
+    """The mesh dims whose ``Shard`` placement cuts the tensor's dim ``d`` (non-negative)."""
+    return tuple(i for i in layout.span if _cut_dim(layout, i) == d)
+
+
+def _cut_dim(layout: Layout, i: int) -> int | None:
+    """The tensor dim (non-negative) that mesh dim ``i`` cuts; ``None`` where it replicates."""
     from torch.distributed.tensor import Shard as ShardPlacement
 
-    placement = layout.placements[0]
-    if not layout.sharded or not isinstance(placement, ShardPlacement):
-        return None
-    return placement.dim % len(layout.shape)
+    placement = layout.placements[i]
+    return placement.dim % len(layout.shape) if isinstance(placement, ShardPlacement) else None
+
+
+def _across(layout: Layout, d: int) -> tuple[int, ...]:
+    """The mesh dims that cut the tensor along another dim than ``d``: a channel's entries lie across them."""
+    along = _cutting(layout, d)
+    return tuple(i for i in layout.span if i not in along)
 
 
 def check_layout(fn: str, what: str, spec: object, layout: Layout) -> None:
@@ -131,13 +146,13 @@ def check_layout(fn: str, what: str, spec: object, layout: Layout) -> None:
     if not isinstance(spec, LnStructured) or spec.n != "nuc":
         return
     ndim = len(layout.shape)
-    cut = _sharded_dim(layout)
-    if cut is None or ndim != 3 or not -ndim <= spec.dim < ndim or cut == spec.dim % ndim:
+    if ndim != 3 or not -ndim <= spec.dim < ndim or not _across(layout, spec.dim % ndim):
         return  # other shapes get the kernel's own error
+    cut = sorted({d for i in _across(layout, spec.dim % ndim) if (d := _cut_dim(layout, i)) is not None})
     raise NotImplementedError(
-        f"{fn}: {what} is a DTensor sharded along dim {cut} ({layout}), and {spec!r} takes each "
+        f"{fn}: {what} is a DTensor sharded along dim {' and '.join(map(str, cut))} ({layout}), and {spec!r} takes each "
         f"channel's nuclear norm over the other dims, which no sum of per-process parts gives; on "
-        f"DTensors n='nuc' works where the channels' dim ({spec.dim % ndim}) is the sharded dim or "
+        f"DTensors n='nuc' works where the channels' dim ({spec.dim % ndim}) is the only sharded dim or "
         "the tensor is replicated; use a vector norm (n=2, n='fro', n=1, ...) or shard along the "
         "channels' dim"
     )
@@ -199,15 +214,12 @@ class _Seed:
 
 def _first(layout: Layout) -> bool:
     """Whether this process is the mesh's first (whose seed every process takes)."""
-    coordinate = layout.mesh.get_coordinate()
-    assert coordinate is not None  # layout_of refused a process outside the mesh
-    return coordinate[0] == 0
+    return not any(layout.coordinate)
 
 
 def _all_reduce(values: Tensor, layout: Layout, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> Tensor:
-    """``values`` reduced over the mesh's processes (in place; returned)."""
-    dist.all_reduce(values, op=op, group=layout.mesh.get_group(0))
-    return values
+    """``values`` reduced over all the processes of the layout's mesh (in place; returned)."""
+    return all_reduce(values, layout.mesh, None, op)
 
 
 def _agreed(numbers: Sequence[int] | Tensor, seed: _Seed, layout: Layout, device: torch.device) -> tuple[Tensor, int]:
@@ -288,10 +300,11 @@ def structured(spec: LnStructured | RandomStructured, block: Block, generator: t
         return _empty(spec, block)
     if isinstance(spec, LnStructured) and not layout.sharded:  # a whole copy: one process's kernel
         return ln_structured(spec.target, spec.n, spec.dim, scores, mask)
-    if _sharded_dim(layout) == d:
-        kept = _split_channels(spec, block, d, generator)
+    vector = _channel_layout(layout, d)
+    if isinstance(spec, LnStructured):
+        kept = _ln_channels(spec, block, d, vector)
     else:
-        kept = _whole_channels(spec, block, d, generator)
+        kept = _random_channels(spec, block, d, vector, generator)
     if kept is None:
         return keep_all(scores, mask)
     shape = [1] * scores.dim()
@@ -309,71 +322,86 @@ def _empty(spec: LnStructured | RandomStructured, block: Block) -> Tensor:
     return torch.ones(scores.shape, dtype=torch.bool, device=scores.device)
 
 
-def _split_channels(
-    spec: LnStructured | RandomStructured, block: Block, d: int, generator: torch.Generator | None
-) -> Tensor | None:
-    """Kept flags of this block's channels, each process holding whole channels; ``None``: none pruned.
+def _others(scores: Tensor, d: int) -> list[int]:
+    return [i for i in range(scores.dim()) if i != d]
 
-    The first ``all_reduce`` sums the unpruned channels and carries the seed
-    (random) or whether a process failed to compute its norms (a nuclear
-    norm's SVD of non-finite values): then every process raises, none is
-    left waiting in the select.
+
+def _ln_channels(spec: LnStructured, block: Block, d: int, vector: Layout) -> Tensor | None:
+    """Kept flags of this process's channels (``vector``'s block); ``None``: none pruned.
+
+    Norms are taken where the channels lie whole, else reduced across the
+    processes that share them. Channels cut across processes are then
+    ranked over them, after ONE ``all_reduce`` of the count of channels
+    still unpruned with a flag saying whether a process failed to compute
+    its norms (a nuclear norm's SVD of non-finite values): then every
+    process raises, none is left waiting in the select.
     """
     scores, mask, layout = block
-    channels = layout.shape[d]
-    start = layout.offsets[d]
-    shard = Shard((channels,), (start,), (layout.size[d],), True, layout.mesh.get_group(0))
-    eligible = None if mask is None else unpruned_units("structured", mask, d)
-    mine = scores.shape[d] if eligible is None else int(eligible.sum())
-    seed, failure = None, None
-    if isinstance(spec, RandomStructured):
-        seed = _Seed(generator)
-        summed, value = _agreed([mine], seed, layout, scores.device)
-        keys = uniform(value, torch.arange(start, start + scores.shape[d], device=scores.device))
+    across, failure = _across(layout, d), None
+    if across:
+        keys, eligible = _norms_across(spec.n, block, d, across)
     else:
-        others = [i for i in range(scores.dim()) if i != d]
+        eligible = None if mask is None else unpruned_units("structured", mask, d)
         try:
-            keys = torch.norm(scores, p=spec.n, dim=others)
+            keys = torch.norm(scores, p=spec.n, dim=_others(scores, d))
         except RuntimeError as e:
             failure = e
-        summed = _all_reduce(torch.tensor([mine, failure is not None], dtype=torch.int64, device=scores.device), layout)
-    k = _count(spec.target, int(summed[0]), channels, seed)  # an amount refused first, as on one process
+    unpruned, failed = _unpruned_channels(vector, eligible, failure is not None, scores.device)
+    k = _count(spec.target, unpruned, layout.shape[d], None)  # an amount refused first, as on one process
     if k == 0:
         return None
     if failure is not None:
         raise failure
-    if isinstance(spec, LnStructured) and int(summed[1]):
+    if failed:
         raise _failed_elsewhere(spec)
-    return keep(keys, k, eligible, group=shard)
+    return keep(keys, k, eligible, group=vector.shard(vector.span) if vector.sharded else WHOLE)
 
 
-def _whole_channels(
-    spec: LnStructured | RandomStructured, block: Block, d: int, generator: torch.Generator | None
+def _unpruned_channels(vector: Layout, eligible: Mask, failure: bool, device: torch.device) -> tuple[int, bool]:
+    """The channels still unpruned, and whether a process failed: summed over the mesh where channels are cut."""
+    mine = vector.size[0] if eligible is None else int(eligible.sum())
+    if not vector.sharded:  # every process holds every channel's key
+        return mine, failure
+    summed = _all_reduce(torch.tensor([mine if vector.counted else 0, failure], dtype=torch.int64, device=device), vector)
+    return int(summed[0]), bool(summed[1])
+
+
+def _random_channels(
+    spec: RandomStructured, block: Block, d: int, vector: Layout, generator: torch.Generator | None
 ) -> Tensor | None:
-    """Kept flags of every channel, every process holding part of each; ``None``: none pruned."""
+    """Kept flags of this process's channels (``vector``'s block) drawn at random; ``None``: none pruned.
+
+    The seed rides along the first ``all_reduce``: with the count of
+    unpruned channels where they are cut across processes, else with the
+    per-channel counts of entries still kept where those are cut (a
+    channel is unpruned where any process keeps an entry of it).
+    """
     scores, mask, layout = block
-    channels = layout.shape[d]
-    others = [i for i in range(scores.dim()) if i != d]
-    seed = None
-    if isinstance(spec, LnStructured):
-        keys, eligible = _norms_across(spec.n, block, d, others)
+    seed = _Seed(generator)
+    group: Group = WHOLE
+    if vector.sharded:
+        eligible = None if mask is None else unpruned_units("structured", mask, d)
+        across = _across(layout, d)
+        if mask is not None and across:  # a channel's entries lie across processes
+            eligible = all_reduce(mask.sum(dim=_others(scores, d), dtype=torch.int64), layout.mesh, across) != 0
+        mine = vector.size[0] if eligible is None else int(eligible.sum())
+        summed, value = _agreed([mine if vector.counted else 0], seed, layout, scores.device)
+        unpruned, group = int(summed[0]), vector.shard(vector.span)
     else:
-        seed = _Seed(generator)
-        eligible = None
-        if mask is not None and not layout.sharded:
-            eligible = unpruned_units("structured", mask, d)
         counts: Sequence[int] | Tensor = []
         if mask is not None and layout.sharded:
-            counts = mask.sum(dim=others, dtype=torch.int64)
+            counts = mask.sum(dim=_others(scores, d), dtype=torch.int64)
         summed, value = _agreed(counts, seed, layout, scores.device)
-        if mask is not None and layout.sharded:
-            eligible = summed != 0
-        keys = uniform(value, torch.arange(channels, device=scores.device))
-    unpruned = channels if eligible is None else int(eligible.sum())
-    k = _count(spec.target, unpruned, channels, seed)
+        eligible = None
+        if mask is not None:
+            eligible = summed != 0 if layout.sharded else unpruned_units("structured", mask, d)
+        unpruned = vector.size[0] if eligible is None else int(eligible.sum())
+    k = _count(spec.target, unpruned, layout.shape[d], seed)
     if k == 0:
         return None
-    return keep(keys, k, eligible)  # the same keys on every process: the same flags
+    start = vector.offsets[0]
+    keys = uniform(value, torch.arange(start, start + vector.size[0], device=scores.device))
+    return keep(keys, k, eligible, group=group)
 
 
 #: Codes of NaN in the max and min reductions: above every other code, below every other.
@@ -381,13 +409,16 @@ _NAN_ABOVE = 0x7FF8000000000000  # a quiet NaN's bits: above +inf's (0x7FF0...)
 _NAN_BELOW = -1
 
 
-def _norms_across(n: NormOrder, block: Block, d: int, others: list[int]) -> tuple[Tensor, Mask]:
-    """Every channel's L``n`` norm and (with a mask) whether it is unpruned: one ``all_reduce``.
+def _norms_across(n: NormOrder, block: Block, d: int, across: tuple[int, ...]) -> tuple[Tensor, Mask]:
+    """The L``n`` norm of each of this process's channels and (with a mask) whether it is unpruned.
 
-    See the module for how the norm is formed; NaN propagates as in torch.
+    A channel's entries lie across the processes along the mesh dims
+    ``across``: one ``all_reduce`` over each of those dims combines their
+    parts. See the module for how the norm is formed; NaN propagates as in
+    torch.
     """
     scores, mask, layout = block
-    channels = layout.shape[d]
+    channels, others = scores.shape[d], _others(scores, d)
     dtype, device = scores.dtype, scores.device
     held = scores.numel() > 0  # an uneven cut leaves some processes no entries of the other dims
     if n in (math.inf, -math.inf):
@@ -404,7 +435,7 @@ def _norms_across(n: NormOrder, block: Block, d: int, others: list[int]) -> tupl
             kept_any = mask.any(dim=others).to(torch.int64)
             rows.append(kept_any if largest else 1 - kept_any)
         op = dist.ReduceOp.MAX if largest else dist.ReduceOp.MIN
-        reduced = _all_reduce(torch.stack(rows), layout, op)
+        reduced = all_reduce(torch.stack(rows), layout.mesh, across, op)
         nan = reduced[0] == (_NAN_ABOVE if largest else _NAN_BELOW)
         norms = reduced[0].view(torch.float64).masked_fill(nan, math.nan).to(dtype)  # exact: values of dtype
         eligible = None if mask is None else (reduced[1] != 0 if largest else reduced[1] == 0)
@@ -420,7 +451,7 @@ def _norms_across(n: NormOrder, block: Block, d: int, others: list[int]) -> tupl
     rows = [partial]
     if mask is not None:
         rows.append(mask.sum(dim=others, dtype=torch.float64))
-    reduced = _all_reduce(torch.stack(rows), layout)
+    reduced = all_reduce(torch.stack(rows), layout.mesh, across)
     eligible = None if mask is None else reduced[1] != 0
     accumulate = torch.float64 if dtype == torch.float64 else torch.float32  # torch's accumulation dtype
     total = reduced[0].to(accumulate)  # rounded once, overflowing or underflowing where torch's sum would
@@ -446,38 +477,37 @@ class Channels(NamedTuple):
 
 
 def _channel_layout(layout: Layout, d: int) -> Layout:
-    """The layout of a tensor's channel vector: cut as its channels are, or whole on every process."""
+    """The layout of a tensor's channel vector: cut by the mesh dims that cut its dim ``d``, whole along the others."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor import Shard as ShardPlacement
 
-    channels = layout.shape[d]
-    if _sharded_dim(layout) == d:
-        return Layout(
-            layout.mesh, (ShardPlacement(0),), (channels,), (layout.offsets[d],), (layout.size[d],), True, True
-        )
-    return Layout(layout.mesh, (Replicate(),), (channels,), (0,), (channels,), False, _first(layout))
+    along = _cutting(layout, d)
+    placements = tuple(ShardPlacement(0) if i in along else Replicate() for i in range(len(layout.placements)))
+    shape = (layout.shape[d],)
+    offsets, size = box(shape, tuple(layout.mesh.shape), layout.coordinate, placements)
+    return Layout(layout.mesh, placements, shape, offsets, size, layout.coordinate, along)
 
 
 def channels(spec: LnStructured | RandomStructured, block: Block, d: int) -> Channels:
     """The channel keys of one DTensor of a global structured group (its shape checked by the caller).
 
-    Channels whole on each process (sharded along ``d``, or replicated) are
-    normed where they lie; otherwise their norms are reduced across the
-    processes as :func:`structured` reduces them (one ``all_reduce``), and
-    the vector, then the same on every process, is counted on the first.
+    Channels whole on each process (no mesh dim cuts another dim than
+    ``d``) are normed where they lie; otherwise their norms are reduced
+    across the processes that share them, as :func:`structured` reduces
+    them (one ``all_reduce`` per mesh dim they lie across).
     """
     scores, mask, layout = block
     device = scores.device
     vector = _channel_layout(layout, d)
-    others = [i for i in range(scores.dim()) if i != d]
-    box = slice(vector.offsets[0], vector.offsets[0] + vector.size[0])
+    others, across = _others(scores, d), _across(layout, d)
     if math.prod(layout.shape) == 0:  # nothing to norm: one process's norms (and errors), nothing sent
         keys = torch.zeros(layout.shape[d], dtype=scores.dtype, device=device)
         if isinstance(spec, LnStructured):
             keys = torch.norm(torch.zeros(layout.shape, dtype=scores.dtype, device=device), p=spec.n, dim=others)
         eligible = None if mask is None else torch.zeros(layout.shape[d], dtype=torch.bool, device=device)
-        return Channels(keys[box], None if eligible is None else eligible[box], vector, d, None)
-    if vector.sharded or not layout.sharded:  # whole channels here
+        mine = slice(vector.offsets[0], vector.offsets[0] + vector.size[0])
+        return Channels(keys[mine], None if eligible is None else eligible[mine], vector, d, None)
+    if not across:  # whole channels here
         eligible = None if mask is None else unpruned_units("structured", mask, d)
         if isinstance(spec, RandomStructured):
             return Channels(torch.zeros(scores.shape[d], dtype=scores.dtype, device=device), eligible, vector, d, None)
@@ -486,12 +516,12 @@ def channels(spec: LnStructured | RandomStructured, block: Block, d: int) -> Cha
         except RuntimeError as e:
             return Channels(torch.empty(0, dtype=scores.dtype, device=device), eligible, vector, d, e)
     if isinstance(spec, LnStructured):
-        keys, eligible = _norms_across(spec.n, block, d, others)
+        keys, eligible = _norms_across(spec.n, block, d, across)
         return Channels(keys, eligible, vector, d, None)
     eligible = None
     if mask is not None:
-        eligible = _all_reduce(mask.sum(dim=others, dtype=torch.int64), layout) != 0
-    return Channels(torch.zeros(layout.shape[d], dtype=scores.dtype, device=device), eligible, vector, d, None)
+        eligible = all_reduce(mask.sum(dim=others, dtype=torch.int64), layout.mesh, across) != 0
+    return Channels(torch.zeros(scores.shape[d], dtype=scores.dtype, device=device), eligible, vector, d, None)
 
 
 def agree_on_failures(spec: LnStructured, parts: Sequence[Channels]) -> None:

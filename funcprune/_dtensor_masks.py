@@ -96,11 +96,15 @@ def _chained(steps: Sequence[Spec], parts: Sequence[Block], generator: torch.Gen
 
 
 def shards_of(layouts: Sequence[Layout]) -> list[Shard] | None:
-    """The blocks' shards, over the mesh's group; ``None`` if every process holds every tensor whole."""
-    if not any(layout.sharded for layout in layouts):
+    """The blocks' shards, ranked over the mesh dims that shard any of them; ``None`` if none does.
+
+    Processes that differ only along the other mesh dims hold the same
+    blocks of every part, so they compute the same masks on their own.
+    """
+    span = sorted({i for layout in layouts for i in layout.span})
+    if not span:
         return None  # replicated: each process computes the same masks on its own
-    group = layouts[0].mesh.get_group(0)
-    return [layout.shard(group) for layout in layouts]
+    return [layout.shard(span) for layout in layouts]
 
 
 def _customblock_of(mask: Tensor, layout: Layout) -> Tensor:

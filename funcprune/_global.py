@@ -90,9 +90,9 @@ def global_unstructured(names: Sequence[str], spec: Spec | Sequence[Spec]) -> Gl
     together are pruned, so each tensor ends up with its own sparsity.
     Earlier masks are respected (a float amount is a fraction of what is
     still unpruned overall) and importance scores are taken from the plan
-    call's ``scores``. The tensors may be DTensors on one 1-D device mesh
-    (an FSDP2 model's parameters), each with its own ``Shard(dim)`` or
-    ``Replicate()`` placement: they are ranked jointly across processes,
+    call's ``scores``. The tensors may be DTensors on one device mesh
+    (an FSDP2 or HSDP model's parameters), each with its own ``Shard(dim)``
+    or ``Replicate()`` placements: they are ranked jointly across processes,
     nothing gathered (see :func:`~funcprune.compute_joint_masks`).
 
     Args:

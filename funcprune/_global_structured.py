@@ -11,12 +11,13 @@ unpruned as its default mask. The kept channels are then expanded back to
 each tensor's shape, so every mask prunes whole channels, as
 :func:`~funcprune.shrink` expects.
 
-DTensors (one 1-D mesh, each ``Shard(d)`` or ``Replicate()``) are ranked
+DTensors (one mesh, ``Shard(d)`` or ``Replicate()`` on each mesh dim) are ranked
 across processes, nothing gathered (:func:`_dtensor_masks`): channels
 whole on each process are normed where they lie and ranked by the exact
 selection over shards, bit for bit as one process; channels cut across
 processes get the norms of :mod:`._dtensor_kernels` (one ``all_reduce``
-per tensor; exact for ``n`` = ``inf``, ``-inf``, ``0``).
+per tensor and mesh dim they lie across; exact for ``n`` = ``inf``,
+``-inf``, ``0``).
 """
 
 from __future__ import annotations
@@ -178,7 +179,10 @@ def _normalized_across(parts: Sequence[Channels], normalize: Normalize) -> list[
     process does. A tensor whose channels are cut across processes sums
     (``"mean"``: in float64, rounded once to the norms' dtype, so within an
     ulp of one process's float32 sum) or maximizes (``"max"``: exact) its
-    part of each tensor's numbers: one ``all_reduce`` for the whole group.
+    part of each tensor's numbers: one ``all_reduce`` per mesh dim for the
+    whole group. Where copies of a block of channels lie along some mesh
+    dims, one of them adds its numbers (three copies would triple a sum,
+    not always exactly).
     """
     if normalize is None:
         return [p.keys for p in parts]
@@ -186,6 +190,9 @@ def _normalized_across(parts: Sequence[Channels], normalize: Normalize) -> list[
     numbers: list[float] = []
     for i in cut:
         norms, eligible = parts[i].keys, parts[i].eligible
+        if not parts[i].layout.counted:  # a copy of channels another process counts
+            numbers += [0.0, 0.0] if normalize == "mean" else [0.0]
+            continue
         counted = norms.isfinite() if eligible is None else norms.isfinite() & eligible
         values = torch.where(counted, norms, torch.zeros_like(norms))
         if normalize == "mean":
@@ -331,8 +338,8 @@ def global_structured(
       (as ``RandomUnstructured`` draws over the vector of the group's
       channels): reproducible for a seed or ``generator=``, following
       ``vmap``'s ``randomness=``, though no torch function draws the same.
-    - DTensors (an FSDP2 model's parameters; all of the group on one 1-D
-      mesh, each ``Shard(d)`` or ``Replicate()``) are ranked across
+    - DTensors (an FSDP2 model's parameters; all of the group on one
+      mesh, ``Shard(d)`` or ``Replicate()`` on each mesh dim) are ranked across
       processes with a few ``all_reduce`` calls of fixed size, nothing
       gathered. Where each process holds whole channels (sharded along
       ``dim``, or replicated) the masks equal one process's bit for bit

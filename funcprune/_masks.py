@@ -80,7 +80,7 @@ def compute_mask(
         before a number either).
 
     ``scores`` may be a DTensor (an FSDP2 parameter, say) laid out as
-    ``Shard(dim)`` or ``Replicate()`` on a 1-D device mesh, with a
+    ``Shard(dim)`` or ``Replicate()`` on each dim of its device mesh, with a
     ``default_mask`` of the same mesh and placements. Every process of the
     mesh calls this on its DTensor and gets its block of the mask, a
     ``torch.bool`` DTensor of the scores' layout; together the blocks are
@@ -138,8 +138,8 @@ def compute_joint_masks(
     their promoted dtype, as a concatenation would. ``L1Unstructured`` never
     builds that vector in eager mode.
 
-    The scores may be DTensors, all on one 1-D device mesh, each laid out
-    as ``Shard(dim)`` or ``Replicate()`` (its earlier mask likewise), as
+    The scores may be DTensors, all on one device mesh, each laid out
+    as ``Shard(dim)`` or ``Replicate()`` on each mesh dim (its earlier mask likewise), as
     for :func:`compute_mask`: ranked jointly across processes, nothing
     gathered, with the unstructured specs :func:`compute_mask` runs on
     DTensors.

@@ -5,22 +5,34 @@
 returns a frozen :class:`SparsityReport` whose ``str()`` is an aligned table
 like the figures of the pruning tutorial. It reads tensor values, so it runs
 in eager mode, outside ``torch.func`` transforms and ``torch.compile``.
+
+DTensor masks, and modules whose parameters are DTensors (FSDP2's
+``fully_shard``), are reported collectively: every process of the mesh calls
+:func:`sparsity_report` and gets the report of the whole tensors. Nothing is
+gathered: each process counts its own block (a replicated block on one
+process only), and the counts of all the DTensors on one mesh are summed in
+one ``all_reduce`` of an int64 vector per mesh dim, mesh by mesh in order of
+first appearance. Plain tensors beside them are counted where they are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import final
+from typing import TYPE_CHECKING, final
 
 import torch
 import torch.nn.utils.prune as torch_prune
 from torch import nn
 
-from ._dtensor import refuse_in
+from ._dtensor import all_reduce, check_layouts, layout_of
 from ._names import check_masks, check_params, unknown_name
+from ._sharded import is_dtensor
 from ._types import Params
 from ._validate import non_binary
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 Tensor = torch.Tensor
 
@@ -129,21 +141,64 @@ def _refuse_hook_mode(module: nn.Module) -> None:
                 )
 
 
-def _row(name: str, mask: Tensor) -> SparsityRow:
-    return SparsityRow(name, tuple(mask.shape), int((mask == 0).sum()))
+#: A row to count: its name, its (whole) shape, what errors call its tensor, and the tensor
+#: whose exact zeros are its pruned entries (``None``: nothing pruned).
+_Entry = tuple[str, tuple[int, ...], str, Tensor | None]
 
 
-def _checked_row(name: str, mask: object) -> SparsityRow:
-    """The row of a mask given without parameters, checked to be a 0/1 tensor."""
+def _checked_mask(name: str, mask: object) -> Tensor:
+    """A mask given without parameters, checked to be a 0/1 tensor (a DTensor: ``torch.bool``)."""
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"sparsity_report: the mask for {name!r} must be a tensor, got {mask!r}")
+    if is_dtensor(mask) and mask.dtype != torch.bool:
+        raise TypeError(
+            f"sparsity_report: the mask for {name!r} is a DTensor of dtype {mask.dtype}; DTensor "
+            "masks must be torch.bool (funcprune's are): checking that numbers are 0 and 1 would "
+            "read one process's block only; convert it with `mask != 0`"
+        )
     bad = non_binary(mask, 3)
     if bad:
         raise ValueError(
             f"sparsity_report: the mask for {name!r} must hold only 0 and 1 (or be "
             f"torch.bool), got values such as {bad}"
         )
-    return _row(name, mask)
+    return mask
+
+
+def _zeros(tensors: list[tuple[str, Tensor | None]]) -> list[int]:
+    """The exact zeros of each tensor (0 for ``None``); a DTensor's, of the whole tensor.
+
+    A plain tensor is counted here. Every DTensor's layout is checked first
+    (``what`` names it in errors), then its block counted on one of the
+    processes holding it (:attr:`Layout.counted`) and the counts of the
+    DTensors on one mesh summed in one ``all_reduce`` per mesh dim, mesh by
+    mesh in order of first appearance: the same collectives on every process.
+    """
+    counts = [0] * len(tensors)
+    meshes: list[tuple[DeviceMesh, list[int], list[Tensor]]] = []
+    for i, (what, t) in enumerate(tensors):
+        if t is None or not is_dtensor(t):
+            counts[i] = 0 if t is None else int((t == 0).sum())
+            continue
+        layout, local = layout_of("sparsity_report", what, t), t.to_local()
+        mine = (local == 0).sum() if layout.counted else local.new_zeros((), dtype=torch.int64)
+        group = next((g for g in meshes if g[0] == layout.mesh), None)
+        if group is None:
+            meshes.append(group := (layout.mesh, [], []))
+        group[1].append(i)
+        group[2].append(mine)
+    for mesh, indices, blocks in meshes:
+        summed: list[int] = all_reduce(torch.stack(blocks), mesh).tolist()
+        for i, n in zip(indices, summed, strict=True):
+            counts[i] = n
+    return counts
+
+
+def _report(entries: list[_Entry]) -> SparsityReport:
+    """The report of ``entries``, counted by :func:`_zeros`."""
+    counts = _zeros([(what, t) for _, _, what, t in entries])
+    rows = (SparsityRow(name, shape, n) for (name, shape, _, _), n in zip(entries, counts, strict=True))
+    return SparsityReport(tuple(rows))
 
 
 def sparsity_report(
@@ -158,20 +213,32 @@ def sparsity_report(
             ``named_parameters()``, counting the exact zeros of its values
             (pruning baked in, as after ``funcprune.compat.remove`` or
             :func:`funcprune.apply_masks_`). For a module in hook mode pass
-            ``funcprune.compat.masks_from_module(module)``.
+            ``funcprune.compat.masks_from_module(module)``. Masks and
+            parameters may be DTensors (DTensor masks ``torch.bool``), beside
+            plain tensors or not: then every process of their meshes must
+            call it, and each gets the report of the whole tensors (shapes,
+            counts), counted block by block and summed, never gathered.
         params: with a mask dict, the parameters: the report then has a row
             for every parameter (0 pruned where there is no mask), in their
-            order, and masks are checked against them.
+            order, and masks are checked against them (a DTensor parameter's
+            mask a DTensor of its mesh and placements, a plain one's plain).
 
     Returns:
-        A :class:`SparsityReport`; ``str(report)`` is the table.
+        A :class:`SparsityReport`; ``str(report)`` is the table, the same
+        on every process.
 
     Raises:
         TypeError: if ``source`` is neither a mapping of tensors nor a
-            module, or ``params`` is given with a module.
-        ValueError: if a mask holds values other than 0 and 1, or the
-            module is in hook mode (a pruning hook of ``torch.nn.utils.prune``
-            or ``funcprune.compat`` on it or a submodule).
+            module, ``params`` is given with a module, a DTensor mask is
+            not ``torch.bool``, or (with ``params``) a DTensor meets a plain
+            tensor.
+        ValueError: if a mask holds values other than 0 and 1, the module
+            is in hook mode (a pruning hook of ``torch.nn.utils.prune`` or
+            ``funcprune.compat`` on it or a submodule), a DTensor mask's
+            mesh or placements differ from its parameter's, or a DTensor's
+            block is not cut as ``torch.chunk`` cuts it.
+        NotImplementedError: for a DTensor placed otherwise than
+            ``Shard(dim)`` or ``Replicate()`` (``Partial``, ``_StridedShard``).
         UnknownNameError: if ``params`` is given and a mask names none of
             them.
 
@@ -195,25 +262,22 @@ def sparsity_report(
     >>> [(row.name, row.pruned) for row in fp.sparsity_report(fc).rows]
     [('weight', 3), ('bias', 0)]
     """
+    fn = "sparsity_report"
     if isinstance(source, nn.Module):
         if params is not None:
-            raise TypeError("sparsity_report: params= goes with a mask dict, not a module")
+            raise TypeError(f"{fn}: params= goes with a mask dict, not a module")
         _refuse_hook_mode(source)
-        refuse_in("sparsity_report", dict(source.named_parameters()))
-        rows = (_row(name, p.detach()) for name, p in source.named_parameters())
-        return SparsityReport(tuple(rows))
+        named = source.named_parameters()
+        return _report([(n, tuple(p.shape), f"the parameter {n!r}", p.detach()) for n, p in named])
     if not isinstance(source, Mapping):
         kind = type(source).__name__
-        raise TypeError(f"sparsity_report: source must be a dict of masks or a module, got {kind}")
-    refuse_in("sparsity_report", source, "mask")
-    refuse_in("sparsity_report", params)
+        raise TypeError(f"{fn}: source must be a dict of masks or a module, got {kind}")
     if params is None:
-        return SparsityReport(tuple(_checked_row(name, mask) for name, mask in source.items()))
-    check_params("sparsity_report", params)
-    checked = check_masks("sparsity_report", params, source)
-    return SparsityReport(
-        tuple(
-            _row(name, checked.get(name, torch.ones_like(p, dtype=torch.bool)))
-            for name, p in params.items()
-        )
+        masks = {name: _checked_mask(name, mask) for name, mask in source.items()}
+        return _report([(n, tuple(m.shape), f"the mask for {n!r}", m) for n, m in masks.items()])
+    check_params(fn, params)
+    check_layouts(fn, params, source)  # before check_masks reads the values of numeric masks
+    checked = check_masks(fn, params, source)
+    return _report(
+        [(n, tuple(p.shape), f"the mask for {n!r}", checked.get(n)) for n, p in params.items()]
     )

@@ -84,7 +84,7 @@ def refuse_dtensors(*tensors: object) -> None:
 @final
 @dataclass(frozen=True, slots=True)
 class Shard:
-    """A block of a larger tensor; other processes of ``process_group`` hold the rest.
+    """A block of a larger tensor; other processes of ``groups`` hold the rest.
 
     Attributes:
         shape: the whole tensor's shape.
@@ -92,15 +92,17 @@ class Shard:
         size: this block's shape.
         counted: ``False`` where another process holds the same block and
             counts it (a replicated tensor is counted on one process only).
-        process_group: the processes sharing the group; ``None`` is the
-            default group.
+        groups: the process groups over which the parts are ranked: counts
+            are reduced over each in turn, so over the processes they span
+            together (the mesh dims of a DTensor's mesh that shard it);
+            ``None`` is the default group.
     """
 
     shape: tuple[int, ...]
     offsets: tuple[int, ...]
     size: tuple[int, ...]
     counted: bool = True
-    process_group: ProcessGroup | None = None
+    groups: tuple[ProcessGroup | None, ...] = (None,)
 
     def __post_init__(self) -> None:
         if not len(self.shape) == len(self.offsets) == len(self.size):
@@ -173,7 +175,7 @@ def keep_over_shards(
         shards: per part, where the block sits; one process group for all.
         k: how many entries to prune in all (capped at the number eligible).
     """
-    group = _common_group(shards)
+    groups = _common_groups(shards)
     blocks = [make() for make in keys]
     if not all(map(is_concrete, [*blocks, *(e for e in eligible if e is not None)])):
         raise RuntimeError(
@@ -186,14 +188,14 @@ def keep_over_shards(
         base += shard.numel
     bits = max(torch.finfo(b.dtype).bits for b in blocks)
     device = blocks[0].device
-    cut, need, ties = _radix_select(parts, -(1 << (bits - 1)), (1 << (bits - 1)) - 1, k, group, device)
+    cut, need, ties = _radix_select(parts, -(1 << (bits - 1)), (1 << (bits - 1)) - 1, k, groups, device)
     if cut is None:  # k == 0 or nothing eligible anywhere
         return [_flags(p.block, p.eligible) for p in parts]
     last = None  # every tie goes
     if need < ties:
         for p in parts:
             p.codes = p.base + p.shard.positions(p.where)
-        last, _, _ = _radix_select(parts, 0, max(base - 1, 0), need, group, device)
+        last, _, _ = _radix_select(parts, 0, max(base - 1, 0), need, groups, device)
     return [_survivors(p, cut, last) for p in parts]
 
 
@@ -209,11 +211,8 @@ def sum_over_shards(counts: Sequence[int], shards: Sequence[Shard], device: torc
         shards: per block, where it sits; one process group for all.
         device: where the one-number tensor that crosses processes lives.
     """
-    group = _common_group(shards)
     mine = sum(c for c, s in zip(counts, shards, strict=True) if s.counted)
-    total = torch.tensor(mine, dtype=torch.int64, device=device)
-    dist.all_reduce(total, group=group)
-    return int(total)
+    return int(_all_reduce(torch.tensor(mine, dtype=torch.int64, device=device), _common_groups(shards)))
 
 
 def _part(block: Tensor, eligible: Mask, shard: Shard, base: int) -> _Part:
@@ -261,7 +260,7 @@ def _narrow(part: _Part, shift: int, base: int, b: int) -> None:
 
 
 def _radix_select(
-    parts: list[_Part], lo: int, hi: int, need: int, group: ProcessGroup | None, device: torch.device
+    parts: list[_Part], lo: int, hi: int, need: int, groups: tuple[ProcessGroup | None, ...], device: torch.device
 ) -> tuple[int | None, int, int]:
     """The ``need``-th smallest ``codes`` of all processes' parts (all in ``[lo, hi]``).
 
@@ -277,7 +276,7 @@ def _radix_select(
         histogram = torch.zeros(BINS, dtype=torch.int64, device=device)
         for p in parts:
             histogram += _histogram(p, shift, base)
-        dist.all_reduce(histogram, group=group)
+        _all_reduce(histogram, groups)
         if first:
             need = min(need, int(histogram.sum()))
             if need == 0:
@@ -357,8 +356,15 @@ def _check_block(block: Tensor, eligible: Mask, shard: Shard) -> None:
         )
 
 
-def _common_group(shards: Sequence[Shard]) -> ProcessGroup | None:
-    groups = {id(s.process_group): s.process_group for s in shards}
-    if len(groups) != 1:
-        raise ValueError(f"parts ranked jointly over shards must share one process group, got {len(groups)}")
-    return next(iter(groups.values()))
+def _common_groups(shards: Sequence[Shard]) -> tuple[ProcessGroup | None, ...]:
+    kinds = {tuple(map(id, s.groups)): s.groups for s in shards}
+    if len(kinds) != 1:
+        raise ValueError(f"parts ranked jointly over shards must share their process groups, got {len(kinds)} kinds")
+    return next(iter(kinds.values()))
+
+
+def _all_reduce(values: Tensor, groups: tuple[ProcessGroup | None, ...]) -> Tensor:
+    """``values`` summed (in place; returned) over each group in turn: over the processes they span."""
+    for group in groups:
+        dist.all_reduce(values, group=group)
+    return values

@@ -238,7 +238,7 @@ def test_a_nuclear_norm_across_processes_is_refused_before_any_work(mesh: Device
         expected = (
             rf"is a DTensor sharded along dim {shard} \(\[Shard\(dim={shard}\)\] on .*\), and {re.escape(repr(spec))} "
             r"takes each channel's nuclear norm over the other dims, which no sum of per-process parts gives; on "
-            r"DTensors n='nuc' works where the channels' dim \(0\) is the sharded dim or the tensor is replicated"
+            r"DTensors n='nuc' works where the channels' dim \(0\) is the only sharded dim or the tensor is replicated"
         )
         with pytest.raises(NotImplementedError, match=r"^compute_mask: scores " + expected):
             fp.compute_mask(spec, w)
