@@ -18,8 +18,11 @@ argument; nothing is ever gathered or redistributed behind your back):
   ``Shard(d)`` (any dim; uneven and empty blocks included, as
   ``torch.chunk`` cuts them, a dim cut again by a later mesh dim as
   DTensor cuts it) or ``Replicate()`` (HSDP's ``(Replicate(), Shard(0))``
-  included); an earlier mask or given scores laid out exactly as their
-  tensor;
+  included), or ``_StridedShard(d)`` where the cuts after it leave every
+  process one box (FSDP2 over tensor parallelism:
+  ``(_StridedShard(0, split_factor=2), Shard(0))``; see
+  :mod:`._dtensor_cuts`); an earlier mask or given scores laid out exactly
+  as their tensor;
 - specs: ``L1Unstructured``, ``RandomUnstructured``, ``LnStructured``,
   ``RandomStructured`` (``amount`` or ``sparsity=``), ``Identity``,
   ``CustomFromMask`` (its mask whole, each process taking its block, or a
@@ -56,6 +59,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ._dtensor_cuts import box, cut_dim, strided
 from ._sharded import Shard, is_dtensor
 from ._types import Tensor
 
@@ -72,7 +76,6 @@ __all__ = [
     "Layout",
     "all_reduce",
     "block_of",
-    "box",
     "check_layouts",
     "check_like",
     "check_not_fsdp",
@@ -84,7 +87,7 @@ __all__ = [
 ]
 
 #: What the refusals say is supported.
-_SUPPORTED_LAYOUTS = "Shard(dim) or Replicate() on each dim of a device mesh"
+_SUPPORTED_LAYOUTS = "Shard(dim), Replicate() or FSDP2's _StridedShard(dim) on each dim of a device mesh"
 
 
 @final
@@ -94,12 +97,14 @@ class Layout:
 
     Attributes:
         mesh: the DTensor's device mesh (of any number of dims).
-        placements: its placements, one per mesh dim: ``Shard(d)`` or ``Replicate()``.
+        placements: its placements, one per mesh dim: ``Shard(d)``,
+            ``Replicate()`` or ``_StridedShard(d)`` (see :mod:`._dtensor_cuts`).
         shape: the whole tensor's shape.
         offsets: where the block starts, along each dim.
         size: the block's shape.
         coordinate: this process's coordinate in the mesh.
-        span: the mesh dims whose placement is a ``Shard``, in order: the
+        span: the mesh dims whose placement cuts (``Shard``,
+            ``_StridedShard``), in order: the
             processes along them hold different blocks; along the others,
             copies of the same block.
     """
@@ -145,46 +150,24 @@ class Layout:
         The same on every process (computed from the layout alone): checks
         that must pass on all processes or on none look at these.
         """
-        coordinates = itertools.product(*(range(n) for n in self.mesh.shape))
-        return [box(self.shape, tuple(self.mesh.shape), c, self.placements) for c in coordinates]
+        every = _every_box(self.shape, self.mesh, self.placements)
+        assert all(b is not None for b in every)  # layout_of refused blocks that are no box
+        return [b for b in every if b is not None]
 
     def __str__(self) -> str:
         return _shown(self.placements, self.mesh)
 
 
+def _every_box(
+    shape: tuple[int, ...], mesh: DeviceMesh, placements: Sequence[Placement]
+) -> list[tuple[tuple[int, ...], tuple[int, ...]] | None]:
+    """:func:`~._dtensor_cuts.box` of every process of ``mesh``, in the mesh's order."""
+    coordinates = itertools.product(*(range(n) for n in mesh.shape))
+    return [box(shape, tuple(mesh.shape), c, placements) for c in coordinates]
+
+
 def _shown(placements: Sequence[Placement], mesh: DeviceMesh) -> str:
     return f"{list(placements)} on {mesh}"
-
-
-def _chunk(n: int, pieces: int, index: int) -> tuple[int, int]:
-    """Offset and length of piece ``index`` of ``n`` entries cut as ``torch.chunk`` cuts them.
-
-    Every piece but the last ones holds ``ceil(n / pieces)``; trailing pieces
-    may be short or empty (5 entries in 4: 2, 2, 1, 0).
-    """
-    step = -(-n // pieces)
-    offset = min(index * step, n)
-    return offset, min(step, n - offset)
-
-
-def box(
-    shape: tuple[int, ...], mesh_shape: tuple[int, ...], coordinate: Sequence[int], placements: Sequence[Placement]
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Offsets and size of the block at mesh ``coordinate``, cut as DTensor cuts it.
-
-    Mesh dim by mesh dim, in order, each ``Shard(d)`` cuts the block held
-    so far along ``d`` as ``torch.chunk`` does (so ``(Shard(0), Shard(0))``
-    on a 2x2 mesh cuts 7 rows into 0-1, 2-3, 4-5 and 6).
-    """
-    from torch.distributed.tensor import Shard as ShardPlacement
-
-    offsets, size = [0] * len(shape), list(shape)
-    for i, placement in enumerate(placements):
-        if isinstance(placement, ShardPlacement):
-            d = placement.dim % len(shape)
-            offset, size[d] = _chunk(size[d], mesh_shape[i], coordinate[i])
-            offsets[d] += offset
-    return tuple(offsets), tuple(size)
 
 
 def groups(mesh: DeviceMesh, dims: Iterable[int]) -> tuple[ProcessGroup, ...]:
@@ -209,29 +192,40 @@ def layout_of(fn: str, what: str, t: DTensor) -> Layout:
     """The layout of this process's block of ``t``, refusing what is not supported.
 
     Raises:
-        NotImplementedError: for a placement other than ``Shard`` and
-            ``Replicate`` (``Partial``, ``_StridedShard``).
+        NotImplementedError: for a placement other than ``Shard``,
+            ``_StridedShard`` and ``Replicate`` (``Partial``), or a
+            ``_StridedShard`` that leaves a process entries that are no box
+            (checked for every process of the mesh, so all refuse alike).
         ValueError: if this process is not in the mesh, or its block does
             not have the shape DTensor's cut gives.
     """
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor import Shard as ShardPlacement
 
     mesh, placements = t.device_mesh, tuple(t.placements)
-    if not all(type(p) in (ShardPlacement, Replicate) for p in placements):
+    shape = tuple(t.shape)
+    cuts = [cut_dim(p, len(shape)) if shape else None for p in placements]
+    if not all(c is not None or type(p) is Replicate for c, p in zip(cuts, placements, strict=True)):
         raise NotImplementedError(
             f"{fn}: {what} is a DTensor laid out as {_shown(placements, mesh)}; funcprune computes "
-            f"masks of DTensors laid out as {_SUPPORTED_LAYOUTS} only (not yet Partial or "
-            "_StridedShard); redistribute it yourself with .redistribute(mesh, placements) if you "
-            "mean to pay for that communication"
+            f"masks of DTensors laid out as {_SUPPORTED_LAYOUTS} only (not yet Partial); "
+            "redistribute it yourself with .redistribute(mesh, placements) if you mean to pay for "
+            "that communication"
         )
     coordinate = mesh.get_coordinate()
     if coordinate is None:
         raise ValueError(
             f"{fn}: this process is not in {what}'s device mesh {mesh}; call it on the mesh's processes only"
         )
-    shape = tuple(t.shape)
-    offsets, size = box(shape, tuple(mesh.shape), coordinate, placements)
+    span = tuple(i for i, c in enumerate(cuts) if c is not None)
+    mine = box(shape, tuple(mesh.shape), coordinate, placements)
+    if mine is None or (any(strided(p) for p in placements) and None in _every_box(shape, mesh, placements)):
+        raise NotImplementedError(
+            f"{fn}: {what} is a DTensor laid out as {_shown(placements, mesh)}, which leaves some "
+            f"process of the mesh entries of shape {shape} that are no box (a _StridedShard not "
+            "undone by a Shard after it, as FSDP2 over tensor parallelism gives); funcprune computes "
+            "masks of blocks that are boxes only"
+        )
+    offsets, size = mine
     local = tuple(t.to_local().shape)
     if local != size:
         raise ValueError(
@@ -239,7 +233,6 @@ def layout_of(fn: str, what: str, t: DTensor) -> Layout:
             f"shape {shape} over a mesh of shape {tuple(mesh.shape)} gives {size} (torch.chunk's "
             "cut); build it with distribute_tensor, or from_local with blocks cut that way"
         )
-    span = tuple(i for i, p in enumerate(placements) if isinstance(p, ShardPlacement))
     return Layout(mesh, placements, shape, offsets, size, tuple(coordinate), span)
 
 

@@ -89,7 +89,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ._dtensor import Layout, all_reduce, box
+from ._dtensor import Layout, all_reduce
+from ._dtensor_cuts import box, cut_dim, moved
 from ._kernels import check_matrix_norm, keep_all, ln_structured, unpruned_units
 from ._select import WHOLE, Group, KeyPart, Shard, Target, keep, keep_jointly, resolve_count
 from ._specs import LnStructured, RandomStructured
@@ -120,10 +121,7 @@ def _cutting(layout: Layout, d: int) -> tuple[int, ...]:
 
 def _cut_dim(layout: Layout, i: int) -> int | None:
     """The tensor dim (non-negative) that mesh dim ``i`` cuts; ``None`` where it replicates."""
-    from torch.distributed.tensor import Shard as ShardPlacement
-
-    placement = layout.placements[i]
-    return placement.dim % len(layout.shape) if isinstance(placement, ShardPlacement) else None
+    return cut_dim(layout.placements[i], len(layout.shape))
 
 
 def _across(layout: Layout, d: int) -> tuple[int, ...]:
@@ -479,13 +477,13 @@ class Channels(NamedTuple):
 def _channel_layout(layout: Layout, d: int) -> Layout:
     """The layout of a tensor's channel vector: cut by the mesh dims that cut its dim ``d``, whole along the others."""
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor import Shard as ShardPlacement
 
     along = _cutting(layout, d)
-    placements = tuple(ShardPlacement(0) if i in along else Replicate() for i in range(len(layout.placements)))
+    placements = tuple(moved(p, 0) if i in along else Replicate() for i, p in enumerate(layout.placements))
     shape = (layout.shape[d],)
-    offsets, size = box(shape, tuple(layout.mesh.shape), layout.coordinate, placements)
-    return Layout(layout.mesh, placements, shape, offsets, size, layout.coordinate, along)
+    cut = box(shape, tuple(layout.mesh.shape), layout.coordinate, placements)
+    assert cut is not None  # dim d is cut as the tensor's is, and that is a box
+    return Layout(layout.mesh, placements, shape, cut[0], cut[1], layout.coordinate, along)
 
 
 def channels(spec: LnStructured | RandomStructured, block: Block, d: int) -> Channels:

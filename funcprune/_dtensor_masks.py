@@ -5,8 +5,10 @@ and checks layouts; this module runs a spec on each process's blocks,
 through the kernels with a :class:`~._sharded.Shard` per block, and wraps
 the masks back as DTensors. Supported: ``L1Unstructured``,
 ``RandomUnstructured``, ``LnStructured``, ``RandomStructured``,
-``Identity``, ``CustomFromMask`` and chains of them; anything else is
-refused by :func:`check_supported` before any work. The Ln-structured and
+``Identity``, ``CustomFromMask``, ``NM``, ``Block`` and ``PerSlice``
+(where the layout lets each group be computed from blocks as they lie:
+:mod:`._dtensor_shapes`) and chains of them; anything else is refused by
+:func:`check_supported` before any work. The Ln-structured and
 random kernels, and what they promise (exactness of norms that cross
 processes, how random keys are drawn), are in :mod:`._dtensor_kernels`.
 """
@@ -20,7 +22,10 @@ import torch
 
 from ._dtensor import Layout, block_of, is_dtensor, layout_of, wrap
 from ._dtensor_kernels import Block, check_layout, random_unstructured, structured
+from ._dtensor_shapes import blocks, check_cut, check_slice_spec, n_m, per_slice
 from ._kernels import as_bool, custom_from_mask, keep_all, l1_unstructured_jointly
+from ._shape_specs import NM, PerSlice
+from ._shape_specs import Block as BlockSpec
 from ._sharded import Shard
 from ._spec import Chain, Spec
 from ._specs import CustomFromMask, Identity, L1Unstructured, LnStructured, RandomStructured, RandomUnstructured
@@ -34,10 +39,13 @@ __all__ = ["check_group", "check_supported", "compute_joint_masks", "compute_mas
 
 #: What the refusals say is supported.
 _SUPPORTED_SPECS = (
-    "L1Unstructured, RandomUnstructured, LnStructured, RandomStructured, Identity, CustomFromMask "
-    "and chains of them"
+    "L1Unstructured, RandomUnstructured, LnStructured, RandomStructured, Identity, CustomFromMask, "
+    "NM, Block, PerSlice and chains of them"
 )
-_SUPPORTED = (L1Unstructured, RandomUnstructured, LnStructured, RandomStructured, Identity, CustomFromMask)
+_SUPPORTED = (
+    L1Unstructured, RandomUnstructured, LnStructured, RandomStructured, Identity, CustomFromMask, NM, BlockSpec,
+    PerSlice,
+)
 
 
 # --- specs ---------------------------------------------------------------------
@@ -46,28 +54,35 @@ _SUPPORTED = (L1Unstructured, RandomUnstructured, LnStructured, RandomStructured
 def check_supported(fn: str, what: str, spec: Spec, layout: Layout | None = None) -> None:
     """Refuse a spec (or a chain's step) that cannot prune DTensors block by block.
 
-    With ``layout`` (``what``'s), also what that layout cannot give
-    (:func:`~._dtensor_kernels.check_layout`: a nuclear norm across processes).
+    A ``PerSlice`` must run a deterministic spec in its slices
+    (:func:`~._dtensor_shapes.check_slice_spec`). With ``layout``
+    (``what``'s), also what that layout cannot give: a nuclear norm across
+    processes (:func:`~._dtensor_kernels.check_layout`), the groups of
+    ``NM``, ``Block`` or ``PerSlice`` cut across processes
+    (:func:`~._dtensor_shapes.check_cut`).
 
     Raises:
         NotImplementedError: naming the spec and what is supported.
     """
     steps = spec.specs if isinstance(spec, Chain) else (spec,)
     for step in steps:
-        if layout is not None:
-            check_layout(fn, what, step, layout)
         if not isinstance(step, _SUPPORTED):
             raise NotImplementedError(
                 f"{fn}: {what} is a DTensor, and {step!r} cannot prune DTensors yet; on DTensors "
                 f"funcprune runs {_SUPPORTED_SPECS} (block by block, nothing gathered). To use "
                 "another spec on one process, gather the tensor yourself with .full_tensor()"
             )
+        if isinstance(step, PerSlice):
+            check_slice_spec(fn, what, step)
+        if layout is not None:
+            check_layout(fn, what, step, layout)
+            check_cut(fn, what, step, layout)
 
 
 def _masks_of(spec: Spec, parts: Sequence[Block], generator: torch.Generator | None = None) -> list[Tensor]:
     """This process's blocks of the masks ``spec`` gives for the group ``parts`` (checked spec).
 
-    Structured specs come with one part (a group ranked jointly is unstructured).
+    Structured specs and mask shapes come with one part (a group ranked jointly is unstructured).
     """
     match spec:
         case L1Unstructured():
@@ -77,6 +92,12 @@ def _masks_of(spec: Spec, parts: Sequence[Block], generator: torch.Generator | N
             return random_unstructured(spec.target, parts, shards_of([p.layout for p in parts]), generator)
         case LnStructured() | RandomStructured():
             return [structured(spec, p, generator) for p in parts]
+        case NM():
+            return [n_m(spec, p) for p in parts]
+        case BlockSpec():
+            return [blocks(spec, p) for p in parts]
+        case PerSlice():
+            return [per_slice(spec, p, generator) for p in parts]
         case Identity() | Chain(specs=()):
             return [keep_all(p.scores, p.mask) for p in parts]
         case CustomFromMask():

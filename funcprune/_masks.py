@@ -102,8 +102,8 @@ def compute_mask(
             mask of the scores' shape.
         IndexError: if a structured spec's ``dim`` does not index ``scores``.
         NotImplementedError: for DTensors, if the spec or the layout is not
-            supported yet (other specs, ``Partial``, ``_StridedShard``,
-            meshes of several dims).
+            supported yet (other specs, ``Partial``, a lone
+            ``_StridedShard`` whose blocks are no boxes).
 
     >>> import torch, funcprune as fp
     >>> w = torch.tensor([[0.5, -0.1], [2.0, 0.3]])

@@ -238,7 +238,8 @@ def sparsity_report(
             mesh or placements differ from its parameter's, or a DTensor's
             block is not cut as ``torch.chunk`` cuts it.
         NotImplementedError: for a DTensor placed otherwise than
-            ``Shard(dim)`` or ``Replicate()`` (``Partial``, ``_StridedShard``).
+            ``Shard(dim)``, ``Replicate()`` or FSDP2's ``_StridedShard``
+            (``Partial``), or whose blocks are no boxes.
         UnknownNameError: if ``params`` is given and a mask names none of
             them.
 

@@ -34,7 +34,8 @@ from torch.utils._pytree import tree_flatten
 
 import funcprune as fp
 from _distributed import World, one_process_group
-from funcprune._dtensor import _chunk, layout_of
+from funcprune._dtensor import layout_of
+from funcprune._dtensor_cuts import chunk
 from funcprune._sharded import BINS
 
 pytestmark = pytest.mark.skipif(
@@ -105,9 +106,9 @@ def test_blocks_are_cut_as_torch_cuts_them() -> None:
         for pieces in range(1, 6):
             for index in range(pieces):
                 size, offset = Shard.local_shard_size_and_offset(n, pieces, index)
-                assert _chunk(n, pieces, index)[1] == size
+                assert chunk(n, pieces, index)[1] == size
                 if size:
-                    assert _chunk(n, pieces, index)[0] == offset
+                    assert chunk(n, pieces, index)[0] == offset
 
 
 _SPECS = st.sampled_from([
@@ -202,10 +203,7 @@ class EveryOther(fp.Spec):
         return keep if default_mask is None else keep & default_mask
 
 
-_REFUSED = [
-    fp.NM(2, 4), fp.Block(0.5, (2, 2)), fp.PerSlice(fp.L1Unstructured(1), dim=0), EveryOther(),
-    fp.chain(fp.L1Unstructured(0.5), fp.NM(2, 4)),
-]  # fmt: skip
+_REFUSED = [EveryOther(), fp.chain(fp.L1Unstructured(0.5), EveryOther()), fp.chain(fp.NM(2, 4), EveryOther())]
 
 
 @pytest.mark.parametrize("spec", _REFUSED, ids=lambda s: type(s).__name__ if not isinstance(s, fp.Chain) else "Chain")
@@ -214,7 +212,7 @@ def test_specs_that_would_need_the_whole_tensor_are_refused(mesh: DeviceMesh, sp
     name = repr(spec.specs[-1] if isinstance(spec, fp.Chain) else spec)
     supported = (
         "on DTensors funcprune runs L1Unstructured, RandomUnstructured, LnStructured, RandomStructured, "
-        "Identity, CustomFromMask and chains of them"
+        "Identity, CustomFromMask, NM, Block, PerSlice and chains of them"
     )
     with pytest.raises(NotImplementedError, match=rf"^compute_mask: scores is a DTensor, and {re.escape(name)} cannot prune DTensors yet; {supported}"):
         fp.compute_mask(spec, w)
@@ -229,7 +227,8 @@ def test_specs_that_would_need_the_whole_tensor_are_refused(mesh: DeviceMesh, sp
 
 @pytest.mark.parametrize(
     "spec", [
-        fp.RandomUnstructured(0.5), fp.LnStructured(0.5, n=2, dim=0), fp.RandomStructured(1, dim=1), *_REFUSED[:3],
+        fp.RandomUnstructured(0.5), fp.LnStructured(0.5, n=2, dim=0), fp.RandomStructured(1, dim=1),
+        fp.NM(2, 4), fp.Block(0.5, (2, 2)), fp.PerSlice(fp.L1Unstructured(1), dim=0),
         fp.L1Unstructured(0.5), fp.Identity(), fp.CustomFromMask(torch.ones(4, 4)),
     ],
     ids=lambda s: type(s).__name__,
@@ -240,23 +239,10 @@ def test_a_specs_own_compute_mask_refuses_dtensors_rather_than_gather_them(mesh:
         spec.compute_mask(w)
 
 
-def _layouts(mesh: DeviceMesh) -> dict[str, torch.Tensor]:
-    """DTensors of a 4x4 tensor whose layouts are not supported yet."""
+def test_partial_placements_are_refused(mesh: DeviceMesh) -> None:
     t = torch.randn(4, 4)
-
-    def wrap(m: DeviceMesh, placements: list[Placement]) -> torch.Tensor:
-        return DTensor.from_local(t, m, placements, run_check=False, shape=t.shape, stride=t.stride())
-
-    return {
-        "Partial": wrap(mesh, [Partial()]),
-        "_StridedShard": wrap(mesh, [_StridedShard(0, split_factor=2)]),
-    }
-
-
-@pytest.mark.parametrize("kind", ["Partial", "_StridedShard"])
-def test_placements_other_than_shard_or_replicate_are_refused(mesh: DeviceMesh, kind: str) -> None:
-    w = _layouts(mesh)[kind]
-    expected = r"scores is a DTensor laid out as .* funcprune computes masks of DTensors laid out as Shard\(dim\) or Replicate\(\) on each dim of a device mesh only \(not yet Partial or _StridedShard\)"
+    w = DTensor.from_local(t, mesh, [Partial()], run_check=False, shape=t.shape, stride=t.stride())
+    expected = r"scores is a DTensor laid out as \[Partial\(sum\)\] .* funcprune computes masks of DTensors laid out as Shard\(dim\), Replicate\(\) or FSDP2's _StridedShard\(dim\) on each dim of a device mesh only \(not yet Partial\)"
     with pytest.raises(NotImplementedError, match="^compute_mask: " + expected):
         fp.compute_mask(fp.L1Unstructured(0.5), w)
     with pytest.raises(NotImplementedError, match=r"^global_unstructured: the parameter 'w' is a DTensor laid out as"):
@@ -361,6 +347,25 @@ def test_masks_apply_to_dtensors_block_by_block(mesh: DeviceMesh) -> None:
     assert torch.equal(out.full_tensor(), t * kept)
     assert torch.equal(grad.full_tensor(), kept.float())
     assert torch.equal(dt(w.detach()).full_tensor(), t * kept) and torch.equal(multiplied.full_tensor(), t * kept)
+
+
+def test_functional_call_masked_runs_a_module_of_dtensor_parameters_with_their_masks(mesh: DeviceMesh) -> None:
+    plain = nn.Linear(6, 3)
+    model = copy.deepcopy(plain)
+    model.weight = nn.Parameter(distribute(plain.weight.detach(), mesh, Shard(0)))  # as tensor parallelism lays it
+    model.bias = nn.Parameter(distribute(plain.bias.detach(), mesh, Replicate()))
+    params = dict(model.named_parameters())
+    plan = fp.Plan({"weight": fp.L1Unstructured(0.5)})
+    masks = plan(params)
+    x = torch.randn(5, 6)
+    dx = distribute(x, mesh, Replicate()).requires_grad_()  # (CommDebugMode's module hooks want an input's grad)
+    with comm_mode() as comm:
+        out = dt(fp.functional_call_masked(model, params, masks, dx))
+        torch.autograd.backward(out.sum())
+    assert collectives(comm) <= {"c10d.allreduce_"}
+    expected = fp.functional_call_masked(plain, dict(plain.named_parameters()), plan(dict(plain.named_parameters())), x)
+    torch.testing.assert_close(out.full_tensor(), expected)
+    assert not dt(model.weight.grad).full_tensor()[~dt(masks["weight"]).full_tensor()].any()  # no gradient where pruned
 
 
 def test_functional_call_masked_refuses_an_fsdp2_module(mesh: DeviceMesh) -> None:

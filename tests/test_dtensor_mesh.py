@@ -11,6 +11,7 @@ that cut the tensors only: HSDP sends what FSDP2 on its shard group sends.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -23,9 +24,9 @@ from hypothesis import strategies as st
 
 import funcprune as fp
 from _distributed import World, one_process_group
-from funcprune._dtensor import box
+from funcprune._dtensor_cuts import box
 from funcprune._sharded import BINS
-from test_dtensor import CommBytes, _prune_and_train_fsdp, collectives, comm_mode, dt
+from test_dtensor import CommBytes, _model, _prune_and_train_fsdp, _steps, collectives, comm_mode, dt
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
@@ -33,19 +34,30 @@ pytestmark = pytest.mark.skipif(
 
 if dist.is_available():
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-    from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+    from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
     from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+    from torch.distributed.tensor.placement_types import _StridedShard
 
-#: Per mesh dim, the tensor dim it cuts (``Shard``), or ``None`` (``Replicate``).
-Cut = tuple["int | None", ...]
+#: Per mesh dim, the tensor dim it cuts (``Shard``), that dim and a split factor
+#: (``_StridedShard``), or ``None`` (``Replicate``).
+Cut = tuple["int | tuple[int, int] | None", ...]
 
 
 def placements_of(cut: Cut) -> list[Placement]:
-    return [Replicate() if d is None else Shard(d) for d in cut]
+    def placement(d: int | tuple[int, int] | None) -> Placement:
+        if isinstance(d, tuple):
+            return _StridedShard(d[0], split_factor=d[1])
+        return Replicate() if d is None else Shard(d)
+
+    return [placement(d) for d in cut]
 
 
 def distribute(t: torch.Tensor, mesh: DeviceMesh, cut: Cut) -> torch.Tensor:
-    """This process's block of ``t`` as a DTensor, where torch's own helper says it lies (nothing sent)."""
+    """This process's block of ``t`` as a DTensor, where torch's own helper says it starts (nothing sent).
+
+    (For a ``_StridedShard``, torch's helper gives the first index only:
+    right where the block is one range, as FSDP2 over tensor parallelism cuts.)
+    """
     placements = placements_of(cut)
     coordinate = mesh.get_coordinate()
     assert coordinate is not None
@@ -68,14 +80,41 @@ def distribute(t: torch.Tensor, mesh: DeviceMesh, cut: Cut) -> torch.Tensor:
 def test_blocks_lie_where_torch_puts_them_on_meshes_of_several_dims(
     shape: list[int], mesh_shape: list[int], data: st.DataObject
 ) -> None:
-    cut = tuple(data.draw(st.sampled_from([None, *range(len(shape))])) for _ in mesh_shape)
+    dims = [None, *range(len(shape)), *((d, f) for d in range(len(shape)) for f in (2, 3))]
+    cut = tuple(data.draw(st.sampled_from(dims)) for _ in mesh_shape)
     placements = placements_of(cut)
+    whole = torch.arange(math.prod(shape)).reshape(shape)
     for coordinate in zip(*(t.reshape(-1).tolist() for t in torch.meshgrid(*map(torch.arange, mesh_shape), indexing="ij"))):
         size, offsets = _compute_local_shape_and_global_offset(shape, mesh_shape, list(coordinate), placements)
+        block = _block(whole, mesh_shape, coordinate, placements)  # the entries DTensor's own split gives
         mine = box(tuple(shape), tuple(mesh_shape), coordinate, placements)
+        assert tuple(block.shape) == tuple(size)
+        if mine is None:  # not one box: some dim's entries are no range
+            assert not any(torch.equal(block, whole[_slices(o, size)]) for o in _starts(shape, size))
+            continue
         assert mine[1] == tuple(size)
         if all(size):
-            assert mine[0] == tuple(offsets)
+            assert mine[0] == tuple(offsets) and torch.equal(block, whole[_slices(mine[0], size)])
+
+
+def _block(whole: torch.Tensor, mesh_shape: list[int], coordinate: tuple[int, ...], placements: list[Placement]) -> torch.Tensor:
+    """The entries of ``whole`` at ``coordinate``, split mesh dim by mesh dim by the placements' own splits."""
+    block = whole
+    for i, p in enumerate(placements):
+        if isinstance(p, (Shard, _StridedShard)):
+            pieces, _ = p._split_tensor(block, mesh_shape[i], with_padding=False)
+            block = pieces[coordinate[i]]
+    return block
+
+
+def _slices(offsets: tuple[int, ...], size: list[int] | tuple[int, ...]) -> tuple[slice, ...]:
+    return tuple(slice(o, o + n) for o, n in zip(offsets, size, strict=True))
+
+
+def _starts(shape: list[int], size: list[int] | tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Every offset where a box of ``size`` fits in ``shape``."""
+    ranges = [range(n - s + 1) for n, s in zip(shape, size, strict=True)]
+    return [tuple(int(v) for v in o) for o in (torch.cartesian_prod(*map(torch.tensor, ranges)).reshape(-1, len(shape)).tolist() if ranges else [[]])]
 
 
 # --- 4 processes on a 2x2 mesh ------------------------------------------------------------
@@ -159,7 +198,7 @@ def _normalize(spec: fp.LnStructured) -> Any:
     return "max" if spec.n == 2 else "mean"
 
 
-_CUTS = [(None, 0), (0, None), (0, 1), (1, 0), (0, 0), (1, 1), (None, None), (None, 1)]
+_CUTS: list[Cut] = [(None, 0), (0, None), (0, 1), (1, 0), (0, 0), (1, 1), (None, None), (None, 1), ((0, 2), 0), ((1, 2), 1)]
 
 
 @st.composite
@@ -243,6 +282,71 @@ def test_hsdp_on_a_2x2_mesh_prunes_as_one_process_and_sends_what_fsdp2_on_its_sh
         assert a["collectives"] == {"c10d.allreduce_"}
         assert a["bytes"] == 8 + 3 * BINS * 8  # over the shard group only: the replicas decide alike
         assert set(a["masks"]) == {"0.weight", "2.weight"} and all(a["masks"].values())
+        for name, mask in a["kept"].items():
+            assert not a["trained"][name][~mask].any()
+        for name, p in a["trained"].items():
+            torch.testing.assert_close(p, a["expected"][name])
+
+
+def _lone_strided(rank: int, size: int) -> str:
+    mesh = init_device_mesh("cpu", (2, size // 2))
+    t = torch.arange(32.0).reshape(8, 4)
+    w = distribute_tensor(t, mesh, [_StridedShard(0, split_factor=2), Replicate()])  # rows 0, 1, 4, 5 / 2, 3, 6, 7
+    with comm_mode() as comm, pytest.raises(NotImplementedError) as refused:
+        fp.compute_mask(fp.L1Unstructured(0.5), w)
+    assert not collectives(comm)  # refused before any work, on every process alike
+    return str(refused.value)
+
+
+def test_a_strided_cut_that_leaves_no_box_is_refused_on_every_process(world4: World) -> None:
+    for message in world4.run(_lone_strided):
+        assert message.startswith(
+            "compute_mask: scores is a DTensor laid out as [_StridedShard(dim=0, sf=2), Replicate()] on "
+        )
+        assert "which leaves some process of the mesh entries of shape (8, 4) that are no box" in message
+
+
+def _prune_and_train_fsdp_tp(rank: int, size: int, hidden: int) -> dict[str, Any]:
+    """FSDP2 over tensor parallelism (2 x 2): masks of a global plan and 3 masked steps, beside one process's."""
+    import warnings
+
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    warnings.filterwarnings("ignore")  # FSDP2's and DTensor's own warnings
+    mesh = init_device_mesh("cpu", (2, size // 2), mesh_dim_names=("dp", "tp"))
+    reference = _model(hidden)
+    model = copy.deepcopy(reference)
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    for module in (model[0], model[2], model):
+        fully_shard(module, mesh=mesh["dp"])
+    params = {name: dt(p) for name, p in model.named_parameters()}
+    plan = fp.global_unstructured(fp.prunable(model), fp.L1Unstructured(sparsity=0.9))
+    with comm_mode() as comm, CommBytes() as sent:
+        masks = {name: dt(m) for name, m in plan(params).items()}
+    plain = dict(reference.named_parameters())
+    expected = plan(plain)
+    _steps(model, params, dict(masks))
+    _steps(reference, plain, expected)
+    return {
+        "collectives": collectives(comm),
+        "bytes": sent.bytes,
+        "layouts": {n: tuple(p.placements) for n, p in params.items()},
+        "masks": {n: torch.equal(m.full_tensor(), expected[n]) for n, m in masks.items()},
+        "laid out": all(m.placements == params[n].placements for n, m in masks.items()),
+        "trained": {n: p.full_tensor().detach() for n, p in params.items()},
+        "expected": {n: p.detach() for n, p in plain.items()},
+        "kept": {n: m.full_tensor() for n, m in masks.items()},
+    }
+
+
+def test_fsdp2_over_tensor_parallelism_prunes_as_one_process_and_keeps_pruned_entries_zero(world4: World) -> None:
+    for a in world4.run(_prune_and_train_fsdp_tp, 12):
+        assert a["layouts"]["0.weight"] == (_StridedShard(0, split_factor=2), Shard(0))  # colwise, then FSDP2
+        assert a["layouts"]["2.weight"] == (Shard(0), Shard(1))  # rowwise, then FSDP2
+        assert a["collectives"] == {"c10d.allreduce_"} and a["laid out"]
+        assert set(a["masks"]) == {"0.weight", "2.weight"} and all(a["masks"].values())
+        assert a["bytes"] == 2 * (8 + 3 * BINS * 8)  # both mesh dims cut the weights: one round of each per dim
         for name, mask in a["kept"].items():
             assert not a["trained"][name][~mask].any()
         for name, p in a["trained"].items():

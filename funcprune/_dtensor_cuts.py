@@ -1,0 +1,129 @@
+"""Where DTensor puts a process's block: placements cut a tensor, mesh dim by mesh dim.
+
+A DTensor's placements are applied in the order of the mesh's dims, each to
+the block the ones before it left. ``Shard(d)`` cuts that block along ``d``
+as ``torch.chunk`` cuts it (5 entries in 4: 2, 2, 1, 0) and the process
+takes the piece of its coordinate. ``_StridedShard(d, split_factor=f)``
+(what FSDP2 gives a parameter that tensor parallelism already cut along
+``d``) first cuts the block into ``f`` pieces, cuts each of those as
+``Shard`` does, and concatenates the process's piece of each. The entries
+a process holds along a dim are thus a list of index ranges;
+:func:`box` follows them exactly and says where the block starts and how
+long it is, or ``None`` where the ranges do not join into one (a lone
+``_StridedShard``), which funcprune does not support.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.placement_types import Placement
+
+__all__ = ["box", "chunk", "cut_dim", "moved", "strided"]
+
+#: Index ranges along one dim, in the block's order: (start, length); kept when empty, for where it lies.
+_Ranges = list[tuple[int, int]]
+
+
+def chunk(n: int, pieces: int, index: int) -> tuple[int, int]:
+    """Offset and length of piece ``index`` of ``n`` entries cut as ``torch.chunk`` cuts them.
+
+    Every piece but the last ones holds ``ceil(n / pieces)``; trailing pieces
+    may be short or empty (5 entries in 4: 2, 2, 1, 0).
+    """
+    step = -(-n // pieces)
+    offset = min(index * step, n)
+    return offset, min(step, n - offset)
+
+
+def strided(placement: object) -> int | None:
+    """A ``_StridedShard``'s split factor; ``None`` for any other placement."""
+    try:
+        from torch.distributed.tensor.placement_types import _StridedShard
+    except ImportError:  # older torch: no DTensor can hold one
+        return None
+    return int(placement.split_factor) if isinstance(placement, _StridedShard) else None
+
+
+def cut_dim(placement: Placement, ndim: int) -> int | None:
+    """The tensor dim (non-negative) a ``Shard`` or ``_StridedShard`` cuts; ``None`` for others."""
+    from torch.distributed.tensor import Shard
+
+    if isinstance(placement, Shard) or strided(placement) is not None:
+        return int(placement.dim) % ndim  # type: ignore[attr-defined]  # both have .dim
+    return None
+
+
+def moved(placement: Placement, dim: int) -> Placement:
+    """The cutting ``placement`` (``Shard`` or ``_StridedShard``) along ``dim`` instead."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    factor = strided(placement)
+    return Shard(dim) if factor is None else _StridedShard(dim, split_factor=factor)
+
+
+def _taken(ranges: _Ranges, offset: int, length: int) -> _Ranges:
+    """The entries at positions ``offset`` to ``offset + length`` of ``ranges`` (concatenated)."""
+    out: _Ranges = []
+    position, at = 0, None  # ``at``: the index at position ``offset``
+    for start, n in ranges:
+        if at is None and offset < position + n:
+            at = start + offset - position
+        lo, hi = max(offset, position), min(offset + length, position + n)
+        if lo < hi:
+            out.append((start + lo - position, hi - lo))
+        position += n
+    if out:
+        return out
+    last, n = ranges[-1]
+    return [(last + n if at is None else at, 0)]  # nothing: where it would start
+
+
+def _cut(ranges: _Ranges, pieces: int, index: int) -> _Ranges:
+    """Piece ``index`` of ``ranges`` cut into ``pieces`` as ``torch.chunk`` cuts them."""
+    offset, length = chunk(sum(n for _, n in ranges), pieces, index)
+    return _taken(ranges, offset, length)
+
+
+def _joined(ranges: _Ranges) -> tuple[int, int] | None:
+    """``ranges`` as one range (start, length), or ``None`` if they leave gaps or go out of order."""
+    full = [(s, n) for s, n in ranges if n]
+    for (s, n), (t, _) in zip(full, full[1:]):
+        if s + n != t:
+            return None
+    return full[0][0], sum(n for _, n in full)
+
+
+def box(
+    shape: tuple[int, ...], mesh_shape: tuple[int, ...], coordinate: Sequence[int], placements: Sequence[Placement]
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Offsets and size of the block at mesh ``coordinate``, cut as DTensor cuts it.
+
+    ``None`` where the block is not one box (it has entries, and those along
+    a dim are no single range: a ``_StridedShard`` not undone by the cuts
+    after it).
+    ``(Shard(0), Shard(0))`` on a 2x2 mesh cuts 7 rows into 0-1, 2-3, 4-5
+    and 6; FSDP2 over tensor parallelism, ``(_StridedShard(0, split_factor=2),
+    Shard(0))``, cuts 8 rows into 0-1, 4-5, 2-3 and 6-7.
+    """
+    ranges: list[_Ranges] = [[(0, n)] for n in shape]
+    for i, placement in enumerate(placements):
+        d = cut_dim(placement, len(shape))
+        if d is None:
+            continue
+        factor = strided(placement)
+        if factor is None:
+            ranges[d] = _cut(ranges[d], mesh_shape[i], coordinate[i])
+        else:
+            pieces = [_cut(ranges[d], factor, j) for j in range(factor)]
+            ranges[d] = [r for piece in pieces for r in _cut(piece, mesh_shape[i], coordinate[i])]
+    size = tuple(sum(n for _, n in r) for r in ranges)
+    if 0 in size:  # no entries: a box wherever it starts
+        return tuple(r[0][0] for r in ranges), size
+    joined = [_joined(r) for r in ranges]
+    if any(j is None for j in joined):
+        return None
+    return tuple(j[0] for j in joined if j is not None), size

@@ -1,0 +1,302 @@
+"""DTensor kernels for the mask shapes: ``NM``, ``Block`` and ``PerSlice``, block by block.
+
+:mod:`._dtensor_masks` dispatches these specs here with each process's block
+(:class:`~._dtensor_kernels.Block`). Each works where the layout lets every
+group of the spec be computed from blocks as they lie, without moving a
+weight; other layouts are refused by :func:`check_cut` before any work, on
+every process alike (it reads :meth:`~._dtensor.Layout.boxes`, every
+process's block, never this process's alone). Gathered with
+``.full_tensor()``, the masks equal one process's bit for bit.
+
+- **NM** ``(n, m, dim)``: where every process's block starts and ends on
+  multiples of ``m`` along ``dim`` (any cut of another dim), each process
+  runs the one-process kernel on its block: whole groups, nothing
+  communicated.
+- **PerSlice** ``(spec, dim)``: where no block cuts a dim other than
+  ``dim`` (each process holds whole slices), each process runs it on its
+  block (a single slice beside a copy of itself, so that torch sums it as
+  among the others: :func:`per_slice`); nothing is communicated but, with
+  an earlier mask, one number saying whether a process failed (an ``int``
+  amount too large for what the mask left in one of its slices), so that
+  all fail together. The inner spec must be deterministic
+  (:func:`check_slice_spec`): random draws would differ from one
+  process's, so ``RandomUnstructured``, ``RandomStructured`` and user specs
+  are refused inside it, whatever the layout.
+- **Block** ``(amount, shape)``: where every block starts and ends on
+  multiples of ``shape`` along the dims the blocks tile, each block of
+  ``shape`` lies whole on one process, so its norm is computed there; the
+  norms of this process form a block of the grid of all norms, ranked
+  across processes by the exact select over shards (:mod:`._sharded`; ties
+  to the lower block index, NaN last). Communicated: the count of blocks
+  still unpruned (one int64, only with an earlier mask), then the select's
+  histograms (3 rounds of 32 KiB for float32 scores, 2 for 16-bit, 6 for
+  float64). A replicated tensor runs the one-process kernel, nothing sent.
+  **Exactness of the norms**: torch's ``vector_norm`` sums a block in an
+  order that depends on how the tensor around it is laid out (a block
+  whose dims coalesce into one contiguous run is summed with vector lanes,
+  and a reduction with one output is split across threads). So the local
+  norms are taken on the block laid out as the whole tensor would make
+  torch sum it (:func:`block_norms`), giving one process's norms bit for bit.
+
+Errors are one process's: the whole shape is checked first (an ``NM``
+length that ``m`` does not divide, a ``Block`` shape that does not tile,
+a ``dim`` out of range), then the layout. An ``int`` amount larger than
+what an earlier mask left in a slice of ``PerSlice`` raises one process's
+error where that slice lies, and on the other processes an error saying
+so (:func:`per_slice`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from ._dtensor import Layout, all_reduce
+from ._dtensor_kernels import Block
+from ._kernels import keep_all
+from ._select import Shard, keep, resolve_count, sum_over_shards
+from ._shape_kernels import _block_view, blocks as one_process_blocks, kept_blocks, n_m as one_process_n_m
+from ._shape_specs import NM, PerSlice
+from ._shape_specs import Block as BlockSpec
+from ._spec import Chain, Spec
+from ._specs import CustomFromMask, Identity, L1Unstructured, LnStructured, RandomStructured, RandomUnstructured
+from ._types import Tensor
+from ._validate import validate_dim_range
+
+__all__ = ["block_norms", "blocks", "check_cut", "check_slice_spec", "n_m", "per_slice"]
+
+#: The specs PerSlice runs on DTensors' slices: the deterministic built-in ones.
+_PER_SLICE = (L1Unstructured, LnStructured, Identity, CustomFromMask, NM, BlockSpec, PerSlice)
+_PER_SLICE_NAMES = "L1Unstructured, LnStructured, Identity, CustomFromMask, NM, Block, PerSlice and chains of them"
+
+
+# --- checks before any work ------------------------------------------------------------
+
+
+def check_slice_spec(fn: str, what: str, spec: PerSlice) -> None:
+    """Refuse a :class:`PerSlice` whose inner spec may draw random numbers (any layout).
+
+    Raises:
+        NotImplementedError: naming the inner spec and what PerSlice runs on DTensors.
+    """
+    for step in spec.spec.specs if isinstance(spec.spec, Chain) else (spec.spec,):
+        if isinstance(step, PerSlice):
+            check_slice_spec(fn, what, step)
+        elif isinstance(step, (RandomUnstructured, RandomStructured)):
+            raise NotImplementedError(
+                f"{fn}: {what} is a DTensor, and {spec!r} draws random numbers in each slice "
+                f"({step!r}): each process would draw its own, not what one process draws; on "
+                f"DTensors PerSlice runs {_PER_SLICE_NAMES}. To draw per slice on one process, "
+                "gather the tensor yourself with .full_tensor()"
+            )
+        elif not isinstance(step, _PER_SLICE):
+            raise NotImplementedError(
+                f"{fn}: {what} is a DTensor, and {spec!r} runs {step!r} in each slice, which "
+                f"funcprune cannot run on DTensors (it may draw random numbers); on DTensors "
+                f"PerSlice runs {_PER_SLICE_NAMES}. To use it on one process, gather the tensor "
+                "yourself with .full_tensor()"
+            )
+
+
+def check_cut(fn: str, what: str, spec: Spec, layout: Layout) -> None:
+    """Refuse, before any work, an ``NM``, ``Block`` or ``PerSlice`` whose groups the layout cuts.
+
+    Decided from every process's block (:meth:`Layout.boxes`), so all
+    processes decide alike. A shape the spec refuses on one process (a
+    ``dim`` out of range, a length ``m`` or the block does not divide) is
+    left to the kernel, which raises one process's error.
+
+    Raises:
+        NotImplementedError: naming the spec, the layout and what works.
+    """
+    ndim = len(layout.shape)
+    if isinstance(spec, NM) and -ndim <= spec.dim < ndim and not layout.shape[spec.dim] % spec.m:
+        _check_aligned(fn, what, spec, layout, {spec.dim % ndim: spec.m})
+    elif isinstance(spec, BlockSpec) and len(spec.shape) <= ndim:
+        tiled = dict(enumerate(spec.shape, start=ndim - len(spec.shape)))
+        if not any(layout.shape[d] % size for d, size in tiled.items()):
+            _check_aligned(fn, what, spec, layout, tiled)
+    elif isinstance(spec, PerSlice) and -ndim <= spec.dim < ndim:
+        _check_whole_slices(fn, what, spec, layout)
+
+
+def _held(layout: Layout) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The boxes of every process that hold an entry (an empty block holds no group)."""
+    return [(offsets, size) for offsets, size in layout.boxes() if math.prod(size)]
+
+
+def _check_aligned(fn: str, what: str, spec: NM | BlockSpec, layout: Layout, units: dict[int, int]) -> None:
+    """Refuse unless every block starts and ends on multiples of ``units[d]`` along each dim ``d``."""
+    for d, unit in units.items():
+        cuts = sorted({(o[d], o[d] + s[d]) for o, s in _held(layout) if o[d] % unit or s[d] % unit})
+        if not cuts:
+            continue
+        whole = f"groups of {unit} consecutive entries" if isinstance(spec, NM) else f"blocks of shape {spec.shape}"
+        raise NotImplementedError(
+            f"{fn}: {what} is a DTensor laid out as {layout}; along dim {d} (of length "
+            f"{layout.shape[d]}) its blocks include {', '.join(f'{a}:{b}' for a, b in cuts)}, which do "
+            f"not start and end on multiples of {unit}, so {spec!r} would have to move weights "
+            f"between processes to see whole {whole}. On DTensors it works where every process's "
+            f"block starts and ends on multiples of {unit} along dim {d}: shard another dim, or "
+            "choose sizes whose cut (torch.chunk's) falls on such multiples"
+        )
+
+
+def _check_whole_slices(fn: str, what: str, spec: PerSlice, layout: Layout) -> None:
+    """Refuse unless every block holds whole slices along ``spec.dim``."""
+    d = spec.dim % len(layout.shape)
+    held = _held(layout)
+    cut = [e for e in range(len(layout.shape)) if e != d and any(s[e] != layout.shape[e] for _, s in held)]
+    if cut:
+        raise NotImplementedError(
+            f"{fn}: {what} is a DTensor laid out as {layout}, whose blocks cut dim {cut[0]}, so "
+            f"the slices of {spec!r} along dim {d} are split across processes; each slice would "
+            "have to be ranked across processes, which funcprune does not do. On DTensors "
+            f"PerSlice works where each process holds whole slices: shard dim {d} (the slices' "
+            "dim) or replicate the tensor"
+        )
+
+
+# --- NM and PerSlice: each process on its own ------------------------------------------------
+
+
+def _whole(layout: Layout, like: Tensor) -> Tensor:
+    """The whole tensor's shape as a meta tensor: one process's checks, no values."""
+    return torch.empty(layout.shape, dtype=like.dtype, device="meta")
+
+
+def n_m(spec: NM, block: Block) -> Tensor:
+    """This process's block of the mask of ``spec``: the one-process kernel on the block (checked cut)."""
+    scores, mask, layout = block
+    one_process_n_m(spec.m, spec.m, spec.dim, _whole(layout, scores), None)  # its errors on the whole shape
+    if not math.prod(layout.shape):  # no entry anywhere (the empty blocks' cut was not checked)
+        return keep_all(scores, mask)
+    return one_process_n_m(spec.n, spec.m, spec.dim, scores, mask)
+
+
+def per_slice(spec: PerSlice, block: Block, generator: torch.Generator | None) -> Tensor:
+    """This process's block of the mask of ``spec``: the one-process kernel on the block (whole slices).
+
+    A process holding no slice of a tensor that has some runs the inner
+    spec on one slice of zeros first, so that it raises the errors of the
+    slices' shape with the others. One holding a single slice of several
+    runs it beside a copy of that slice: torch then reduces the slice (the
+    inner spec's norms) in the order it takes among the others, as
+    :func:`block_norms` explains (one slice alone is contiguous where the
+    whole's are strided, and one output may be split across threads).
+    With an earlier mask, slices differ in what is left to prune, so an
+    ``int`` amount may be too large in some slices only: then the
+    processes agree on failing (one ``all_reduce`` of one number).
+    """
+    scores, mask, layout = block
+    validate_dim_range(_whole(layout, scores), spec.dim)  # one process's error on the whole shape
+    if mask is None or not layout.sharded:  # every process fails alike, or none does
+        return _slices(spec, block, generator)
+    failure: Exception | None = None
+    try:
+        kept = _slices(spec, block, generator)
+    except (ValueError, IndexError, RuntimeError) as e:
+        failure = e
+    flag = torch.tensor([failure is not None], dtype=torch.int64, device=scores.device)
+    failed = all_reduce(flag, layout.mesh, layout.span)
+    if failure is not None:
+        raise failure
+    if int(failed[0]):
+        raise ValueError(
+            f"{spec!r}: another process of the mesh could not prune its slices (its own error says "
+            "why: an amount larger than what an earlier mask left in a slice); no process computed a mask"
+        )
+    return kept
+
+
+def _slices(spec: PerSlice, block: Block, generator: torch.Generator | None) -> Tensor:
+    """:func:`per_slice` on this process's block, nothing communicated."""
+    scores, mask, layout = block
+    d = spec.dim % scores.dim()
+    held, slices = scores.shape[d], layout.shape[d]
+    if held == 0 and slices > 0:
+        sizes = [1 if i == d else n for i, n in enumerate(layout.shape)]
+        spec.compute_mask(torch.zeros(sizes, dtype=scores.dtype, device=scores.device), None, generator=generator)
+    if held == 1 and slices > 1:
+        pair = None if mask is None else torch.cat([mask, mask], dim=d)
+        kept = spec.compute_mask(torch.cat([scores, scores], dim=d), pair, generator=generator)
+        return kept.narrow(d, 0, 1).contiguous()
+    return spec.compute_mask(scores, mask, generator=generator)
+
+
+# --- Block: blocks ranked across processes ----------------------------------------------------
+
+
+def blocks(spec: BlockSpec, block: Block) -> Tensor:
+    """This process's block of the mask of ``spec`` (checked cut): its blocks ranked across processes."""
+    scores, mask, layout = block
+    _block_view(spec.shape, _whole(layout, scores))  # one process's errors on the whole shape
+    if not math.prod(layout.shape):  # no entry anywhere: one process's count (its errors), nothing sent
+        empty = torch.zeros(layout.shape, dtype=scores.dtype, device=scores.device)
+        one_process_blocks(spec.target, spec.shape, empty, None)
+        return keep_all(scores, mask)
+    if not layout.sharded:  # a whole copy on every process: one process's kernel
+        return one_process_blocks(spec.target, spec.shape, scores, mask)
+    norms = block_norms(scores, spec.shape, layout.shape)
+    eligible = None if mask is None else kept_blocks(mask, spec.shape)
+    shard = _grid(layout, spec.shape)
+    unpruned = shard.numel
+    if eligible is not None:
+        unpruned = sum_over_shards([int(eligible.sum())], [shard], scores.device)
+    k = resolve_count(spec.target, unpruned, shard.numel)
+    assert isinstance(k, int)  # from Python ints
+    if k == 0:
+        return keep_all(scores, mask)
+    kept = keep(norms, k, eligible, group=shard)
+    view, inner = _block_view(spec.shape, scores)
+    for d in inner:
+        kept = kept.unsqueeze(d)
+    kept = kept.expand(view).reshape(scores.shape)
+    return kept if mask is None else kept & mask
+
+
+def _grid(layout: Layout, shape: tuple[int, ...]) -> Shard:
+    """Where this process's block norms sit in the grid of all blocks' norms (ranked over ``layout.span``)."""
+    units = (1,) * (len(layout.shape) - len(shape)) + shape
+    return dataclasses.replace(
+        layout.shard(layout.span),
+        shape=tuple(n // u for n, u in zip(layout.shape, units, strict=True)),
+        offsets=tuple(o // u for o, u in zip(layout.offsets, units, strict=True)),
+        size=tuple(s // u for s, u in zip(layout.size, units, strict=True)),
+    )
+
+
+def block_norms(scores: Tensor, shape: tuple[int, ...], whole: tuple[int, ...]) -> Tensor:
+    """The L2 norm of each block of ``shape`` in ``scores``, a block of a tensor of shape ``whole``.
+
+    Bit for bit what ``torch.linalg.vector_norm`` gives for those blocks on
+    the whole (contiguous) tensor. torch sums a block's entries in flat
+    order, but with vector lanes where the block's dims coalesce into one
+    contiguous run (block dim ``j`` joins the one before where the tensor
+    is one block long along ``j``), and split across threads where the
+    reduction has one output. So a block one block long along a dim where
+    the whole is longer is copied with a gap after that dim (the same
+    order, no coalescing), and a single block is reduced as two outputs
+    (one of them a view of the other).
+    """
+    view, inner = _block_view(shape, scores)
+    lead = scores.dim() - len(shape)
+    gapped = [lead < d and scores.shape[d] == shape[d - lead] != whole[d] for d in range(scores.dim())]
+    if any(gapped):
+        strides, step = [0] * scores.dim(), 1
+        for d in reversed(range(scores.dim())):
+            strides[d] = step
+            step *= max(scores.shape[d] + gapped[d], 1)
+        values = torch.empty_strided(scores.shape, strides, dtype=scores.dtype, device=scores.device)
+        values = values.copy_(scores).view(view)
+    else:
+        values = scores.contiguous().view(view)
+    grid = [n for i, n in enumerate(view) if i not in inner]
+    if math.prod(grid) == 1 and math.prod(whole) > math.prod(shape):
+        pair = values.unsqueeze(0).expand(2, *values.shape)
+        norms: Tensor = torch.linalg.vector_norm(pair, dim=[d + 1 for d in inner])
+        return norms[0]
+    norms = torch.linalg.vector_norm(values, dim=inner)
+    return norms
