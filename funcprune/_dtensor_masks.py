@@ -15,7 +15,7 @@ processes, how random keys are drawn), are in :mod:`._dtensor_kernels`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -35,7 +35,9 @@ from ._validate import check_same_shape
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
-__all__ = ["check_group", "check_supported", "compute_joint_masks", "compute_mask", "fold", "shards_of"]
+    from ._fold import Step
+
+__all__ = ["check_group", "check_supported", "compute_joint_masks", "compute_mask", "fold_step", "shards_of"]
 
 #: What the refusals say is supported.
 _SUPPORTED_SPECS = (
@@ -226,27 +228,20 @@ def compute_joint_masks(
     return [wrap(kept, p.layout) for kept, p in zip(_masks_of(spec, parts, generator), parts, strict=True)]
 
 
-def fold(
-    fn: str,
-    name: str,
-    param: DTensor,
-    steps: Sequence[Spec],
-    scores_of: Callable[[int, Mask], Tensor],
-    mask: Mask,
-    *,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """A plan's fold (``_fold.fold``) over the DTensor parameter ``name``: each step block by block.
+def fold_step(fn: str, name: str, param: DTensor, steps: Sequence[Spec]) -> Step:
+    """How a plan's fold (:func:`._fold.fold`) computes each step over the DTensor parameter ``name``.
 
-    ``scores_of`` computes step ``i``'s scores as DTensors: elementwise, of
-    the parameter's layout (checked first), so nothing is communicated;
-    ``generator`` seeds the random steps.
+    Every step is checked first, before any work (each process refuses
+    alike, none is left waiting); then each step's mask is computed block
+    by block (:func:`compute_mask`), its scores DTensors of the parameter's
+    layout. (An empty fold runs ``Identity()``: nothing pruned.)
     """
     names = (f"the parameter {name!r}", f"the mask for {name!r}")
     layout = layout_of(fn, names[0], param)
-    for step in steps:
-        check_supported(fn, names[0], step, layout)
-    for i, step in enumerate(steps or (Identity(),)):
-        mask = compute_mask(fn, step, scores_of(i, mask), mask, names, generator=generator)
-    assert mask is not None
-    return mask
+    for spec in steps:
+        check_supported(fn, names[0], spec, layout)
+
+    def step(spec: Spec, scores: Tensor, mask: Mask, generator: torch.Generator | None) -> Tensor:
+        return compute_mask(fn, spec, scores, mask, names, generator=generator)
+
+    return step

@@ -21,10 +21,12 @@ from ._types import Mask, Tensor
 if TYPE_CHECKING:
     from ._spec import Spec
 
-__all__ = ["checked_mask", "fold"]
+__all__ = ["Step", "checked_mask", "fold"]
 
 #: Scores for step ``i`` given the mask the steps before it left.
 ScoresOf = Callable[[int, Mask], Tensor]
+#: One step's mask from its spec, scores, the mask so far and the generator (:func:`checked_mask`'s signature).
+Step = Callable[["Spec", Tensor, Mask, "torch.Generator | None"], Tensor]
 
 
 def checked_mask(
@@ -58,7 +60,12 @@ def checked_mask(
 
 
 def fold(
-    steps: Sequence[Spec], scores_of: ScoresOf, mask: Mask, generator: torch.Generator | None
+    steps: Sequence[Spec],
+    scores_of: ScoresOf,
+    mask: Mask,
+    generator: torch.Generator | None,
+    *,
+    step: Step = checked_mask,
 ) -> Tensor:
     """Apply ``steps`` in turn, each on the mask the steps before it left.
 
@@ -67,13 +74,15 @@ def fold(
         scores_of: the scores of step ``i``, given the current mask.
         mask: the earlier mask (``torch.bool``), or ``None``.
         generator: for the random specs.
+        step: computes one step's mask (:func:`checked_mask`; DTensors'
+            block by block, :func:`._dtensor_masks.fold_step`).
 
     Returns:
         The last step's mask (a new tensor).
     """
     if not steps:
         return keep_all(scores_of(0, mask), mask)
-    for i, step in enumerate(steps):
-        mask = checked_mask(step, scores_of(i, mask), mask, generator)
+    for i, spec in enumerate(steps):
+        mask = step(spec, scores_of(i, mask), mask, generator)
     assert mask is not None
     return mask

@@ -30,6 +30,7 @@ from . import _dtensor_masks as dtensor_masks
 from ._fold import fold
 from ._names import check_masks, check_not_hook_mode, check_params, check_scores, match_names
 from ._spec import Chain, Spec, chain
+from ._specs import Identity
 from ._types import Mask, Masks, Params, Rule, Scores, Tensor
 from ._validate import check_generator
 
@@ -284,9 +285,8 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
 
                 with naming(self._FN, repr(name), spec):
                     if dtensor.is_dtensor(param):  # block by block, nothing gathered
-                        out[name] = dtensor_masks.fold(
-                            self._FN, name, param, steps, scores_of, out.get(name), generator=generator
-                        )
+                        step = dtensor_masks.fold_step(self._FN, name, param, steps)
+                        out[name] = fold(steps or (Identity(),), scores_of, out.get(name), generator, step=step)
                     else:
                         out[name] = fold(steps, scores_of, out.get(name), generator)
         return out
