@@ -46,9 +46,13 @@ What each column measures:
   the single process's masks, bit for bit; "DIFFERENT" exits with status 1.
 - selection rounds (lines under the table): every radix round all-reduces
   one histogram of ``funcprune._sharded.BINS`` int64 (32 KiB), and every
-  selection first sums the unpruned counts (one int64): rounds are counted
-  from the collectives' sizes; passes (key pass, tie pass) by wrapping
-  ``funcprune._sharded._radix_select`` in the worker processes.
+  selection first sums the unpruned counts (one int64); a bracketed one
+  (from ``funcprune._select.SHARDED_BRACKET_MIN_KEYS`` weights) adds two
+  rounds over a sample and one sum of two counts (16 B). Rounds are counted
+  from the collectives' sizes; radix passes (over all keys, over a
+  bracket's keys, over tied positions) and bracketed selections by
+  wrapping ``funcprune._sharded._radix_select`` and
+  ``funcprune._select.keep_by_bracket_over_shards`` in the worker processes.
 
 The weights are the conv and linear weights of ResNet-50 (``run.py``'s
 shapes, He-scaled normal values). Every rank builds only its own rows: row
@@ -87,7 +91,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import funcprune as fp
-from funcprune import _native, _sharded
+from funcprune import _native, _select, _sharded
 from run import resnet50_shapes
 
 Masks = dict[str, torch.Tensor]
@@ -190,14 +194,15 @@ class CommBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's 
 
 @contextmanager
 def counting_wrappers() -> Iterator[tuple[Counter[str], list[int]]]:
-    """Counts calls of ``torch.distributed``'s collective functions and of the radix select's passes.
+    """Counts calls of ``torch.distributed``'s collective functions, the radix select's passes and bracketed selections.
 
     Only module attributes of this process are swapped (funcprune looks
-    ``dist.all_reduce`` and ``_radix_select`` up when it calls them); they
-    are restored on exit.
+    ``dist.all_reduce``, ``_radix_select`` and ``keep_by_bracket_over_shards``
+    up when it calls them); they are restored on exit. ``passes`` holds the
+    radix passes, then the bracketed selections.
     """
     calls: Counter[str] = Counter()
-    passes = [0]
+    passes = [0, 0]
     saved: dict[tuple[object, str], Any] = {}
 
     def wrap(owner: object, name: str, count: Callable[[], None]) -> None:
@@ -217,6 +222,7 @@ def counting_wrappers() -> Iterator[tuple[Counter[str], list[int]]]:
         if hasattr(dist, name):
             wrap(dist, name, counter(name))
     wrap(_sharded, "_radix_select", lambda: passes.__setitem__(0, passes[0] + 1))
+    wrap(_select, "keep_by_bracket_over_shards", lambda: passes.__setitem__(1, passes[1] + 1))
     try:
         yield calls, passes
     finally:
@@ -315,14 +321,14 @@ def _communication(world: int, call: Callable[[], Masks]) -> tuple[Masks, dict[s
     if world == 1:
         with counting_wrappers() as (calls, passes):
             masks = call()
-        return masks, {"ops": {}, "sizes": [], "calls": dict(calls), "passes": passes[0]}
+        return masks, {"ops": {}, "sizes": [], "calls": dict(calls), "passes": passes[0], "bracketed": passes[1]}
     from torch.distributed.tensor.debug import CommDebugMode
 
     with counting_wrappers() as (calls, passes), CommDebugMode() as mode, CommBytes() as sent:  # type: ignore[no-untyped-call]
         masks = call()
     ops = {str(op): n for op, n in mode.get_comm_counts().items()}
     sizes = [[op, size, n] for (op, size), n in sorted(sent.sizes.items())]
-    return masks, {"ops": ops, "sizes": sizes, "calls": dict(calls), "passes": passes[0]}
+    return masks, {"ops": ops, "sizes": sizes, "calls": dict(calls), "passes": passes[0], "bracketed": passes[1]}
 
 
 def _check(rank: int, world: int, config: Config, case: str, masks: Masks) -> str:
@@ -431,10 +437,12 @@ def summarize(world: int, results: list[dict[str, Any]]) -> Summary:
             counts = sum(n for _, size, n in first["sizes"] if size == 8)
             selections = counts  # every selection sums its unpruned counts once
             per = f" ({rounds / selections:g} per selection)" if selections > 1 else ""
+            pairs = sum(n for _, size, n in first["sizes"] if size == 16)
             out.rounds.append(
-                f"- world {world}, {case}: {selections} selection(s), {first['passes']} radix pass(es) "
-                f"(a second pass per selection only for ties at the cut), {rounds} histogram rounds{per}; "
-                f"each rank sends {counts} x 8 B + {rounds} x {_bytes(HISTOGRAM_BYTES)} = {_bytes(sent)} per call"
+                f"- world {world}, {case}: {selections} selection(s), {first['bracketed']} bracketed, "
+                f"{first['passes']} radix pass(es) (one per selection, over all keys or the bracket's; another "
+                f"only for ties at the cut), {rounds} histogram rounds{per}; each rank sends {counts} x 8 B + "
+                f"{pairs} x 16 B + {rounds} x {_bytes(HISTOGRAM_BYTES)} = {_bytes(sent)} per call"
             )
     return out
 
@@ -473,7 +481,8 @@ def main() -> int:
     )
     print(
         f"funcprune's kernels: {_native.status().detail}; DTensor blocks: funcprune._sharded's radix "
-        "select (its first round in those kernels where they load)\n"
+        f"select (its first round in those kernels where they load), bracketed from "
+        f"{_select.SHARDED_BRACKET_MIN_KEYS} weights in a selection (funcprune._sharded_bracket)\n"
     )
     failed: list[str] = []
     summaries = []
@@ -492,7 +501,7 @@ def main() -> int:
     for s in summaries:
         print("\n".join(s.rows))
         failed += s.failed
-    print("\nSelection rounds (from the collectives' sizes; passes from _sharded._radix_select):")
+    print("\nSelection rounds (from the collectives' sizes; passes and bracketed selections from wrappers):")
     for s in summaries:
         print("\n".join(s.rounds))
     print(

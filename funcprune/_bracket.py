@@ -26,7 +26,7 @@ from . import _native
 from ._sharded import Shard
 from ._types import Mask, Tensor
 
-__all__ = ["KeyPart", "keep_by_bracket", "magnitude_of"]
+__all__ = ["KeyPart", "chunk_size", "keep_by_bracket", "magnitude_of", "sample_keys", "sample_stride", "scan_part", "survivors"]
 
 #: About how many keys the bracketing sample holds, at most.
 _SAMPLE = 1 << 17
@@ -83,25 +83,14 @@ def keep_by_bracket(parts: Sequence[KeyPart], k: int) -> list[Tensor] | None:
     total = sum(p.numel for p in parts)
     if not 0 < k <= total:
         return None
-    lo, hi, share = _bounds(torch.cat([_sample(p, _stride(total)) for p in parts]), k / total)
-    chunk = _CHUNK * min(torch.get_num_threads(), 64)  # each thread's share stays in its cache
-    below: list[Tensor] = []
+    lo, hi, share = _bounds(torch.cat([sample_keys(p, sample_stride(total)) for p in parts]), k / total)
+    chunk = chunk_size()
     n_below = 0
     found: list[Tensor] = []  # per part, the keys inside the bracket in index order
     for part in parts:
-        scanned = _native_scan(part, lo, hi, share)
-        if scanned is not None:
-            n_below += scanned[0]
-            found.append(scanned[1])
-            continue
-        collected = []
-        for start in range(0, part.numel, chunk):
-            count, keys = _scan(_eligible_keys(part, start, start + chunk), lo, hi)
-            below.append(count)
-            collected.append(keys)
-        found.append(torch.cat(collected))
-    if below:
-        n_below += int(torch.stack(below).sum(dtype=torch.float64))
+        count, inside = scan_part(part, lo, hi, share, chunk)
+        n_below += count
+        found.append(inside)
     n_inside = sum(f.numel() for f in found)
     if not n_below < k <= n_below + n_inside:
         return None
@@ -116,7 +105,7 @@ def keep_by_bracket(parts: Sequence[KeyPart], k: int) -> list[Tensor] | None:
         ties = int(torch.count_nonzero(candidates == v))
         take = min(ties, ties_to_prune)
         ties_to_prune -= take
-        kept.append(_survivors(part, v, ties, take, chunk))
+        kept.append(survivors(part, v, ties, take, chunk))
     return kept
 
 
@@ -125,7 +114,35 @@ _CHUNK = 1 << 16
 _EIGHT = 8
 
 
-def _stride(total: int) -> int:
+def chunk_size() -> int:
+    """Entries scanned at a time: each thread's share stays in its cache."""
+    return _CHUNK * min(torch.get_num_threads(), 64)
+
+
+def scan_part(
+    part: KeyPart, lo: float, hi: float, share: float, chunk: int, *, exact: bool = False
+) -> tuple[int, Tensor]:
+    """How many of the part's eligible keys lie below ``lo``, and those in ``[lo, hi]`` in index order.
+
+    One native pass where the kernels apply (exact comparisons), else chunk
+    by chunk in torch: with ``exact``, by comparisons too (processes that
+    take either path then classify every key alike); otherwise by the
+    shifted comparison of :func:`_scan` (consecutive ranges of the keys'
+    order, which is all one process needs).
+    """
+    scanned = _native_scan(part, lo, hi, share)
+    if scanned is not None:
+        return scanned
+    below, collected = [], []
+    for start in range(0, part.numel, chunk):
+        count, keys = _scan(_eligible_keys(part, start, start + chunk), lo, hi, exact=exact)
+        below.append(count)
+        collected.append(keys)
+    n_below = int(torch.stack(below).sum(dtype=torch.float64)) if below else 0
+    return n_below, torch.cat(collected) if collected else _eligible_keys(part, 0, 0)
+
+
+def sample_stride(total: int) -> int:
     """The sample's stride: about ``8 * total ** (2/3)`` keys, at most 1/16 of them.
 
     The bracket a sample of ``m`` keys gives holds about ``4 / sqrt(m)`` of
@@ -144,11 +161,11 @@ def _eligible_keys(part: KeyPart, start: int, stop: int) -> Tensor:
     return keys.masked_fill(part.eligible[start:stop].logical_not(), torch.inf)
 
 
-def _scan(keys: Tensor, lo: float, hi: float) -> tuple[Tensor, Tensor]:
+def _scan(keys: Tensor, lo: float, hi: float, *, exact: bool = False) -> tuple[Tensor, Tensor]:
     """How many ``keys`` lie below the bracket, and those inside (in index order).
 
     The count is a 0-d float tensor (exact: a chunk is far below 2**24 keys).
-    NaN is neither below nor inside. A finite bracket is tested on one
+    NaN is neither below nor inside. Unless ``exact``, a finite bracket is tested on one
     shifted copy ``d = keys - mid``: ``d < -half`` below, ``|d| <= half``
     inside. Rounding is monotone, so these are consecutive ranges of the
     keys' order whatever the rounding, and a comparison written as floats
@@ -156,7 +173,7 @@ def _scan(keys: Tensor, lo: float, hi: float) -> tuple[Tensor, Tensor]:
     are found 8 flags (one int64 word) at a time.
     """
     flags = torch.empty(keys.shape, dtype=torch.float32, device=keys.device)
-    if math.isfinite(lo) and math.isfinite(hi):
+    if math.isfinite(lo) and math.isfinite(hi) and not exact:
         mid, half = (lo + hi) / 2, (hi - lo) / 2
         d = keys - mid
         below = torch.lt(d, -half, out=flags).sum()
@@ -182,14 +199,14 @@ def _at_most(keys: Tensor, bound: float | Tensor, out: Tensor | None = None) -> 
     return torch.le(keys, bound, out=out).view(torch.bool)
 
 
-def _sample(part: KeyPart, stride: int) -> Tensor:
+def sample_keys(part: KeyPart, stride: int) -> Tensor:
     sample = part.key(part.source[::stride])
     if part.eligible is None:
         return sample
     return sample.masked_fill(part.eligible[::stride].logical_not(), torch.inf)
 
 
-def _survivors(part: KeyPart, v: float, ties: int, take: int, chunk: int) -> Tensor:
+def survivors(part: KeyPart, v: float, ties: int, take: int, chunk: int) -> Tensor:
     """Kept flags when every key below ``v`` and the first ``take`` of ``ties`` go."""
     absolute = _absolute(part)
     if absolute is not None:

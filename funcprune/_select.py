@@ -26,7 +26,10 @@ Paths, chosen here and nowhere else (all give identical flags, tested):
 - *threshold* (one :func:`torch.kthvalue`): a Python ``int`` count over a
   whole tensor with every entry eligible; works under every transform;
 - *shards* (eager): a radix select whose per-round histograms are summed
-  across processes; the only path for :class:`Shard` groups;
+  across processes; the only path for :class:`Shard` groups, bracketed from
+  :data:`SHARDED_BRACKET_MIN_KEYS` keys in all (:mod:`._sharded_bracket`:
+  a sample's histograms bracket the k-th key, one scan per block counts
+  and collects, the radix select ranks the few collected);
 - *short rows* (eager, groups of at most :data:`~._short_rows.SHORT_ROW_MAX`
   entries, as N:M's; :mod:`._short_rows`): each entry ranked against the
   others of its row, a chunk of rows at a time;
@@ -54,12 +57,14 @@ from ._batched import make_keep_lowest
 from ._bracket import KeyPart, magnitude_of
 from ._bracket import keep_by_bracket as _keep_by_bracket
 from ._sharded import Shard, keep_over_shards, refuse_dtensors, sum_over_shards
+from ._sharded_bracket import keep_by_bracket_over_shards
 from ._short_rows import SHORT_ROW_MAX, keep_in_short_rows
 from ._types import Amount, Count, Mask, Tensor
 from ._validate import count_to_prune, is_concrete, validate_count
 
 __all__ = [
     "FAST_MIN_KEYS",
+    "SHARDED_BRACKET_MIN_KEYS",
     "WHOLE",
     "Blocks",
     "Group",
@@ -80,6 +85,10 @@ __all__ = [
 
 #: From this many keys on, eager selection brackets instead of sorting.
 FAST_MIN_KEYS = 1 << 16
+#: From this many keys in all (every process's), a selection over shards is bracketed
+#: (:mod:`._sharded_bracket`): below it, its two more all-reduces cost more time than the
+#: passes they save (measured on gloo: about 2 ms against 2.4 ns per key of a process's share).
+SHARDED_BRACKET_MIN_KEYS = 1 << 21
 #: More units than any tensor holds: a larger integer amount prunes the same.
 _MAX_COUNT = 2**62
 
@@ -270,10 +279,13 @@ def keep_jointly(parts: Sequence[KeyPart], k: Count) -> list[Tensor]:
                 "parts ranked over shards must all be shards, with a Python int count; got "
                 f"{len(shards)} shards among {len(parts)} parts and a count of type {type(k).__name__}"
             )
+        if k > 0 and sum(s.numel for s in shards) >= SHARDED_BRACKET_MIN_KEYS and all(map(is_concrete, _tensors(parts))):
+            bracketed = keep_by_bracket_over_shards(parts, shards, k)  # None on every process alike
+            if bracketed is not None:
+                return bracketed
         return keep_over_shards([p.keys for p in parts], [p.eligible for p in parts], shards, k)
     total = sum(p.numel for p in parts)
-    tensors = [t for p in parts for t in (p.source, p.eligible) if t is not None]
-    if isinstance(k, int) and total >= FAST_MIN_KEYS and all(map(is_concrete, tensors)):
+    if isinstance(k, int) and total >= FAST_MIN_KEYS and all(map(is_concrete, _tensors(parts))):
         bracketed = _keep_by_bracket(parts, k)
         if bracketed is not None:
             return bracketed
@@ -289,6 +301,9 @@ def keep_jointly(parts: Sequence[KeyPart], k: Count) -> list[Tensor]:
         eligible = torch.cat([_flags(p) for p in parts])
     return list(torch.split(_keep_sorted(keys, k, eligible), [p.numel for p in parts]))
 
+
+def _tensors(parts: Sequence[KeyPart]) -> list[Tensor]:
+    return [t for p in parts for t in (p.source, p.eligible) if t is not None]
 
 def _batched(part: KeyPart) -> bool:
     """Whether a part (with an int count) goes to ``funcprune::keep_lowest``: batched by vmap, not compiled.

@@ -27,7 +27,10 @@ of the chosen bin's entries only (typically a few percent: the later
 rounds' torch work) and the kept flags of all the others, so that the last
 pass sets the flags of that bin's entries alone. Other blocks, or all where
 the kernels are unavailable, code every entry in torch; both send the same
-histograms and give the same flags.
+histograms and give the same flags. From
+:data:`~._select.SHARDED_BRACKET_MIN_KEYS` keys in all, :mod:`._sharded_bracket`
+runs first: a sample brackets the k-th key, so that one scan per block
+collects only the keys the radix select (:func:`select_codes`) then ranks.
 """
 
 from __future__ import annotations
@@ -50,7 +53,9 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.distributed.tensor import DTensor
 
-__all__ = ["BINS", "Shard", "is_dtensor", "keep_over_shards", "refuse_dtensors", "sum_over_shards"]
+__all__ = [
+    "BINS", "Shard", "common_groups", "is_dtensor", "keep_over_shards", "radix_shift", "refuse_dtensors", "select_codes", "sum_over_shards", "summed_over",
+]  # fmt: skip
 
 #: Bits resolved per round, and the histogram's length (32 KiB of int64).
 _RADIX_BITS = 12
@@ -175,7 +180,7 @@ def keep_over_shards(
         shards: per part, where the block sits; one process group for all.
         k: how many entries to prune in all (capped at the number eligible).
     """
-    groups = _common_groups(shards)
+    groups = common_groups(shards)
     blocks = [make() for make in keys]
     if not all(map(is_concrete, [*blocks, *(e for e in eligible if e is not None)])):
         raise RuntimeError(
@@ -212,7 +217,26 @@ def sum_over_shards(counts: Sequence[int], shards: Sequence[Shard], device: torc
         device: where the one-number tensor that crosses processes lives.
     """
     mine = sum(c for c, s in zip(counts, shards, strict=True) if s.counted)
-    return int(_all_reduce(torch.tensor(mine, dtype=torch.int64, device=device), _common_groups(shards)))
+    return int(summed_over(torch.tensor(mine, dtype=torch.int64, device=device), common_groups(shards)))
+
+
+def select_codes(
+    codes: Sequence[Tensor], lo: int, hi: int, need: int, groups: tuple[ProcessGroup | None, ...]
+) -> tuple[int | None, int, int]:
+    """The ``need``-th smallest of all processes' ``codes`` (int64, all in ``[lo, hi]``), by the radix select.
+
+    Every process calls it with its own codes (any number of tensors).
+    Returns that code, its rank among the codes equal to it and how many
+    are equal to it (over all processes), or ``None`` where ``need`` is 0
+    or there are no codes.
+    """
+    device = codes[0].device if codes else torch.device("cpu")
+    parts = []
+    for c in codes:
+        none = torch.empty(0, dtype=torch.int64, device=c.device)
+        shard = Shard((c.numel(),), (0,), (c.numel(),))
+        parts.append(_Part(none.double(), None, shard, 0, None, c, torch.arange(c.numel(), device=c.device)))
+    return _radix_select(parts, lo, hi, need, groups, device)
 
 
 def _part(block: Tensor, eligible: Mask, shard: Shard, base: int) -> _Part:
@@ -271,12 +295,12 @@ def _radix_select(
     first = True
     equal = 0
     while True:
-        shift = _shift(lo, hi)
+        shift = radix_shift(lo, hi)
         base = lo >> shift
         histogram = torch.zeros(BINS, dtype=torch.int64, device=device)
         for p in parts:
             histogram += _histogram(p, shift, base)
-        _all_reduce(histogram, groups)
+        summed_over(histogram, groups)
         if first:
             need = min(need, int(histogram.sum()))
             if need == 0:
@@ -293,7 +317,7 @@ def _radix_select(
             return lo, need, equal
 
 
-def _shift(lo: int, hi: int) -> int:
+def radix_shift(lo: int, hi: int) -> int:
     """The least shift putting every integer of ``[lo, hi]`` into :data:`BINS` bins."""
     shift = max(0, (hi - lo).bit_length() - _RADIX_BITS)
     while (hi >> shift) - (lo >> shift) >= BINS:
@@ -356,14 +380,14 @@ def _check_block(block: Tensor, eligible: Mask, shard: Shard) -> None:
         )
 
 
-def _common_groups(shards: Sequence[Shard]) -> tuple[ProcessGroup | None, ...]:
+def common_groups(shards: Sequence[Shard]) -> tuple[ProcessGroup | None, ...]:
     kinds = {tuple(map(id, s.groups)): s.groups for s in shards}
     if len(kinds) != 1:
         raise ValueError(f"parts ranked jointly over shards must share their process groups, got {len(kinds)} kinds")
     return next(iter(kinds.values()))
 
 
-def _all_reduce(values: Tensor, groups: tuple[ProcessGroup | None, ...]) -> Tensor:
+def summed_over(values: Tensor, groups: tuple[ProcessGroup | None, ...]) -> Tensor:
     """``values`` summed (in place; returned) over each group in turn: over the processes they span."""
     for group in groups:
         dist.all_reduce(values, group=group)

@@ -474,6 +474,34 @@ def test_an_fsdp2_model_is_pruned_as_one_process_would_with_all_reduces_of_fixed
     assert sent[5] == sent[50] == {8 + 3 * BINS * 8}
 
 
+def _large(seed: int) -> dict[str, torch.Tensor]:
+    """A weight set past SHARDED_BRACKET_MIN_KEYS (2.2M entries), ties at the cut likely (float32)."""
+    g = torch.Generator().manual_seed(seed)
+    return {"a": torch.randn(1500, 1024, generator=g), "b": torch.randn(700, 1000, generator=g).double().float()}
+
+
+def _prune_large(rank: int, size: int, spec: fp.Spec) -> dict[str, Any]:
+    mesh = init_device_mesh("cpu", (size,))
+    whole = _large(0)
+    params = {"a": distribute(whole["a"], mesh, Shard(0)), "b": distribute(whole["b"], mesh, Shard(1))}
+    earlier = {"b": distribute(whole["b"] > -1.5, mesh, Shard(1))}
+    with comm_mode() as comm, CommBytes() as sent:
+        masks = fp.global_unstructured(["a", "b"], spec)(params, earlier)
+    return {"collectives": collectives(comm), "bytes": sent.bytes, "masks": {n: dt(m).full_tensor() for n, m in masks.items()}}
+
+
+@pytest.mark.parametrize("spec", [fp.L1Unstructured(sparsity=0.9), fp.L1Unstructured(0.5), fp.L1Unstructured(3)])
+def test_large_groups_are_bracketed_across_processes_and_equal_one_process(world2: World, spec: fp.Spec) -> None:
+    """Past SHARDED_BRACKET_MIN_KEYS the selection samples, scans and ranks the few keys in its bracket."""
+    whole = _large(0)
+    expected = fp.global_unstructured(["a", "b"], spec)(whole, {"b": whole["b"] > -1.5})
+    for a in world2.run(_prune_large, spec):
+        assert a["collectives"] == {"c10d.allreduce_"}
+        assert all(torch.equal(a["masks"][n], m) for n, m in expected.items())
+        # the count; the sample's 2 rounds, the bracket's counts, at most 3 rounds in it, at most 2 over positions
+        assert a["bytes"] <= 8 + 16 + (2 + 3 + 2) * BINS * 8
+
+
 # --- 4 processes: global groups over Shard(0), Shard(1) and Replicate() ----------------------
 
 

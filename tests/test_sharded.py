@@ -23,7 +23,9 @@ from hypothesis import strategies as st
 from torch.func import vmap
 
 from _distributed import World
-from funcprune._select import KeyPart, Shard, keep, keep_jointly
+from funcprune._bracket import magnitude_of
+from funcprune import _select
+from funcprune._select import FAST_MIN_KEYS, KeyPart, Shard, keep, keep_jointly
 
 SIZE = 4  # ranks in the world (a 2-core machine runs them; they mostly wait)
 
@@ -63,19 +65,27 @@ def _cut(t: torch.Tensor, offsets: tuple[int, ...], size: tuple[int, ...]) -> to
     return t[tuple(slice(o, o + s) for o, s in zip(offsets, size, strict=True))]
 
 
-def _part(block: torch.Tensor, flags: torch.Tensor | None, shard: Shard | None = None) -> KeyPart:
+def _part(block: torch.Tensor, flags: torch.Tensor | None, shard: Shard | None = None, magnitude: bool = False) -> KeyPart:
+    if magnitude:  # the keys are the block's magnitudes (what L1 ranks)
+        return KeyPart(block, magnitude_of, flags, shard)
     return KeyPart(block, eligible=flags, shard=shard)
 
 
-def _keep_my_blocks(rank: int, size: int, parts: list[Part], k: int) -> tuple[list[torch.Tensor], int]:
-    """On one rank: its blocks' kept flags, and how many all-reduces it took."""
+def _keep_my_blocks(
+    rank: int, size: int, parts: list[Part], k: int, magnitude: bool = False, bracket_from: int | None = None
+) -> tuple[list[torch.Tensor], int]:
+    """On one rank: its blocks' kept flags, and how many all-reduces it took.
+
+    ``bracket_from``: the size from which the selection is bracketed
+    (:data:`~funcprune._select.SHARDED_BRACKET_MIN_KEYS`, for this call).
+    """
     key_parts = []
     for keys, eligible, layout in parts:
         offsets, shape = layout.block(rank)
         block = _cut(keys, offsets, shape).reshape(-1)
         flags = None if eligible is None else _cut(eligible, offsets, shape).reshape(-1)
         shard = Shard(tuple(keys.shape), offsets, shape, counted=rank < layout.cells)
-        key_parts.append(_part(block, flags, shard))
+        key_parts.append(_part(block, flags, shard, magnitude))
     calls = 0
     all_reduce = dist.all_reduce
 
@@ -85,10 +95,13 @@ def _keep_my_blocks(rank: int, size: int, parts: list[Part], k: int) -> tuple[li
         return all_reduce(*args, **kwargs)
 
     dist.all_reduce = counting
+    threshold = _select.SHARDED_BRACKET_MIN_KEYS
+    _select.SHARDED_BRACKET_MIN_KEYS = threshold if bracket_from is None else bracket_from
     try:
         kept = keep_jointly(key_parts, k)
     finally:
         dist.all_reduce = all_reduce
+        _select.SHARDED_BRACKET_MIN_KEYS = threshold
     return kept, calls
 
 
@@ -99,10 +112,12 @@ def world() -> Iterator[World]:
     w.close()
 
 
-def _gathered(world: World, parts: list[Part], k: int) -> tuple[list[torch.Tensor], list[int]]:
+def _gathered(
+    world: World, parts: list[Part], k: int, magnitude: bool = False, bracket_from: int | None = None
+) -> tuple[list[torch.Tensor], list[int]]:
     """The whole kept flags assembled from the ranks' blocks (replicas checked equal)."""
     assert all(layout.cells <= world.size for _, _, layout in parts)
-    answers = world.run(_keep_my_blocks, parts, k)
+    answers = world.run(_keep_my_blocks, parts, k, magnitude, bracket_from)
     wholes = []
     for i, (keys, _, layout) in enumerate(parts):
         whole = torch.zeros(keys.shape, dtype=torch.bool)
@@ -124,9 +139,14 @@ def _expected(parts: list[Part], k: int) -> list[torch.Tensor]:
     return [f.reshape(p[0].shape) for f, p in zip(torch.split(flat, [p[0].numel() for p in parts]), parts, strict=True)]
 
 
-def _bound(dtype: torch.dtype, positions: int) -> int:
-    """All-reduces allowed: one per 12 bits of the keys, then of the positions."""
-    return -(-torch.finfo(dtype).bits // 12) + -(-max(positions - 1, 1).bit_length() // 12)
+def _bound(dtype: torch.dtype, positions: int, bracketed: bool = False) -> int:
+    """All-reduces allowed: one per 12 bits of the keys, then of the positions.
+
+    Bracketed, 3 more: the two rounds over the sample and the counts
+    (whether the bracket holds the k-th key or not).
+    """
+    bracket = 3 if bracketed else 0
+    return bracket + -(-torch.finfo(dtype).bits // 12) + -(-max(positions - 1, 1).bit_length() // 12)
 
 
 @st.composite
@@ -183,10 +203,36 @@ def test_large_spread_keys_take_few_fixed_size_rounds_whatever_k(world: World, d
         (torch.randn(90_000, generator=g, dtype=dtype), None, Layout(((0, 0, 40_000, 90_000),))),
     ]
     for k in (1, 77, 6001, 105_000, 300 * 700 + 90_000):
-        gathered, calls = _gathered(world, parts, k)
-        for got, want in zip(gathered, _expected(parts, k), strict=True):
-            assert torch.equal(got, want)
-        assert max(calls) <= _bound(dtype, 300 * 700 + 90_000)
+        for bracket_from in (None, FAST_MIN_KEYS):  # the radix select over every key, or bracketed
+            gathered, calls = _gathered(world, parts, k, bracket_from=bracket_from)
+            for got, want in zip(gathered, _expected(parts, k), strict=True):
+                assert torch.equal(got, want)
+            assert max(calls) <= _bound(dtype, 300 * 700 + 90_000, bracketed=bracket_from is not None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_bracketed_selection_over_large_shards_equals_the_whole(world: World, dtype: torch.dtype) -> None:
+    """Bracketed (from FAST_MIN_KEYS keys, here): eligibility, NaN, -0.0, ties, replicas, magnitudes."""
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(400, 300, generator=g)
+    a[a.abs() < 0.02] = -0.0
+    a[a.abs() < 0.04] = 0.0
+    a[::11, ::13] = float("nan")
+    b = torch.randn(70_000, generator=g)  # replicated on every rank: counted once
+    c = torch.randint(-3, 4, (256, 300), generator=g).float()  # a few values, tied by the thousand
+    parts: list[Part] = [
+        (a.to(dtype), torch.rand(400, 300, generator=g) < 0.8, Layout(((0, 150, 400), (0, 300)))),
+        (b.to(dtype), None, Layout(((0, 70_000),))),
+        (c.to(dtype), torch.rand(256, 300, generator=g) < 0.5, Layout(((0, 100, 256), (0, 120, 300)))),
+    ]
+    eligible = int(parts[0][1].sum()) + 70_000 + int(parts[2][1].sum())  # type: ignore[union-attr]
+    total = sum(p[0].numel() for p in parts)
+    for k, magnitude in ((1, False), (5_000, True), (90_000, False), (150_000, True), (eligible, False), (eligible + 5, True)):
+        gathered, calls = _gathered(world, parts, k, magnitude, FAST_MIN_KEYS)
+        keys = [(v.abs() if magnitude else v, e, layout) for v, e, layout in parts]
+        for got, want in zip(gathered, _expected(keys, k), strict=True):
+            assert torch.equal(got, want), (k, magnitude)
+        assert max(calls) <= _bound(dtype, total, bracketed=True)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,172 @@
+"""The selection over shards, bracketed: a sample's order statistics narrow the scan to a few keys.
+
+:func:`keep_by_bracket_over_shards` gives what :func:`._sharded.keep_over_shards`
+gives (the ``k`` lowest eligible keys of all processes' blocks pruned, ties
+in order of the global index, NaN last), for groups of
+:data:`~._select.FAST_MIN_KEYS` entries and more, with the passes over the
+keys of the one-process bracket (:mod:`._bracket`) instead of a histogram
+of every key:
+
+1. each process samples its counted blocks with one stride (the global
+   size's, as one process would); two rounds of the radix select's
+   histograms over the samples' codes (one ``all_reduce`` each) find, on
+   every process alike, a bracket of codes likely to hold the k-th key;
+2. one scan of each block counts its keys below the bracket and collects
+   the few inside (native where it applies, exact comparisons otherwise);
+   one ``all_reduce`` of two numbers sums them;
+3. if the k-th key lies inside, the radix select over the collected keys
+   (a narrow range of codes: one or two rounds) finds it, and ties at it
+   are cut on global positions as :func:`~._sharded.keep_over_shards`
+   cuts them; one pass per block writes the kept flags.
+
+If the bracket misses (the sample was unlucky, or the k-th key is not
+finite), every process sees it in the same summed counts and returns
+``None``: the caller then runs the radix select over every key. Bytes
+sent: 2 rounds of :data:`~._sharded.BINS` int64 for the sample, 16 for the
+counts, then the select's rounds over the bracket (32 KiB each): a few
+all-reduces of fixed size whatever ``k`` and the tensors' sizes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from ._bracket import KeyPart, chunk_size, sample_keys, sample_stride, scan_part, survivors
+from ._sharded import BINS, Shard, common_groups, radix_shift, select_codes, summed_over
+from ._short_rows import key_of_code, order_codes
+from ._types import Tensor
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+__all__ = ["keep_by_bracket_over_shards"]
+
+#: Sample rounds: each resolves 12 bits of the bracket's ends.
+_ROUNDS = 2
+Groups = tuple["ProcessGroup | None", ...]
+
+
+def keep_by_bracket_over_shards(parts: Sequence[KeyPart], shards: Sequence[Shard], k: int) -> list[Tensor] | None:
+    """Per part (with its shard), 1-D kept flags once the ``k`` lowest eligible keys of all processes go.
+
+    ``k`` is positive. ``None`` where the bracket missed, on every process
+    alike (then nothing is decided: rank every key,
+    :func:`~._sharded.keep_over_shards`).
+    """
+    groups = common_groups(shards)
+    bases = [sum(s.numel for s in shards[:i]) for i in range(len(shards))]
+    total = sum(s.numel for s in shards)
+    counted = [p for p, s in zip(parts, shards, strict=True) if s.counted]
+    dtype, device = _dtype(parts), parts[0].source.device
+    bracket = _bracket([sample_keys(p, sample_stride(total)) for p in counted], dtype, k / total, groups, device)
+    if bracket is None:
+        return None
+    lo, hi, share = bracket
+    chunk = chunk_size()
+    scanned = [scan_part(p, lo, hi, share, chunk, exact=True) for p in counted]
+    sums = [sum(b for b, _ in scanned), sum(f.numel() for _, f in scanned)]
+    n_below, n_inside = summed_over(torch.tensor(sums, dtype=torch.int64, device=device), groups).tolist()
+    if not n_below < k <= n_below + n_inside:
+        return None  # the bracket missed: every process sees it in the same sums
+    found = [f for _, f in scanned]
+    codes = [order_codes(f.to(dtype)).to(torch.int64) for f in found]
+    cut, need, ties = select_codes(codes, _code(lo, dtype), _code(hi, dtype), k - n_below, groups)
+    v = None if cut is None else key_of_code(cut, dtype)
+    assert v is not None  # the (k - n_below)-th of the keys inside: a finite key
+    if need == ties:  # every tie at v goes: one pass per block
+        return [survivors(p, v, 1, 1, chunk) for p in parts]
+    at = _ties_at(parts, shards, found, v)
+    positions = [base + s.positions(t) for s, base, t in zip(shards, bases, at, strict=True) if s.counted and t.numel()]
+    last, _, _ = select_codes(positions, 0, max(total - 1, 0), need, groups)
+    assert last is not None  # need > 0 ties exist
+    kept = []
+    for part, shard, base, tied in zip(parts, shards, bases, at, strict=True):
+        flags = survivors(part, v, 1, 1, chunk)  # every tie at v goes, but
+        if tied.numel():  # those past the last to prune stay
+            flags[tied[base + shard.positions(tied) > last]] = True
+        kept.append(flags)
+    return kept
+
+
+def _dtype(parts: Sequence[KeyPart]) -> torch.dtype:
+    """The keys' common dtype (what each part's ``key`` gives)."""
+    return parts[0].key(parts[0].source[:0]).dtype
+
+
+def _code(key: float, dtype: torch.dtype) -> int:
+    return int(order_codes(torch.tensor([key], dtype=dtype))[0])
+
+
+def _bracket(
+    samples: list[Tensor], dtype: torch.dtype, q: float, groups: Groups, device: torch.device
+) -> tuple[float, float, float] | None:
+    """Finite keys ``lo <= hi`` likely to hold the ``q``-quantile of the keys, and the sample's share between them.
+
+    All processes' samples are ranked by :data:`_ROUNDS` rounds of
+    histograms of their codes; the bracket spans the bins of the ranks
+    ``q * m`` minus and plus a margin of 4 standard deviations (``m``
+    sampled keys in all), as :func:`._bracket._bounds` does on one
+    process. ``None`` where it reaches an infinite or NaN key.
+    """
+    sample = torch.cat(samples).to(dtype) if samples else torch.empty(0, dtype=dtype, device=device)
+    codes = order_codes(sample).to(torch.int64)
+    bits = torch.finfo(dtype).bits
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    ranks, m, share = (1, 1), 0, 1.0
+    for round_ in range(_ROUNDS):
+        shift = radix_shift(lo, hi)
+        base = lo >> shift
+        codes = codes[(codes >= lo) & (codes <= hi)]
+        histogram = summed_over(torch.bincount((codes >> shift) - base, minlength=BINS), groups)
+        cumulative = histogram.cumsum(0)
+        if round_ == 0:
+            m = int(cumulative[-1])
+            margin = 4.0 * (m * q * (1.0 - q)) ** 0.5 + 8.0
+            ranks = (max(int(q * m - margin), 1), max(min(int(q * m + margin) + 1, m), 1))
+        b_lo, b_hi = (int(torch.searchsorted(cumulative, r)) for r in ranks)
+        if b_hi >= BINS:  # fewer keys than the rank (no sample at all)
+            return None
+        under = int(cumulative[b_lo - 1]) if b_lo else 0
+        share = (int(cumulative[b_hi]) - under) / max(m, 1)
+        ranks = (ranks[0] - under, ranks[1] - under)
+        lo, hi = max(lo, (base + b_lo) << shift), min(hi, ((base + b_hi + 1) << shift) - 1)
+    return _keys_of(lo, hi, dtype, share)
+
+
+def _keys_of(lo: int, hi: int, dtype: torch.dtype, share: float) -> tuple[float, float, float] | None:
+    """The bracket of codes ``[lo, hi]`` as keys, if both are finite.
+
+    The one code no key has (``-0.0``'s, as ``order_codes`` maps it to
+    ``0.0``'s) is moved inward: the bracket holds the same keys.
+    """
+    low, high = key_of_code(lo, dtype), key_of_code(hi, dtype)
+    if low is None:
+        low = key_of_code(lo + 1, dtype)
+    if high is None:
+        high = key_of_code(hi - 1, dtype)
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)) or low > high:
+        return None
+    return low, high, share
+
+
+def _ties_at(parts: Sequence[KeyPart], shards: Sequence[Shard], found: list[Tensor], v: float) -> list[Tensor]:
+    """Per part, the local flat indices of its eligible keys equal to ``v``.
+
+    A counted part's ties are among the keys its scan found inside the
+    bracket: only a part that found some is searched (a replica always is).
+    """
+    inside = iter(found)
+    at = []
+    for part, shard in zip(parts, shards, strict=True):
+        if shard.counted and not bool((next(inside) == v).any()):
+            at.append(torch.empty(0, dtype=torch.int64, device=part.source.device))
+            continue
+        equal = part.key(part.source) == v
+        if part.eligible is not None:
+            equal &= part.eligible
+        at.append(equal.nonzero().squeeze(1))
+    return at
