@@ -442,7 +442,7 @@ def _norms_across(n: NormOrder, block: Block, d: int, across: tuple[int, ...]) -
         partial = (scores != 0).sum(dim=others, dtype=torch.float64)
     else:
         p = 2.0 if n == "fro" else float(n)
-        partial = scores.to(torch.float64).abs_()
+        partial = scores.abs().to(torch.float64)  # a new tensor: the scores stay as they are
         if p != 1:
             partial.pow_(p)
         partial = partial.sum(dim=others)

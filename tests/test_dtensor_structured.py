@@ -130,6 +130,23 @@ _RANDOM_SPECS = st.sampled_from([
 ])  # fmt: skip
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
+@pytest.mark.parametrize("n", [2, 1, 0.5, math.inf, 0, "fro"])
+def test_norms_across_processes_leave_the_scores_and_parameters_as_they_were(
+    mesh: DeviceMesh, n: fp.NormOrder, dtype: torch.dtype
+) -> None:
+    values = torch.randn(4, 6, generator=torch.Generator().manual_seed(0)).to(dtype)
+    w = distribute(values, mesh, Shard(1))  # the channels (dim 0) cut along dim 1: norms reduced across
+    before = dt(w).to_local().clone()
+    for prune in (
+        lambda: fp.compute_mask(fp.LnStructured(0.5, n=n, dim=0), w),
+        lambda: fp.Plan({"w": [fp.LnStructured(1, n=n, dim=0), fp.LnStructured(1, n=n, dim=0)]})({"w": w}),
+        lambda: fp.global_structured(["w"], fp.LnStructured(0.5, n=n, dim=0))({"w": w}),
+    ):
+        prune()
+        assert torch.equal(dt(w).to_local(), before)  # nothing written into the caller's tensors
+
+
 @settings(max_examples=25)
 @given(
     seed=st.integers(0, 2**16),
