@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, final
+from typing import TYPE_CHECKING, Any, final
 
 import torch
 from torch import nn
@@ -19,11 +19,14 @@ from torch import nn
 from ._names import UnknownNameError, unknown_name
 from ._types import Tensor
 
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
 __all__ = ["input_norms"]
 
 
 def input_norms(
-    module: nn.Module, batches: Iterable[object], names: Iterable[str]
+    module: nn.Module, batches: Iterable[object], names: Iterable[str], *, across: ProcessGroup | None = None
 ) -> dict[str, Tensor]:
     """The L2 norm of each input feature of some weights, over calibration batches.
 
@@ -58,6 +61,12 @@ def input_norms(
         names: weight names as ``module.named_parameters()`` gives them, such
             as ``"blocks.0.mlp.fc1.weight"``. With none, nothing runs and the
             result is empty.
+        across: a ``torch.distributed`` process group (``dist.group.WORLD``
+            for all): every process of it calls this with its own batches
+            (data parallel, FSDP2) and each gets the norms over all of
+            them, the sums of squares summed by one ``all_reduce`` (in
+            ``float64``) before the root. ``None``: this process's batches
+            only.
 
     Returns:
         A new dict ``{name: norms}``, in the order of ``names``, each norms a
@@ -109,10 +118,25 @@ def input_norms(
             "parent uses its weight without calling it, like MultiheadAttention's out_proj, "
             "is never called)"
         )
+    if across is not None:
+        sums = _summed_across(sums, [t.name for t in targets], across)
     return {
         t.name: sums[t.name].sqrt().to(torch.float64 if t.name in wide else torch.float32)
         for t in targets
     }
+
+
+def _summed_across(sums: dict[str, Tensor], names: list[str], group: ProcessGroup) -> dict[str, Tensor]:
+    """Every process's sums of squares added up: one ``all_reduce`` of them all, in ``float64``."""
+    import torch.distributed as dist
+
+    flat = torch.cat([sums[n].reshape(-1).to(torch.float64) for n in names])
+    dist.all_reduce(flat, group=group)
+    out, start = {}, 0
+    for n in names:
+        out[n] = flat[start : start + sums[n].numel()].to(sums[n].dtype)
+        start += sums[n].numel()
+    return out
 
 
 # --- gradient criteria -------------------------------------------------------

@@ -140,9 +140,13 @@ class Layout:
         """Whether ``t`` has this layout's mesh and placements."""
         return t.device_mesh == self.mesh and tuple(t.placements) == self.placements
 
-    def shard(self, dims: Sequence[int]) -> Shard:
-        """The block as :mod:`._sharded` describes it, selected over the mesh dims ``dims``."""
-        return Shard(self.shape, self.offsets, self.size, self.counted_in(dims), groups(self.mesh, dims))
+    def shard(self, dims: Sequence[int], mesh: DeviceMesh | None = None) -> Shard:
+        """The block as :mod:`._sharded` describes it, selected over the mesh dims ``dims``.
+
+        The process groups are ``mesh``'s (one equal to the layout's), or the layout's own.
+        """
+        mesh = self.mesh if mesh is None else mesh
+        return Shard(self.shape, self.offsets, self.size, self.counted_in(dims), groups(mesh, dims))
 
     def boxes(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
         """The offsets and size of the block of every process of the mesh, in the mesh's order.

@@ -122,12 +122,16 @@ def shards_of(layouts: Sequence[Layout]) -> list[Shard] | None:
     """The blocks' shards, ranked over the mesh dims that shard any of them; ``None`` if none does.
 
     Processes that differ only along the other mesh dims hold the same
-    blocks of every part, so they compute the same masks on their own.
+    blocks of every part, so they compute the same masks on their own. The
+    layouts' meshes are equal (checked); their process groups are taken
+    from the first's for all: a DTensor made by an operation may carry
+    another, equal, mesh object, cached by DTensor from an earlier call,
+    whose groups are other objects.
     """
     span = sorted({i for layout in layouts for i in layout.span})
     if not span:
         return None  # replicated: each process computes the same masks on its own
-    return [layout.shard(span) for layout in layouts]
+    return [layout.shard(span, layouts[0].mesh) for layout in layouts]
 
 
 def _customblock_of(mask: Tensor, layout: Layout) -> Tensor:

@@ -35,13 +35,17 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._dtensor import is_dtensor, layout_of, wrap
 from ._names import check_params, unknown_name
 from ._types import Params, Tensor
 from ._validate import check_fits
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 __all__ = ["saliency", "taylor", "wanda"]
 
@@ -133,7 +137,11 @@ def wanda(params: Params, input_norms: Mapping[str, Tensor]) -> dict[str, Tensor
         A new dict with a score for each name in ``input_norms``, in its
         order, of the weight's shape, in the promoted dtype of the weight and
         the norms, at least ``float32``. Under ``torch.func.vmap`` the norms
-        may be batched with the weights or shared by all of them.
+        may be batched with the weights or shared by all of them. A DTensor
+        weight (FSDP2) gets a DTensor score of its layout, each process
+        scaling its block by the norms of the input features it holds
+        (nothing communicated; the norms whole on every process, as
+        :func:`input_norms` gives them).
 
     Raises:
         TypeError: if an argument is not a mapping of names to tensors, or a
@@ -160,9 +168,32 @@ def wanda(params: Params, input_norms: Mapping[str, Tensor]) -> dict[str, Tensor
     for name, norms in input_norms.items():
         weight = _weight_for_norms(fn, name, norms, params)
         dtype = _score_dtype(weight, norms)
+        if is_dtensor(weight):  # each process its block, with the norms of its block's input features
+            scores[name] = _wanda_block(fn, name, weight, norms, dtype)
+            continue
         per_feature = norms.detach().to(dtype).reshape(-1, *(1,) * (weight.dim() - 2))
         scores[name] = weight.detach().abs().to(dtype) * per_feature
     return scores
+
+
+def _wanda_block(fn: str, name: str, weight: DTensor, norms: Tensor, dtype: torch.dtype) -> Tensor:
+    """Wanda's score of a DTensor weight: a DTensor of its layout, computed block by block, nothing sent.
+
+    ``norms`` is the whole vector (every process holds it, as
+    :func:`input_norms` gives it on each) or a replicated DTensor; each
+    process scales its block by the norms of the input features it holds.
+    """
+    if is_dtensor(norms):
+        if any(not p.is_replicate() for p in norms.placements):
+            raise ValueError(
+                f"{fn}: input_norms[{name!r}] is a DTensor laid out as {list(norms.placements)}; give "
+                "the whole vector on every process (what fp.input_norms returns) or a replicated DTensor"
+            )
+        norms = norms.to_local()
+    layout = layout_of(fn, f"the parameter {name!r}", weight)
+    start, count = layout.offsets[1], layout.size[1]
+    per_feature = norms.detach()[start : start + count].to(dtype).reshape(-1, *(1,) * (weight.dim() - 2))
+    return wrap(weight.to_local().detach().abs().to(dtype) * per_feature, layout)
 
 
 def _products(fn: str, params: Params, grads: object) -> dict[str, Tensor]:

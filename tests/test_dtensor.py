@@ -474,6 +474,53 @@ def test_an_fsdp2_model_is_pruned_as_one_process_would_with_all_reduces_of_fixed
     assert sent[5] == sent[50] == {8 + 3 * BINS * 8}
 
 
+def _calibration(rank: int) -> list[torch.Tensor]:
+    """Rank ``rank``'s calibration batches (data parallel: each process its own)."""
+    g = torch.Generator().manual_seed(10 + rank)
+    return [torch.randn(4, 3, generator=g) for _ in range(2)]
+
+
+def _wanda_on_fsdp(rank: int, size: int, hidden: int) -> dict[str, Any]:
+    """Wanda on an FSDP2 model: norms over every process's batches, scores and masks block by block."""
+    from torch.distributed.fsdp import fully_shard
+
+    warnings.filterwarnings("ignore")
+    mesh = init_device_mesh("cpu", (size,))
+    reference = _model(hidden)
+    model = copy.deepcopy(reference)
+    for module in (model[0], model[2], model):
+        fully_shard(module, mesh=mesh)
+    names = ["0.weight", "2.weight"]
+    norms = fp.input_norms(model, _calibration(rank), names, across=dist.group.WORLD)
+    params = {n: dt(p) for n, p in model.named_parameters()}
+    plan = fp.global_unstructured(names, fp.L1Unstructured(sparsity=0.5))
+    with comm_mode() as comm:
+        scores = fp.wanda(params, norms)
+    masks = plan(params, scores=scores)
+    plain = dict(reference.named_parameters())
+    return {
+        "norms": norms,
+        "scores sent": collectives(comm),
+        "scores": {n: dt(t).full_tensor() for n, t in scores.items()},
+        "masks": {n: dt(m).full_tensor() for n, m in masks.items()},
+        "expected": plan(plain, scores=fp.wanda(plain, norms)),  # one process, the same norms
+    }
+
+
+def test_wanda_on_an_fsdp2_model_takes_every_process_s_batches_and_scores_block_by_block(world2: World) -> None:
+    reference = _model(6)
+    names = ["0.weight", "2.weight"]
+    everyone = fp.input_norms(reference, _calibration(0) + _calibration(1), names)  # one process, all batches
+    answers = world2.run(_wanda_on_fsdp, 6)
+    for a in answers:
+        for n in names:
+            assert torch.equal(a["norms"][n], answers[0]["norms"][n])  # every process the same norms
+            torch.testing.assert_close(a["norms"][n], everyone[n])
+            torch.testing.assert_close(a["scores"][n], fp.wanda(dict(reference.named_parameters()), everyone)[n])
+            assert torch.equal(a["masks"][n], a["expected"][n])
+        assert not a["scores sent"]  # each process scales its own block
+
+
 def _large(seed: int) -> dict[str, torch.Tensor]:
     """A weight set past SHARDED_BRACKET_MIN_KEYS (2.2M entries), ties at the cut likely (float32)."""
     g = torch.Generator().manual_seed(seed)

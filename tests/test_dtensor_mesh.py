@@ -158,15 +158,21 @@ def _masks(
         "random rows": lambda: fp.Plan({n: fp.RandomStructured(sparsity=0.5, dim=0) for n in names})(
             params, masks, generator=g
         ),
+        "wanda": lambda: fp.wanda({names[0]: params[names[0]]}, {names[0]: _norms(members[0][0])}),
     }
     out = {}
+    inputs = [*params.values(), *masks.values()]
+    before = [dt(t).to_local().clone() for t in inputs]
     with comm_mode() as comm:
         for key, plan in plans.items():
             out[key] = plan()
     assert collectives(comm) <= {"c10d.allreduce_"}, collectives(comm)  # nothing gathered
-    for masks in out.values():
+    for t, kept in zip(inputs, before, strict=True):  # nothing written into the inputs
+        torch.testing.assert_close(dt(t).to_local(), kept, rtol=0, atol=0, equal_nan=True)
+    for key, masks in out.items():
         for name, m in masks.items():
-            assert dt(m).placements == dt(params.get(name, params[names[0]])).placements and m.dtype == torch.bool
+            assert dt(m).placements == dt(params.get(name, params[names[0]])).placements
+            assert m.dtype == (torch.bool if key != "wanda" else params[names[0]].dtype)
     return {key: {name: dt(m).full_tensor() for name, m in masks.items()} for key, masks in out.items()}
 
 
@@ -189,8 +195,14 @@ def _expected(members: list[Member], spec: fp.Spec, structured: fp.LnStructured,
             for n in _ORDERS
         },
         "channels": fp.global_structured(names, structured, normalize=_normalize(structured))(params, masks),
+        "wanda": fp.wanda({names[0]: params[names[0]]}, {names[0]: _norms(params[names[0]])}),
         **{k: v for k, v in _masks(whole, mesh, spec, structured, 11).items() if k.startswith("random")},
     }
+
+
+def _norms(weight: torch.Tensor) -> torch.Tensor:
+    """Distinct input-feature norms for ``weight`` (Wanda's scores scale its columns, cut or not)."""
+    return torch.arange(1, weight.shape[1] + 1, dtype=weight.dtype) / 3
 
 
 def _normalize(spec: fp.LnStructured) -> Any:
@@ -246,8 +258,8 @@ def test_every_plan_on_a_2x2_mesh_equals_one_process(
     expected = _expected(members, spec, structured, mesh)
     for a in world4.run(_on_ranks, members, spec, structured):
         for key, masks in expected.items():
-            for name, m in masks.items():
-                assert torch.equal(a[key][name], m), (key, name, [c for _, _, c in members])
+            for name, m in masks.items():  # (Wanda's scores: NaN where the weight is)
+                torch.testing.assert_close(a[key][name], m, rtol=0, atol=0, equal_nan=True, msg=f"{key} {name}")
 
 
 def _bytes_on_ranks(rank: int, size: int, rows: int, cut: Cut) -> tuple[set[str], int, torch.Tensor]:

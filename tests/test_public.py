@@ -28,7 +28,7 @@ DESIGN_SIGNATURES = {
     fp.saliency: "(params, grads)",
     fp.taylor: "(params, grads)",
     fp.wanda: "(params, input_norms)",
-    fp.input_norms: "(module, batches, names)",
+    fp.input_norms: "(module, batches, names, *, across=None)",  # DESIGN's, and a keyword-only extra
     # the card's (n, m, dim=-1), (amount, shape) with sparsity= as for every amount spec
     # (shape is required: its default only lets amount have one) and (spec, dim=0)
     fp.NM: "(n, m, dim=-1)",
