@@ -381,6 +381,28 @@ def test_functional_call_masked_refuses_an_fsdp2_module(mesh: DeviceMesh) -> Non
         fp.functional_call_masked(model, params, masks, torch.randn(2, 3))
 
 
+def test_compat_hook_mode_refuses_dtensor_parameters_and_leaves_the_module_as_it_was(mesh: DeviceMesh) -> None:
+    import funcprune.compat as prune
+    from torch.distributed.fsdp import fully_shard
+
+    model = nn.Sequential(nn.Linear(4, 3))
+    fully_shard(model[0], mesh=mesh)
+    keys = set(model.state_dict())
+    instead = r"use the functional API, which does: params = dict\(model.named_parameters\(\)\); masks = plan\(params\)"
+    calls = {
+        "L1Unstructured.apply": lambda: prune.l1_unstructured(model[0], "weight", amount=0.5),
+        "RandomStructured.apply": lambda: prune.random_structured(model[0], "weight", amount=1, dim=0),
+        "global_unstructured": lambda: prune.global_unstructured(
+            [(model[0], "weight")], pruning_method=prune.L1Unstructured, amount=0.5
+        ),
+        "install_masks_": lambda: prune.install_masks_(model, {"0.weight": torch.ones(3, 4, dtype=torch.bool)}),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=rf"^{re.escape(name)}: FSDPLinear.weight is a DTensor \(FSDP2 or tensor parallelism\); .* {instead}"):
+            call()
+        assert set(model.state_dict()) == keys and not prune.is_pruned(model)  # nothing half-done
+
+
 # --- 2 processes: an FSDP2 model ------------------------------------------------------
 
 

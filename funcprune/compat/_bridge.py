@@ -39,7 +39,7 @@ from ._base import parents_to_sync
 from ._methods import CustomFromMask
 from ._reparam import unreparametrize
 from ._state import TorchBase, batch, pruning_hooks, rollback
-from ._tying import User, one_key_per_parameter, parameter_users
+from ._tying import User, check_local, one_key_per_parameter, parameter_users
 
 __all__ = ["install_masks_", "masks_from_module", "unprune_"]
 
@@ -208,6 +208,7 @@ def install_masks_(module: nn.Module, masks: Mapping[str, Tensor]) -> nn.Module:
         )
     groups = _targets(module, masks)
     pairs = [(user.module, user.name) for users, _ in groups for user in users]
+    check_local("install_masks_", pairs)
     with rollback(pairs, parents_to_sync):
         with batch():  # no tying check: every user of a tied Parameter, on purpose
             for users, mask in groups:

@@ -35,11 +35,12 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from .._sharded import is_dtensor
 from ._holders import holders
 from ._pruned import PrunedDeepcopy
 from ._state import TorchBase
 
-__all__ = ["User", "check_untied", "one_key_per_parameter", "parameter_users"]
+__all__ = ["User", "check_local", "check_untied", "one_key_per_parameter", "parameter_users"]
 
 Tensor = torch.Tensor
 
@@ -102,7 +103,7 @@ def _parameter_key(module: nn.Module, name: str) -> str | None:
 
 
 def check_untied(context: str, pairs: Sequence[tuple[nn.Module, str]]) -> None:
-    """Refuse to prune a Parameter that another module (or key) also holds.
+    """Refuse to prune a Parameter that another module (or key) also holds, or a DTensor.
 
     Args:
         context: the function or method, for the message.
@@ -110,7 +111,12 @@ def check_untied(context: str, pairs: Sequence[tuple[nn.Module, str]]) -> None:
 
     Raises:
         ValueError: if a Parameter of ``pairs`` is tied.
+        TypeError: if one is a DTensor (FSDP2, tensor parallelism): hook
+            mode's ``name_orig`` and forward pre-hook would fight FSDP2's
+            own handling of the parameter (its forward puts the gathered
+            parameter back, the mask unapplied).
     """
+    check_local(context, pairs)
     suspects: list[tuple[nn.Module, str, str]] = []
     for module, name in pairs:
         key = _parameter_key(module, name)
@@ -126,6 +132,28 @@ def check_untied(context: str, pairs: Sequence[tuple[nn.Module, str]]) -> None:
         for other_module, other_key in held_by:
             if other_module is not module:
                 raise _tied_error(context, module, name, other_module, other_key)
+
+
+def check_local(context: str, pairs: Sequence[tuple[nn.Module, str]]) -> None:
+    """Refuse to hook a DTensor parameter (FSDP2, tensor parallelism).
+
+    Hook mode's ``name_orig`` and forward pre-hook would fight FSDP2's own
+    handling of the parameter (its forward puts the gathered parameter
+    back, the mask unapplied); the functional API prunes DTensors.
+
+    Raises:
+        TypeError: if a parameter of ``pairs`` is a DTensor.
+    """
+    for module, name in pairs:
+        key = _parameter_key(module, name)
+        if key is not None and is_dtensor(module._parameters[key]):
+            raise TypeError(
+                f"{context}: {type(module).__name__}.{key} is a DTensor (FSDP2 or tensor parallelism); "
+                "funcprune.compat's hook mode does not prune DTensors (FSDP2 manages the parameter "
+                "itself and would put it back unmasked); use the functional API, which does: "
+                "params = dict(model.named_parameters()); masks = plan(params); "
+                "fp.apply_masks_(params, masks), and fp.mask_gradients_(params, masks) after backward()"
+            )
 
 
 def _other_key(module: nn.Module, key: str) -> str | None:
