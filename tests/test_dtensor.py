@@ -20,7 +20,7 @@ import copy
 import dataclasses
 import re
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -389,7 +389,7 @@ def test_compat_hook_mode_refuses_dtensor_parameters_and_leaves_the_module_as_it
     fully_shard(model[0], mesh=mesh)
     keys = set(model.state_dict())
     instead = r"use the functional API, which does: params = dict\(model.named_parameters\(\)\); masks = plan\(params\)"
-    calls = {
+    calls: dict[str, Callable[[], object]] = {
         "L1Unstructured.apply": lambda: prune.l1_unstructured(model[0], "weight", amount=0.5),
         "RandomStructured.apply": lambda: prune.random_structured(model[0], "weight", amount=1, dim=0),
         "global_unstructured": lambda: prune.global_unstructured(
