@@ -13,17 +13,27 @@ Once the tests are collected, the long subprocesses that the selected tests
 wait for (a module's ``BACKGROUND`` jobs, ``tests/_background.py``) start
 running one after another beside the tests; the session's end stops any
 still running.
+
+The distributed tests' fixtures, one of each per test module that asks:
+``mesh`` (a 1-D device mesh of this process alone, a gloo group of 1) and
+``world2`` / ``world4`` (2 and 4 gloo processes, ``tests/_distributed.py``).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
 import _background
+from _distributed import World, one_process_group
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 _EXAMPLES = {"dev": 60, "ci": 300}
 
@@ -53,3 +63,26 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     _background.stop_all()
+
+
+@pytest.fixture(scope="module")
+def mesh() -> Iterator[DeviceMesh]:
+    """A 1-D device mesh of this process alone: the sharded paths run for real, over one process."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    with one_process_group():
+        yield init_device_mesh("cpu", (1,))
+
+
+@pytest.fixture(scope="module")
+def world2() -> Iterator[World]:
+    w = World(2)
+    yield w
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def world4() -> Iterator[World]:
+    w = World(4)
+    yield w
+    w.close()

@@ -20,7 +20,7 @@ import copy
 import dataclasses
 import re
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import funcprune as fp
-from _distributed import World, one_process_group
+from _distributed import World
 from funcprune._dtensor import layout_of
 from funcprune._dtensor_cuts import chunk
 from funcprune._sharded import BINS
@@ -93,12 +93,6 @@ def dt(t: object) -> DTensor:
 
 
 # --- one process: a gloo group of 1 -------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def mesh() -> Iterator[DeviceMesh]:
-    with one_process_group():
-        yield init_device_mesh("cpu", (1,))
 
 
 def test_blocks_are_cut_as_torch_cuts_them() -> None:
@@ -406,13 +400,6 @@ def test_compat_hook_mode_refuses_dtensor_parameters_and_leaves_the_module_as_it
 # --- 2 processes: an FSDP2 model ------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def world2() -> Iterator[World]:
-    w = World(2)
-    yield w
-    w.close()
-
-
 def _model(hidden: int) -> nn.Sequential:
     """A seeded model whose entries have distinct magnitudes (no ties: a fixed number of rounds)."""
     torch.manual_seed(0)
@@ -438,24 +425,29 @@ def _steps(model: nn.Module, params: Mapping[str, torch.Tensor], masks: dict[str
         fp.apply_masks_(params, masks)
 
 
-def _prune_and_train_fsdp(rank: int, size: int, hidden: int, mesh_shape: tuple[int, ...] | None = None) -> dict[str, Any]:
+def _prune_and_train_fsdp(
+    rank: int, size: int, hidden: int, mesh_shape: tuple[int, ...] | None = None, tensor_parallel: bool = False
+) -> dict[str, Any]:
     """On each rank: FSDP2 masks from a global plan and 3 masked steps, beside one process's.
 
     ``mesh_shape`` ``(replicas, shards)`` trains with HSDP (``Replicate()``
-    along the first mesh dim, ``Shard(0)`` along the second); ``None`` is a
-    1-D mesh of every process.
+    along the first mesh dim, ``Shard(0)`` along the second); with
+    ``tensor_parallel``, ``(dp, tp)``: the first layer column-wise and the
+    second row-wise over ``tp``, then FSDP2 over ``dp``. ``None`` is a 1-D
+    mesh of every process.
     """
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     warnings.filterwarnings("ignore")  # FSDP2's own warnings; pytest's filters do not reach here
-    if mesh_shape is None:
-        mesh = init_device_mesh("cpu", (size,))
-    else:
-        mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("replicate", "shard"))
+    names = ("dp", "tp") if tensor_parallel else ("replicate", "shard")
+    mesh = init_device_mesh("cpu", (size,)) if mesh_shape is None else init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
     reference = _model(hidden)
     model = copy.deepcopy(reference)
+    if tensor_parallel:
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
     for module in (model[0], model[2], model):
-        fully_shard(module, mesh=mesh)
+        fully_shard(module, mesh=mesh["dp"] if tensor_parallel else mesh)
     params = {name: dt(p) for name, p in model.named_parameters()}
     plan = fp.global_unstructured(fp.prunable(model), fp.L1Unstructured(sparsity=0.9))
     with comm_mode() as comm, CommBytes() as sent:
@@ -467,9 +459,11 @@ def _prune_and_train_fsdp(rank: int, size: int, hidden: int, mesh_shape: tuple[i
     return {
         "collectives": collectives(comm),
         "bytes": sent.bytes,
-        "placements": {n: (m.placements == params[n].placements, m.device_mesh == mesh) for n, m in masks.items()},
+        "laid out": all(
+            m.placements == params[n].placements and m.device_mesh == params[n].device_mesh for n, m in masks.items()
+        ),
         "local rows": params["0.weight"].to_local().shape[0],
-        "layout": tuple(params["0.weight"].placements),
+        "layouts": {n: tuple(p.placements) for n, p in params.items()},
         "masks": {n: torch.equal(m.full_tensor(), expected[n]) for n, m in masks.items()},
         "trained": {n: p.full_tensor().detach() for n, p in params.items()},
         "expected": {n: p.detach() for n, p in plain.items()},
@@ -485,7 +479,7 @@ def test_an_fsdp2_model_is_pruned_as_one_process_would_with_all_reduces_of_fixed
         for a in answers:
             assert a["collectives"] == {"c10d.allreduce_"}  # no all_gather, nothing else
             assert set(a["masks"]) == {"0.weight", "2.weight"} and all(a["masks"].values())
-            assert all(same and on_mesh for same, on_mesh in a["placements"].values())
+            assert a["laid out"]
             for name, mask in a["kept"].items():
                 assert not a["trained"][name][~mask].any()  # pruned entries stay exactly 0
                 assert a["trained"][name][mask].all()
@@ -572,13 +566,6 @@ def test_large_groups_are_bracketed_across_processes_and_equal_one_process(world
 
 
 # --- 4 processes: global groups over Shard(0), Shard(1) and Replicate() ----------------------
-
-
-@pytest.fixture(scope="module")
-def world4() -> Iterator[World]:
-    w = World(4)
-    yield w
-    w.close()
 
 
 def test_the_issue_s_done_when_an_fsdp2_model_on_4_processes_gets_one_process_s_masks(world4: World) -> None:

@@ -11,9 +11,7 @@ that cut the tensors only: HSDP sends what FSDP2 on its shard group sends.
 
 from __future__ import annotations
 
-import copy
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,10 +21,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import funcprune as fp
-from _distributed import World, one_process_group
+from _distributed import World
 from funcprune._dtensor_cuts import box
 from funcprune._sharded import BINS
-from test_dtensor import CommBytes, _model, _prune_and_train_fsdp, _steps, collectives, comm_mode, dt
+from test_dtensor import CommBytes, _prune_and_train_fsdp, collectives, comm_mode, dt
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
@@ -118,19 +116,6 @@ def _starts(shape: list[int], size: list[int] | tuple[int, ...]) -> list[tuple[i
 
 
 # --- 4 processes on a 2x2 mesh ------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def world4() -> Iterator[World]:
-    w = World(4)
-    yield w
-    w.close()
-
-
-@pytest.fixture(scope="module")
-def mesh() -> Iterator[DeviceMesh]:
-    with one_process_group():
-        yield init_device_mesh("cpu", (1,))
 
 
 Member = tuple[torch.Tensor, "torch.Tensor | None", Cut]  # values, earlier mask, cut
@@ -290,7 +275,7 @@ def test_hsdp_on_a_2x2_mesh_prunes_as_one_process_and_sends_what_fsdp2_on_its_sh
     answers = world4.run(_prune_and_train_fsdp, 50, (2, 2))
     assert [a["local rows"] for a in answers] == [25, 25, 25, 25]
     for a in answers:
-        assert a["layout"] == (Replicate(), Shard(0))
+        assert a["layouts"]["0.weight"] == (Replicate(), Shard(0)) and a["laid out"]
         assert a["collectives"] == {"c10d.allreduce_"}
         assert a["bytes"] == 8 + 3 * BINS * 8  # over the shard group only: the replicas decide alike
         assert set(a["masks"]) == {"0.weight", "2.weight"} and all(a["masks"].values())
@@ -318,42 +303,8 @@ def test_a_strided_cut_that_leaves_no_box_is_refused_on_every_process(world4: Wo
         assert "which leaves some process of the mesh entries of shape (8, 4) that are no box" in message
 
 
-def _prune_and_train_fsdp_tp(rank: int, size: int, hidden: int) -> dict[str, Any]:
-    """FSDP2 over tensor parallelism (2 x 2): masks of a global plan and 3 masked steps, beside one process's."""
-    import warnings
-
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    warnings.filterwarnings("ignore")  # FSDP2's and DTensor's own warnings
-    mesh = init_device_mesh("cpu", (2, size // 2), mesh_dim_names=("dp", "tp"))
-    reference = _model(hidden)
-    model = copy.deepcopy(reference)
-    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    for module in (model[0], model[2], model):
-        fully_shard(module, mesh=mesh["dp"])
-    params = {name: dt(p) for name, p in model.named_parameters()}
-    plan = fp.global_unstructured(fp.prunable(model), fp.L1Unstructured(sparsity=0.9))
-    with comm_mode() as comm, CommBytes() as sent:
-        masks = {name: dt(m) for name, m in plan(params).items()}
-    plain = dict(reference.named_parameters())
-    expected = plan(plain)
-    _steps(model, params, dict(masks))
-    _steps(reference, plain, expected)
-    return {
-        "collectives": collectives(comm),
-        "bytes": sent.bytes,
-        "layouts": {n: tuple(p.placements) for n, p in params.items()},
-        "masks": {n: torch.equal(m.full_tensor(), expected[n]) for n, m in masks.items()},
-        "laid out": all(m.placements == params[n].placements for n, m in masks.items()),
-        "trained": {n: p.full_tensor().detach() for n, p in params.items()},
-        "expected": {n: p.detach() for n, p in plain.items()},
-        "kept": {n: m.full_tensor() for n, m in masks.items()},
-    }
-
-
 def test_fsdp2_over_tensor_parallelism_prunes_as_one_process_and_keeps_pruned_entries_zero(world4: World) -> None:
-    for a in world4.run(_prune_and_train_fsdp_tp, 12):
+    for a in world4.run(_prune_and_train_fsdp, 12, (2, 2), True):
         assert a["layouts"]["0.weight"] == (_StridedShard(0, split_factor=2), Shard(0))  # colwise, then FSDP2
         assert a["layouts"]["2.weight"] == (Shard(0), Shard(1))  # rowwise, then FSDP2
         assert a["collectives"] == {"c10d.allreduce_"} and a["laid out"]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,7 +29,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import funcprune as fp
-from _distributed import World, one_process_group
+from _distributed import World
 from funcprune._dtensor_shapes import block_norms
 from test_dtensor import EveryOther, collectives, comm_mode, distribute, dt
 
@@ -120,12 +119,6 @@ def test_block_norms_from_a_block_equal_the_whole_tensors_bit_for_bit(
 # --- one process: a gloo group of 1 -------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def mesh() -> Iterator[DeviceMesh]:
-    with one_process_group():
-        yield init_device_mesh("cpu", (1,))
-
-
 _SPECS = st.sampled_from([
     fp.NM(2, 4), fp.NM(1, 2, dim=0), fp.NM(0, 2), fp.NM(2, 2),
     fp.Block(0.5, (2, 2)), fp.Block(2, (1, 2)), fp.Block(sparsity=0.6, shape=(2,)),
@@ -202,13 +195,6 @@ def test_per_slice_of_a_user_spec_is_refused(mesh: DeviceMesh) -> None:
 
 
 # --- 4 processes: a 1-D mesh and a 2x2 mesh ----------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def world4() -> Iterator[World]:
-    w = World(4)
-    yield w
-    w.close()
 
 
 #: One call on the ranks: values, earlier mask, placements (one per mesh dim), a spec or a plan's steps.

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,7 +29,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import funcprune as fp
-from _distributed import World, one_process_group
+from _distributed import World
 from funcprune import _dtensor_masks
 from funcprune._dtensor_kernels import uniform
 from funcprune._sharded import BINS
@@ -110,12 +109,6 @@ def test_random_keys_are_splitmix64_outputs_in_the_unit_interval(seed: int, star
 
 
 # --- one process: a gloo group of 1 -------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def mesh() -> Iterator[DeviceMesh]:
-    with one_process_group():
-        yield init_device_mesh("cpu", (1,))
 
 
 def _random_mask(spec: fp.Spec, w: torch.Tensor, before: torch.Tensor | None, seed: int) -> torch.Tensor:
@@ -288,20 +281,6 @@ def test_global_structured_refuses_what_a_group_of_dtensors_cannot_be(mesh: Devi
 
 _ROUNDS32 = 3 * BINS * 8  # bytes of the radix select over float32 keys: 3 rounds of BINS int64
 _ROUNDS64 = 6 * BINS * 8  # over the random specs' float64 keys
-
-
-@pytest.fixture(scope="module")
-def world2() -> Iterator[World]:
-    w = World(2)
-    yield w
-    w.close()
-
-
-@pytest.fixture(scope="module")
-def world4() -> Iterator[World]:
-    w = World(4)
-    yield w
-    w.close()
 
 
 #: One call on the ranks: values, earlier mask, Shard dim (None: Replicate), spec, generator seed (None: 7 + rank).

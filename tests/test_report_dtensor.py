@@ -16,7 +16,7 @@ Two settings, cheapest first:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import funcprune as fp
-from _distributed import World, one_process_group
+from _distributed import World
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
@@ -79,12 +79,6 @@ def assert_same_report(got: fp.SparsityReport, expected: fp.SparsityReport) -> N
 
 
 # --- one process: a gloo group of 1 -------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def mesh() -> Iterator[DeviceMesh]:
-    with one_process_group():
-        yield init_device_mesh("cpu", (1,))
 
 
 @st.composite
@@ -190,13 +184,6 @@ def test_refusals_come_before_anything_crosses_processes(mesh: DeviceMesh) -> No
 
 
 # --- 4 processes ----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def world4() -> Iterator[World]:
-    w = World(4)
-    yield w
-    w.close()
 
 
 Answer = tuple[fp.SparsityReport, dict[str, int]]
