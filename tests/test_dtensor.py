@@ -647,13 +647,18 @@ def _groups(draw: st.DrawFn) -> tuple[list[Part], fp.Spec]:
         earlier = torch.rand(shape, generator=g) < 0.7 if draw(st.booleans()) else None
         dim = draw(st.sampled_from([None, *range(len(shape))]))
         parts.append((values.to(dtype), earlier, dim))
+    return parts, draw_l1(draw, parts)
+
+
+def draw_l1(draw: st.DrawFn, parts: list[Any]) -> fp.Spec:
+    """An ``L1Unstructured`` of an ``int`` amount up to the unpruned entries of ``parts``
+    (values, earlier mask, layout), a ``float`` amount, or a ``sparsity=`` target."""
     unpruned = sum(int(v.numel() if e is None else e.sum()) for v, e, _ in parts)
-    spec = draw(st.sampled_from([
+    return draw(st.sampled_from([
         fp.L1Unstructured(draw(st.integers(0, unpruned))),
         fp.L1Unstructured(draw(st.floats(0.0, 1.0))),
         fp.L1Unstructured(sparsity=draw(st.floats(0.0, 1.0))),
     ]))  # fmt: skip
-    return parts, spec
 
 
 def _uneven() -> tuple[list[Part], fp.Spec]:

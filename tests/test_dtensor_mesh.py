@@ -24,7 +24,7 @@ import funcprune as fp
 from _distributed import World
 from funcprune._dtensor_cuts import box
 from funcprune._sharded import BINS
-from test_dtensor import CommBytes, _prune_and_train_fsdp, collectives, comm_mode, dt
+from test_dtensor import CommBytes, _prune_and_train_fsdp, collectives, comm_mode, draw_l1, dt
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
@@ -209,12 +209,7 @@ def _groups(draw: st.DrawFn) -> tuple[list[Member], fp.Spec, fp.LnStructured]:
             values[tuple(torch.randint(0, n, (1,), generator=g) for n in shape)] = math.nan
         earlier = torch.rand(shape, generator=g) < 0.7 if draw(st.booleans()) else None
         members.append((values.to(draw(st.sampled_from([torch.float32, torch.float64]))), earlier, draw(st.sampled_from(_CUTS))))
-    unpruned = sum(int(v.numel() if e is None else e.sum()) for v, e, _ in members)
-    spec = draw(st.sampled_from([
-        fp.L1Unstructured(draw(st.integers(0, unpruned))),
-        fp.L1Unstructured(draw(st.floats(0.0, 1.0))),
-        fp.L1Unstructured(sparsity=draw(st.floats(0.0, 1.0))),
-    ]))  # fmt: skip
+    spec = draw_l1(draw, members)
     structured = fp.LnStructured(sparsity=draw(st.floats(0.0, 1.0)), n=draw(st.sampled_from([1, 2, math.inf])), dim=0)
     return members, spec, structured
 
