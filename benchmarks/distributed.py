@@ -45,13 +45,14 @@ What each column measures:
   (``full_tensor()``, not timed or counted) and rank 0 compares them with
   the single process's masks, bit for bit; "DIFFERENT" exits with status 1.
 - selection rounds (lines under the table): every radix round all-reduces
-  one histogram of ``funcprune._sharded.BINS`` int64 (32 KiB), and every
-  selection first sums the unpruned counts (one int64); a bracketed one
-  (from ``funcprune._select.SHARDED_BRACKET_MIN_KEYS`` weights) adds two
-  rounds over a sample and one sum of two counts (16 B). Rounds are counted
-  from the collectives' sizes; radix passes (over all keys, over a
-  bracket's keys, over tied positions) and bracketed selections by
-  wrapping ``funcprune._sharded._radix_select`` and
+  one histogram of ``funcprune._sharded.BINS`` int64 (32 KiB), the first
+  one's sum the unpruned count; a bracketed selection (from
+  ``funcprune._select.SHARDED_BRACKET_MIN_KEYS`` weights per process) adds two rounds
+  over a sample (the unpruned count beside the first: 8 B more) and one sum
+  of two counts (16 B). Rounds are counted from the collectives' sizes;
+  radix passes (over all keys, over a bracket's keys, over tied positions)
+  and selections by wrapping ``funcprune._sharded._radix_select``,
+  ``funcprune._select.keep_over_shards`` and
   ``funcprune._select.keep_by_bracket_over_shards`` in the worker processes.
 
 The weights are the conv and linear weights of ResNet-50 (``run.py``'s
@@ -194,35 +195,41 @@ class CommBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's 
 
 @contextmanager
 def counting_wrappers() -> Iterator[tuple[Counter[str], list[int]]]:
-    """Counts calls of ``torch.distributed``'s collective functions, the radix select's passes and bracketed selections.
+    """Counts calls of ``torch.distributed``'s collective functions, the radix select's passes and the selections.
 
     Only module attributes of this process are swapped (funcprune looks
-    ``dist.all_reduce``, ``_radix_select`` and ``keep_by_bracket_over_shards``
-    up when it calls them); they are restored on exit. ``passes`` holds the
-    radix passes, then the bracketed selections.
+    ``dist.all_reduce``, ``_radix_select``, ``keep_over_shards`` and
+    ``keep_by_bracket_over_shards`` up when it calls them); they are
+    restored on exit. ``passes`` holds the radix passes, the selections
+    bracketed, and those that ranked every key (a missed bracket's too).
     """
     calls: Counter[str] = Counter()
-    passes = [0, 0]
+    passes = [0, 0, 0]
     saved: dict[tuple[object, str], Any] = {}
 
-    def wrap(owner: object, name: str, count: Callable[[], None]) -> None:
+    def wrap(owner: object, name: str, count: Callable[[Any], None]) -> None:
         original = getattr(owner, name)
         saved[(owner, name)] = original
 
         def counted(*args: Any, **kwargs: Any) -> Any:
-            count()
-            return original(*args, **kwargs)
+            result = original(*args, **kwargs)
+            count(result)
+            return result
 
         setattr(owner, name, counted)
 
-    def counter(name: str) -> Callable[[], None]:
-        return lambda: calls.update([name])
+    def add(i: int) -> Callable[[Any], None]:
+        return lambda _: passes.__setitem__(i, passes[i] + 1)
+
+    def counter(name: str) -> Callable[[Any], None]:
+        return lambda _: calls.update([name])
 
     for name in WATCHED:
         if hasattr(dist, name):
             wrap(dist, name, counter(name))
-    wrap(_sharded, "_radix_select", lambda: passes.__setitem__(0, passes[0] + 1))
-    wrap(_select, "keep_by_bracket_over_shards", lambda: passes.__setitem__(1, passes[1] + 1))
+    wrap(_sharded, "_radix_select", add(0))
+    wrap(_select, "keep_by_bracket_over_shards", lambda found: None if isinstance(found, int) else add(1)(found))
+    wrap(_select, "keep_over_shards", add(2))
     try:
         yield calls, passes
     finally:
@@ -321,14 +328,14 @@ def _communication(world: int, call: Callable[[], Masks]) -> tuple[Masks, dict[s
     if world == 1:
         with counting_wrappers() as (calls, passes):
             masks = call()
-        return masks, {"ops": {}, "sizes": [], "calls": dict(calls), "passes": passes[0], "bracketed": passes[1]}
+        return masks, {"ops": {}, "sizes": [], "calls": dict(calls), "passes": passes[0], "bracketed": passes[1], "ranked": passes[2]}
     from torch.distributed.tensor.debug import CommDebugMode
 
     with counting_wrappers() as (calls, passes), CommDebugMode() as mode, CommBytes() as sent:  # type: ignore[no-untyped-call]
         masks = call()
     ops = {str(op): n for op, n in mode.get_comm_counts().items()}
     sizes = [[op, size, n] for (op, size), n in sorted(sent.sizes.items())]
-    return masks, {"ops": ops, "sizes": sizes, "calls": dict(calls), "passes": passes[0], "bracketed": passes[1]}
+    return masks, {"ops": ops, "sizes": sizes, "calls": dict(calls), "passes": passes[0], "bracketed": passes[1], "ranked": passes[2]}
 
 
 def _check(rank: int, world: int, config: Config, case: str, masks: Masks) -> str:
@@ -386,6 +393,13 @@ def _ms(seconds: float) -> str:
     return f"{1e3 * seconds:.0f}" if seconds >= 0.1 else f"{1e3 * seconds:.1f}"
 
 
+def _payload(size: int) -> str:
+    """A collective's payload: a histogram with a count beside it shown as the two."""
+    if size == HISTOGRAM_BYTES + 8:
+        return f"({_bytes(HISTOGRAM_BYTES)} + 8 B)"
+    return _bytes(size)
+
+
 def _bytes(n: float) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
@@ -427,22 +441,24 @@ def summarize(world: int, results: list[dict[str, Any]]) -> Summary:
             )
         time_cell = f"{_ms(statistics.median(times[0]))} / {_ms(statistics.median(slowest))}"
         min_cell = f"{_ms(min(times[0]))} / {_ms(min(slowest))}"
-        kinds = ", ".join(f"{n} x {_bytes(size)}" for _, size, n in first["sizes"]) or "none"
+        kinds = ", ".join(f"{n} x {_payload(size)}" for _, size, n in first["sizes"]) or "none"
         out.rows.append(
             f"| {world} | {case} | {time_cell} | {min_cell} | {collectives} ({kinds}) | {_bytes(sent)} | "
             f"{_bytes(weight_bytes)} | {peak} | {masks} |"
         )
         if world > 1:
-            rounds = sum(n for _, size, n in first["sizes"] if size == HISTOGRAM_BYTES)
-            counts = sum(n for _, size, n in first["sizes"] if size == 8)
-            selections = counts  # every selection sums its unpruned counts once
+            plain = sum(n for _, size, n in first["sizes"] if size == HISTOGRAM_BYTES)
+            counted = sum(n for _, size, n in first["sizes"] if size == HISTOGRAM_BYTES + 8)
+            rounds = plain + counted
+            selections = first["bracketed"] + first["ranked"]
             per = f" ({rounds / selections:g} per selection)" if selections > 1 else ""
             pairs = sum(n for _, size, n in first["sizes"] if size == 16)
             out.rounds.append(
                 f"- world {world}, {case}: {selections} selection(s), {first['bracketed']} bracketed, "
                 f"{first['passes']} radix pass(es) (one per selection, over all keys or the bracket's; another "
-                f"only for ties at the cut), {rounds} histogram rounds{per}; each rank sends {counts} x 8 B + "
-                f"{pairs} x 16 B + {rounds} x {_bytes(HISTOGRAM_BYTES)} = {_bytes(sent)} per call"
+                f"only for ties at the cut), {rounds} histogram rounds{per}; each rank sends {rounds} x "
+                f"{_bytes(HISTOGRAM_BYTES)} + {counted} x 8 B (the unpruned count beside a sample's first round; "
+                f"a radix select's first histogram sums to it) + {pairs} x 16 B = {_bytes(sent)} per call"
             )
     return out
 
@@ -482,7 +498,7 @@ def main() -> int:
     print(
         f"funcprune's kernels: {_native.status().detail}; DTensor blocks: funcprune._sharded's radix "
         f"select (its first round in those kernels where they load), bracketed from "
-        f"{_select.SHARDED_BRACKET_MIN_KEYS} weights in a selection (funcprune._sharded_bracket)\n"
+        f"{_select.SHARDED_BRACKET_MIN_KEYS} weights per process in a selection (funcprune._sharded_bracket)\n"
     )
     failed: list[str] = []
     summaries = []

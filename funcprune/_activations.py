@@ -102,10 +102,17 @@ def input_norms(
         for target in targets:
             hook = _collector(fn, target, sums, wide)
             handles.append(target.owner.register_forward_pre_hook(hook, with_kwargs=True))
+        if across is not None:  # every process's batches: fail together, count together
+            return _across(fn, module, batches, targets, sums, wide, across)
         ran = _run(fn, module, batches)
     finally:
         for handle in handles:
             handle.remove()
+    return _norms(fn, ran, targets, sums, wide)
+
+
+def _norms(fn: str, ran: int, targets: list[_Target], sums: dict[str, Tensor], wide: set[str]) -> dict[str, Tensor]:
+    """The norms from the sums of squares, once batches ran and every target was called."""
     if not ran:
         raise ValueError(
             f"{fn}: no batches: batches was empty; pass at least one calibration batch"
@@ -118,25 +125,66 @@ def input_norms(
             "parent uses its weight without calling it, like MultiheadAttention's out_proj, "
             "is never called)"
         )
-    if across is not None:
-        sums = _summed_across(sums, [t.name for t in targets], across)
     return {
         t.name: sums[t.name].sqrt().to(torch.float64 if t.name in wide else torch.float32)
         for t in targets
     }
 
 
-def _summed_across(sums: dict[str, Tensor], names: list[str], group: ProcessGroup) -> dict[str, Tensor]:
-    """Every process's sums of squares added up: one ``all_reduce`` of them all, in ``float64``."""
+def _across(
+    fn: str,
+    module: nn.Module,
+    batches: Iterable[object],
+    targets: list[_Target],
+    sums: dict[str, Tensor],
+    wide: set[str],
+    group: ProcessGroup,
+) -> dict[str, Tensor]:
+    """:func:`input_norms` over every process of ``group``, each with its own batches.
+
+    One ``all_reduce`` (``float64``) carries whether each process failed,
+    how many batches it ran, and per target whether it was called, its
+    input was ``float64``, and its sums of squares (zeros where it was not
+    called here): so every process decides from the same numbers, and a
+    failure on one (a bad batch) fails all instead of leaving them waiting.
+    """
     import torch.distributed as dist
 
-    flat = torch.cat([sums[n].reshape(-1).to(torch.float64) for n in names])
+    failure: Exception | None = None
+    ran = 0
+    try:
+        ran = _run(fn, module, batches)
+    except Exception as e:  # noqa: BLE001 (raised below, on every process)
+        failure = e
+    widths = [_features(t.owner) for t in targets]
+    head = [float(failure is not None), float(ran)]
+    head += [float(t.name in sums) for t in targets] + [float(t.name in wide) for t in targets]
+    device = next((s.device for s in sums.values()), torch.device("cpu"))
+    parts = [torch.tensor(head, dtype=torch.float64, device=device)]
+    for t, n in zip(targets, widths, strict=True):
+        parts.append(sums[t.name].to(torch.float64) if t.name in sums else torch.zeros(n, dtype=torch.float64, device=device))
+    flat = torch.cat(parts)
     dist.all_reduce(flat, group=group)
-    out, start = {}, 0
-    for n in names:
-        out[n] = flat[start : start + sums[n].numel()].to(sums[n].dtype)
-        start += sums[n].numel()
-    return out
+    if failure is not None:
+        raise failure
+    if flat[0]:
+        raise ValueError(f"{fn}: another process of the group failed on its batches (its own error says why)")
+    called, start = flat[2 : 2 + len(targets)], 2 + 2 * len(targets)
+    total: dict[str, Tensor] = {}
+    for i, (t, n) in enumerate(zip(targets, widths, strict=True)):
+        if called[i]:
+            total[t.name] = flat[start : start + n].to(torch.float64 if flat[2 + len(targets) + i] else torch.float32)
+        start += n
+    widened = {t.name for i, t in enumerate(targets) if flat[2 + len(targets) + i]}
+    return _norms(fn, int(flat[1]), targets, total, widened)
+
+
+def _features(owner: nn.Module) -> int:
+    """How many input features the Linear or Conv ``owner`` has."""
+    if isinstance(owner, nn.Linear):
+        return owner.in_features
+    assert isinstance(owner, (nn.Conv1d, nn.Conv2d, nn.Conv3d))  # _target accepts Linear and Conv only
+    return owner.in_channels
 
 
 # --- gradient criteria -------------------------------------------------------

@@ -201,7 +201,11 @@ def layout_of(fn: str, what: str, t: DTensor) -> Layout:
             ``_StridedShard`` that leaves a process entries that are no box
             (checked for every process of the mesh, so all refuse alike).
         ValueError: if this process is not in the mesh, or its block does
-            not have the shape DTensor's cut gives.
+            not have the shape DTensor's cut gives. (Only the processes
+            whose block is wrong can see it, without a collective: the
+            others go on and wait in the first all-reduce until the
+            group's timeout. Such a DTensor comes from ``from_local`` with
+            ``run_check=False`` and blocks cut otherwise.)
     """
     from torch.distributed.tensor import Replicate
 

@@ -15,10 +15,10 @@ process's block, never this process's alone). Gathered with
 - **PerSlice** ``(spec, dim)``: where no block cuts a dim other than
   ``dim`` (each process holds whole slices), each process runs it on its
   block (a single slice beside a copy of itself, so that torch sums it as
-  among the others: :func:`per_slice`); nothing is communicated but, with
-  an earlier mask, one number saying whether a process failed (an ``int``
-  amount too large for what the mask left in one of its slices), so that
-  all fail together. The inner spec must be deterministic
+  among the others: :func:`per_slice`); nothing is communicated but one
+  number saying whether a process failed (an ``int`` amount too large for
+  what an earlier mask left in one of its slices, an SVD of non-finite
+  values), so that all fail together. The inner spec must be deterministic
   (:func:`check_slice_spec`): random draws would differ from one
   process's, so ``RandomUnstructured``, ``RandomStructured`` and user specs
   are refused inside it, whatever the layout.
@@ -41,9 +41,9 @@ process's block, never this process's alone). Gathered with
 Errors are one process's: the whole shape is checked first (an ``NM``
 length that ``m`` does not divide, a ``Block`` shape that does not tile,
 a ``dim`` out of range), then the layout. An ``int`` amount larger than
-what an earlier mask left in a slice of ``PerSlice`` raises one process's
-error where that slice lies, and on the other processes an error saying
-so (:func:`per_slice`).
+what an earlier mask left in a slice of ``PerSlice`` (or any failure of
+one slice) raises one process's error where that slice lies, and on the
+other processes an error saying so (:func:`per_slice`).
 """
 
 from __future__ import annotations
@@ -186,13 +186,14 @@ def per_slice(spec: PerSlice, block: Block, generator: torch.Generator | None) -
     inner spec's norms) in the order it takes among the others, as
     :func:`block_norms` explains (one slice alone is contiguous where the
     whole's are strided, and one output may be split across threads).
-    With an earlier mask, slices differ in what is left to prune, so an
-    ``int`` amount may be too large in some slices only: then the
-    processes agree on failing (one ``all_reduce`` of one number).
+    A slice may fail where others do not (an ``int`` amount larger than
+    what an earlier mask left in it, a nuclear norm's SVD of non-finite
+    values): the processes agree on failing (one ``all_reduce`` of one
+    number), so that none is left waiting in a later collective.
     """
     scores, mask, layout = block
     validate_dim_range(_whole(layout, scores), spec.dim)  # one process's error on the whole shape
-    if mask is None or not layout.sharded:  # every process fails alike, or none does
+    if not layout.sharded:  # whole copies: every process fails alike, or none does
         return _slices(spec, block, generator)
     failure: Exception | None = None
     try:
@@ -206,7 +207,7 @@ def per_slice(spec: PerSlice, block: Block, generator: torch.Generator | None) -
     if int(failed[0]):
         raise ValueError(
             f"{spec!r}: another process of the mesh could not prune its slices (its own error says "
-            "why: an amount larger than what an earlier mask left in a slice); no process computed a mask"
+            "why); no process computed a mask"
         )
     return kept
 

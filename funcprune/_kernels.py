@@ -20,10 +20,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ._select import (
-    KeyPart, Shard, Target, keep, keep_jointly, magnitude_of, refuse_dtensors, resolve_count,
-    sum_over_shards,
-)
+from ._select import KeyPart, Shard, Target, keep, keep_jointly, magnitude_of, refuse_dtensors, resolve_count
 from ._types import Count, Mask, NormOrder, Tensor
 from ._validate import check_same_shape, is_concrete, validate_dim_range, validate_structured
 
@@ -133,7 +130,11 @@ def l1_unstructured_jointly(
     defaults = [as_bool(d) for d in default_masks]
     blocks: Sequence[Shard | None] = [None] * len(scores) if shards is None else shards
     parts = [_l1_part(s, d, dtype, b) for s, d, b in zip(scores, defaults, blocks, strict=True)]
-    unpruned, total = _unpruned_in_group(scores, defaults, shards)
+    if shards is not None:  # the unpruned count comes with the selection's first all-reduce
+        total = sum(b.numel for b in shards)
+        kept = keep_jointly(parts, lambda unpruned: _count(resolve_count(amount, unpruned, total)))
+        return [m.reshape(s.shape) for m, s in zip(kept, scores, strict=True)]
+    unpruned, total = _unpruned_in_group(scores, defaults)
     k = resolve_count(amount, unpruned, total)
     if isinstance(k, int) and k == 0:
         return [keep_all(s, d) for s, d in zip(scores, defaults, strict=True)]
@@ -141,17 +142,18 @@ def l1_unstructured_jointly(
     return [m.reshape(s.shape) for m, s in zip(kept, scores, strict=True)]
 
 
-def _unpruned_in_group(
-    scores: Sequence[Tensor], defaults: Sequence[Mask], shards: Sequence[Shard] | None
-) -> tuple[Count, int]:
-    """The group's unpruned entries and its size: over all processes' blocks with ``shards``."""
+def _count(k: Count) -> int:
+    """``k`` as the Python ``int`` it is (``resolve_count`` of Python ints)."""
+    assert isinstance(k, int)
+    return k
+
+
+def _unpruned_in_group(scores: Sequence[Tensor], defaults: Sequence[Mask]) -> tuple[Count, int]:
+    """The group's unpruned entries and its size."""
     counts = [
         unpruned_count(s, None if d is None else d.reshape(-1), s.numel())
         for s, d in zip(scores, defaults, strict=True)
     ]
-    if shards is not None:
-        unpruned_everywhere = sum_over_shards([int(c) for c in counts], shards, scores[0].device)
-        return unpruned_everywhere, sum(b.numel for b in shards)
     unpruned: Count = 0
     for c in counts:
         unpruned = unpruned + c

@@ -27,7 +27,7 @@ Paths, chosen here and nowhere else (all give identical flags, tested):
   whole tensor with every entry eligible; works under every transform;
 - *shards* (eager): a radix select whose per-round histograms are summed
   across processes; the only path for :class:`Shard` groups, bracketed from
-  :data:`SHARDED_BRACKET_MIN_KEYS` keys in all (:mod:`._sharded_bracket`:
+  :data:`SHARDED_BRACKET_MIN_KEYS` keys per process (:mod:`._sharded_bracket`:
   a sample's histograms bracket the k-th key, one scan per block counts
   and collects, the radix select ranks the few collected);
 - *short rows* (eager, groups of at most :data:`~._short_rows.SHORT_ROW_MAX`
@@ -56,7 +56,7 @@ from torch._C._functorch import is_batchedtensor
 from ._batched import make_keep_lowest
 from ._bracket import KeyPart, magnitude_of
 from ._bracket import keep_by_bracket as _keep_by_bracket
-from ._sharded import Shard, keep_over_shards, refuse_dtensors, sum_over_shards
+from ._sharded import CountOf, Shard, keep_over_shards, processes, refuse_dtensors, sum_over_shards
 from ._sharded_bracket import keep_by_bracket_over_shards
 from ._short_rows import SHORT_ROW_MAX, keep_in_short_rows
 from ._types import Amount, Count, Mask, Tensor
@@ -85,10 +85,11 @@ __all__ = [
 
 #: From this many keys on, eager selection brackets instead of sorting.
 FAST_MIN_KEYS = 1 << 16
-#: From this many keys in all (every process's), a selection over shards is bracketed
-#: (:mod:`._sharded_bracket`): below it, its two more all-reduces cost more time than the
-#: passes they save (measured on gloo: about 2 ms against 2.4 ns per key of a process's share).
-SHARDED_BRACKET_MIN_KEYS = 1 << 21
+#: From this many keys per process (the group's, over the processes it spans), a selection over
+#: shards is bracketed (:mod:`._sharded_bracket`): below it, its two more all-reduces and its
+#: sample cost more than the passes they save (2 gloo processes on 2 cores: bracketed/radix
+#: time 1.6 at 1M keys each, 1.2 at 2M, 0.76 at 4M, 0.42 at 12.5M).
+SHARDED_BRACKET_MIN_KEYS = 1 << 22
 #: More units than any tensor holds: a larger integer amount prunes the same.
 _MAX_COUNT = 2**62
 
@@ -261,7 +262,7 @@ def _keep_by_threshold(keys: Tensor, k: int) -> Tensor:
 # --- several parts ranked as one ---------------------------------------------
 
 
-def keep_jointly(parts: Sequence[KeyPart], k: Count) -> list[Tensor]:
+def keep_jointly(parts: Sequence[KeyPart], k: Count | CountOf) -> list[Tensor]:
     """Per part, 1-D kept flags: the ``k`` lowest eligible keys of all parts go.
 
     Equal to :func:`keep` on the concatenated keys and eligibility, split
@@ -269,21 +270,29 @@ def keep_jointly(parts: Sequence[KeyPart], k: Count) -> list[Tensor]:
     part by part; otherwise the parts are concatenated. Parts that are
     shards (all or none) are ranked with the other processes' blocks, as
     if the whole tensors were concatenated; ``k`` is then a Python ``int``
-    counting over the whole group.
+    counting over the whole group, or the function that says it from the
+    number of eligible keys over all processes (found on the way, without
+    an all-reduce of its own).
     """
     refuse_dtensors(*(t for p in parts for t in (p.source, p.eligible)))
     shards = [p.shard for p in parts if p.shard is not None]
     if shards:
-        if len(shards) != len(parts) or not isinstance(k, int):
+        if len(shards) != len(parts) or not (isinstance(k, int) or callable(k)):
             raise ValueError(
                 "parts ranked over shards must all be shards, with a Python int count; got "
                 f"{len(shards)} shards among {len(parts)} parts and a count of type {type(k).__name__}"
             )
-        if k > 0 and sum(s.numel for s in shards) >= SHARDED_BRACKET_MIN_KEYS and all(map(is_concrete, _tensors(parts))):
-            bracketed = keep_by_bracket_over_shards(parts, shards, k)  # None on every process alike
-            if bracketed is not None:
-                return bracketed
+        total = sum(s.numel for s in shards)
+        concrete = all(map(is_concrete, _tensors(parts)))  # (else refused below, before any collective)
+        large = total >= SHARDED_BRACKET_MIN_KEYS and total >= SHARDED_BRACKET_MIN_KEYS * processes(shards)
+        if concrete and (callable(k) or k > 0) and large:
+            found = keep_by_bracket_over_shards(parts, shards, k)  # a miss on every process alike
+            if not isinstance(found, int):
+                return found
+            k = found  # the count, resolved: rank every key
         return keep_over_shards([p.keys for p in parts], [p.eligible for p in parts], shards, k)
+    if callable(k):
+        raise TypeError("keep_jointly: a count function goes with shards only")
     total = sum(p.numel for p in parts)
     if isinstance(k, int) and total >= FAST_MIN_KEYS and all(map(is_concrete, _tensors(parts))):
         bracketed = _keep_by_bracket(parts, k)

@@ -28,7 +28,7 @@ rounds' torch work) and the kept flags of all the others, so that the last
 pass sets the flags of that bin's entries alone. Other blocks, or all where
 the kernels are unavailable, code every entry in torch; both send the same
 histograms and give the same flags. From
-:data:`~._select.SHARDED_BRACKET_MIN_KEYS` keys in all, :mod:`._sharded_bracket`
+:data:`~._select.SHARDED_BRACKET_MIN_KEYS` keys per process, :mod:`._sharded_bracket`
 runs first: a sample brackets the k-th key, so that one scan per block
 collects only the keys the radix select (:func:`select_codes`) then ranks.
 """
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
 __all__ = [
-    "BINS", "Shard", "common_groups", "is_dtensor", "keep_over_shards", "radix_shift", "refuse_dtensors", "select_codes", "sum_over_shards", "summed_over",
+    "BINS", "CountOf", "Shard", "common_groups", "is_dtensor", "keep_over_shards", "processes", "radix_shift", "refuse_dtensors", "select_codes", "sum_over_shards", "summed_over",
 ]  # fmt: skip
 
 #: Bits resolved per round, and the histogram's length (32 KiB of int64).
@@ -164,11 +164,15 @@ class _Part:
     kept: Tensor | None = None  # native: kept flags of the entries outside that bin (False in it)
 
 
+#: How many to prune, from how many are eligible over all processes (``resolve_count`` for an amount).
+CountOf = Callable[[int], int]
+
+
 def keep_over_shards(
     keys: Sequence[Callable[[], Tensor]],
     eligible: Sequence[Mask],
     shards: Sequence[Shard],
-    k: int,
+    k: int | CountOf,
 ) -> list[Tensor]:
     """Per block, 1-D kept flags: the ``k`` lowest eligible keys of all parts go.
 
@@ -178,7 +182,10 @@ def keep_over_shards(
         eligible: per part, 1-D ``torch.bool`` flags of the block; ``None``
             means all.
         shards: per part, where the block sits; one process group for all.
-        k: how many entries to prune in all (capped at the number eligible).
+        k: how many entries to prune in all (capped at the number eligible),
+            or the function that says it from the number eligible in all:
+            that number rides along the first round's histogram, no
+            all-reduce of its own.
     """
     groups = common_groups(shards)
     blocks = [make() for make in keys]
@@ -221,16 +228,22 @@ def sum_over_shards(counts: Sequence[int], shards: Sequence[Shard], device: torc
 
 
 def select_codes(
-    codes: Sequence[Tensor], lo: int, hi: int, need: int, groups: tuple[ProcessGroup | None, ...]
+    codes: Sequence[Tensor],
+    lo: int,
+    hi: int,
+    need: int,
+    groups: tuple[ProcessGroup | None, ...],
+    device: torch.device,
 ) -> tuple[int | None, int, int]:
     """The ``need``-th smallest of all processes' ``codes`` (int64, all in ``[lo, hi]``), by the radix select.
 
-    Every process calls it with its own codes (any number of tensors).
+    Every process calls it with its own codes (any number of tensors, none
+    included); the histograms that cross processes live on ``device``, the
+    same on every process (a CUDA group's collectives take CUDA tensors).
     Returns that code, its rank among the codes equal to it and how many
     are equal to it (over all processes), or ``None`` where ``need`` is 0
     or there are no codes.
     """
-    device = codes[0].device if codes else torch.device("cpu")
     parts = []
     for c in codes:
         none = torch.empty(0, dtype=torch.int64, device=c.device)
@@ -284,16 +297,22 @@ def _narrow(part: _Part, shift: int, base: int, b: int) -> None:
 
 
 def _radix_select(
-    parts: list[_Part], lo: int, hi: int, need: int, groups: tuple[ProcessGroup | None, ...], device: torch.device
+    parts: list[_Part],
+    lo: int,
+    hi: int,
+    need: int | CountOf,
+    groups: tuple[ProcessGroup | None, ...],
+    device: torch.device,
 ) -> tuple[int | None, int, int]:
     """The ``need``-th smallest ``codes`` of all processes' parts (all in ``[lo, hi]``).
 
-    Returns that value, its rank among the codes equal to it, and how many
-    are equal to it; the value is ``None`` when ``need`` is 0 or nothing is
-    in play. Narrows the parts to the candidates equal to the value.
+    ``need`` may be a function of how many codes are in play over all
+    processes (the first round's histogram's sum). Returns that value, its
+    rank among the codes equal to it, and how many are equal to it; the
+    value is ``None`` when ``need`` is 0 or nothing is in play. Narrows the
+    parts to the candidates equal to the value.
     """
-    first = True
-    equal = 0
+    first, equal, rank = True, 0, 0
     while True:
         shift = radix_shift(lo, hi)
         base = lo >> shift
@@ -302,19 +321,20 @@ def _radix_select(
             histogram += _histogram(p, shift, base)
         summed_over(histogram, groups)
         if first:
-            need = min(need, int(histogram.sum()))
-            if need == 0:
+            in_play = int(histogram.sum())
+            rank = min(need(in_play) if callable(need) else need, in_play)
+            if rank == 0:
                 return None, 0, 0
             first = False
         cumulative = histogram.cumsum(0)
-        b = int(torch.searchsorted(cumulative, need))
-        need -= int(cumulative[b - 1]) if b else 0
+        b = int(torch.searchsorted(cumulative, rank))
+        rank -= int(cumulative[b - 1]) if b else 0
         equal = int(histogram[b])
         lo, hi = max(lo, (base + b) << shift), min(hi, ((base + b + 1) << shift) - 1)
         for p in parts:
             _narrow(p, shift, base, b)
         if lo == hi:
-            return lo, need, equal
+            return lo, rank, equal
 
 
 def radix_shift(lo: int, hi: int) -> int:
@@ -385,6 +405,11 @@ def common_groups(shards: Sequence[Shard]) -> tuple[ProcessGroup | None, ...]:
     if len(kinds) != 1:
         raise ValueError(f"parts ranked jointly over shards must share their process groups, got {len(kinds)} kinds")
     return next(iter(kinds.values()))
+
+
+def processes(shards: Sequence[Shard]) -> int:
+    """How many processes the shards' groups span together."""
+    return math.prod(dist.get_world_size(group) for group in common_groups(shards))
 
 
 def summed_over(values: Tensor, groups: tuple[ProcessGroup | None, ...]) -> Tensor:

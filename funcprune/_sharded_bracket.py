@@ -3,14 +3,18 @@
 :func:`keep_by_bracket_over_shards` gives what :func:`._sharded.keep_over_shards`
 gives (the ``k`` lowest eligible keys of all processes' blocks pruned, ties
 in order of the global index, NaN last), for groups of
-:data:`~._select.FAST_MIN_KEYS` entries and more, with the passes over the
-keys of the one-process bracket (:mod:`._bracket`) instead of a histogram
-of every key:
+:data:`~._select.SHARDED_BRACKET_MIN_KEYS` entries per process and more
+(:func:`~._select.keep_jointly` decides), with the passes over the keys
+of the one-process bracket (:mod:`._bracket`) instead of a histogram of
+every key:
 
 1. each process samples its counted blocks with one stride (the global
    size's, as one process would); two rounds of the radix select's
-   histograms over the samples' codes (one ``all_reduce`` each) find, on
-   every process alike, a bracket of codes likely to hold the k-th key;
+   histograms over the samples' codes (one ``all_reduce`` each; the
+   unpruned count rides along the first where ``k`` is still to be
+   resolved from it) find, on every process alike, a bracket of codes
+   likely to hold the k-th key (open at an end the k-th key may lie
+   past: ``-inf``, or the largest finite key);
 2. one scan of each block counts its keys below the bracket and collects
    the few inside (native where it applies, exact comparisons otherwise);
    one ``all_reduce`` of two numbers sums them;
@@ -19,12 +23,13 @@ of every key:
    are cut on global positions as :func:`~._sharded.keep_over_shards`
    cuts them; one pass per block writes the kept flags.
 
-If the bracket misses (the sample was unlucky, or the k-th key is not
-finite), every process sees it in the same summed counts and returns
-``None``: the caller then runs the radix select over every key. Bytes
-sent: 2 rounds of :data:`~._sharded.BINS` int64 for the sample, 16 for the
-counts, then the select's rounds over the bracket (32 KiB each): a few
-all-reduces of fixed size whatever ``k`` and the tensors' sizes.
+If the bracket misses (the sample was unlucky, or the k-th key is
+``+inf`` or NaN), every process sees it in the same summed counts and
+returns the count ``k``: the caller then runs the radix select over every
+key. Bytes sent: 2 rounds of :data:`~._sharded.BINS` int64 for the sample
+(8 more for the unpruned count), 16 for the scan's counts, then the
+select's rounds over the bracket (32 KiB each): a few all-reduces of fixed
+size whatever ``k`` and the tensors' sizes.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ._bracket import KeyPart, chunk_size, sample_keys, sample_stride, scan_part, survivors
-from ._sharded import BINS, Shard, common_groups, radix_shift, select_codes, summed_over
+from ._sharded import BINS, CountOf, Shard, common_groups, radix_shift, select_codes, summed_over
 from ._short_rows import key_of_code, order_codes
 from ._types import Tensor
 
@@ -50,38 +55,51 @@ _ROUNDS = 2
 Groups = tuple["ProcessGroup | None", ...]
 
 
-def keep_by_bracket_over_shards(parts: Sequence[KeyPart], shards: Sequence[Shard], k: int) -> list[Tensor] | None:
+def keep_by_bracket_over_shards(
+    parts: Sequence[KeyPart], shards: Sequence[Shard], k: int | CountOf
+) -> list[Tensor] | int:
     """Per part (with its shard), 1-D kept flags once the ``k`` lowest eligible keys of all processes go.
 
-    ``k`` is positive. ``None`` where the bracket missed, on every process
-    alike (then nothing is decided: rank every key,
-    :func:`~._sharded.keep_over_shards`).
+    ``k`` is positive, or the function that says it from the number of
+    eligible keys in all (that number rides along the sample's first
+    round). Where the bracket missed, the count ``k`` on every process alike
+    (then nothing is decided: rank every key, :func:`~._sharded.keep_over_shards`).
     """
+    for part, shard in zip(parts, shards, strict=True):  # as keep_over_shards checks its blocks
+        if part.numel != math.prod(shard.size) or (part.eligible is not None and part.eligible.shape != part.source.shape):
+            raise ValueError(
+                f"a block of {part.numel} keys does not match its shard's size {shard.size}, or its eligible "
+                "flags the keys"
+            )
     groups = common_groups(shards)
     bases = [sum(s.numel for s in shards[:i]) for i in range(len(shards))]
     total = sum(s.numel for s in shards)
     counted = [p for p, s in zip(parts, shards, strict=True) if s.counted]
     dtype, device = _dtype(parts), parts[0].source.device
-    bracket = _bracket([sample_keys(p, sample_stride(total)) for p in counted], dtype, k / total, groups, device)
+    samples = [sample_keys(p, sample_stride(total)) for p in counted]
+    eligible = None if not callable(k) else sum(p.numel if p.eligible is None else int(p.eligible.sum()) for p in counted)
+    k, bracket = _bracket(samples, dtype, total, k, eligible, groups, device)
+    if k == 0:  # nothing to prune (an amount resolved to 0)
+        return [torch.ones(p.numel, dtype=torch.bool, device=p.source.device) if p.eligible is None else p.eligible.clone() for p in parts]
     if bracket is None:
-        return None
+        return k
     lo, hi, share = bracket
     chunk = chunk_size()
     scanned = [scan_part(p, lo, hi, share, chunk, exact=True) for p in counted]
     sums = [sum(b for b, _ in scanned), sum(f.numel() for _, f in scanned)]
     n_below, n_inside = summed_over(torch.tensor(sums, dtype=torch.int64, device=device), groups).tolist()
     if not n_below < k <= n_below + n_inside:
-        return None  # the bracket missed: every process sees it in the same sums
+        return k  # the bracket missed: every process sees it in the same sums
     found = [f for _, f in scanned]
     codes = [order_codes(f.to(dtype)).to(torch.int64) for f in found]
-    cut, need, ties = select_codes(codes, _code(lo, dtype), _code(hi, dtype), k - n_below, groups)
+    cut, need, ties = select_codes(codes, _code(lo, dtype), _code(hi, dtype), k - n_below, groups, device)
     v = None if cut is None else key_of_code(cut, dtype)
     assert v is not None  # the (k - n_below)-th of the keys inside: a finite key
     if need == ties:  # every tie at v goes: one pass per block
         return [survivors(p, v, 1, 1, chunk) for p in parts]
     at = _ties_at(parts, shards, found, v)
     positions = [base + s.positions(t) for s, base, t in zip(shards, bases, at, strict=True) if s.counted and t.numel()]
-    last, _, _ = select_codes(positions, 0, max(total - 1, 0), need, groups)
+    last, _, _ = select_codes(positions, 0, max(total - 1, 0), need, groups, device)
     assert last is not None  # need > 0 ties exist
     kept = []
     for part, shard, base, tied in zip(parts, shards, bases, at, strict=True):
@@ -102,53 +120,85 @@ def _code(key: float, dtype: torch.dtype) -> int:
 
 
 def _bracket(
-    samples: list[Tensor], dtype: torch.dtype, q: float, groups: Groups, device: torch.device
-) -> tuple[float, float, float] | None:
-    """Finite keys ``lo <= hi`` likely to hold the ``q``-quantile of the keys, and the sample's share between them.
+    samples: list[Tensor],
+    dtype: torch.dtype,
+    total: int,
+    k: int | CountOf,
+    eligible: int | None,
+    groups: Groups,
+    device: torch.device,
+) -> tuple[int, tuple[float, float, float] | None]:
+    """The count ``k``; finite keys ``lo <= hi`` likely to hold the k-th key, and the sample's share between them.
 
     All processes' samples are ranked by :data:`_ROUNDS` rounds of
     histograms of their codes; the bracket spans the bins of the ranks
     ``q * m`` minus and plus a margin of 4 standard deviations (``m``
-    sampled keys in all), as :func:`._bracket._bounds` does on one
-    process. ``None`` where it reaches an infinite or NaN key.
+    sampled keys in all, ``q = k / total``), as :func:`._bracket._bounds`
+    does on one process. Where ``k`` is a function, this process's
+    ``eligible`` count rides along the first round, and ``k`` is its value
+    at their sum. The bracket is ``None`` where ``k`` is 0 or it reaches an
+    infinite or NaN key.
     """
     sample = torch.cat(samples).to(dtype) if samples else torch.empty(0, dtype=dtype, device=device)
     codes = order_codes(sample).to(torch.int64)
     bits = torch.finfo(dtype).bits
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    ranks, m, share = (1, 1), 0, 1.0
+    ranks, m, share, ends = (1, 1), 0, 1.0, (False, False)
     for round_ in range(_ROUNDS):
         shift = radix_shift(lo, hi)
         base = lo >> shift
         codes = codes[(codes >= lo) & (codes <= hi)]
-        histogram = summed_over(torch.bincount((codes >> shift) - base, minlength=BINS), groups)
+        histogram = torch.bincount((codes >> shift) - base, minlength=BINS)
+        if round_ == 0 and eligible is not None:  # the count rides along
+            histogram = summed_over(torch.cat([histogram, histogram.new_tensor([eligible])]), groups)
+            k = k(int(histogram[-1])) if callable(k) else k
+            histogram = histogram[:-1]
+        else:
+            histogram = summed_over(histogram, groups)
+        assert not callable(k)  # resolved in the first round
+        if k == 0:
+            return 0, None
         cumulative = histogram.cumsum(0)
         if round_ == 0:
-            m = int(cumulative[-1])
+            m, q = int(cumulative[-1]), k / total
             margin = 4.0 * (m * q * (1.0 - q)) ** 0.5 + 8.0
-            ranks = (max(int(q * m - margin), 1), max(min(int(q * m + margin) + 1, m), 1))
+            low, high = int(q * m - margin), int(q * m + margin) + 1
+            ends = (low < 1, high > m)  # the k-th key may lie past the sample's ends: open them
+            ranks = (max(low, 1), max(min(high, m), 1))
         b_lo, b_hi = (int(torch.searchsorted(cumulative, r)) for r in ranks)
         if b_hi >= BINS:  # fewer keys than the rank (no sample at all)
-            return None
+            return k, None
         under = int(cumulative[b_lo - 1]) if b_lo else 0
         share = (int(cumulative[b_hi]) - under) / max(m, 1)
         ranks = (ranks[0] - under, ranks[1] - under)
         lo, hi = max(lo, (base + b_lo) << shift), min(hi, ((base + b_hi + 1) << shift) - 1)
-    return _keys_of(lo, hi, dtype, share)
+    assert not callable(k)
+    return k, _keys_of(lo, hi, dtype, share, ends)
 
 
-def _keys_of(lo: int, hi: int, dtype: torch.dtype, share: float) -> tuple[float, float, float] | None:
-    """The bracket of codes ``[lo, hi]`` as keys, if both are finite.
+def _keys_of(
+    lo: int, hi: int, dtype: torch.dtype, share: float, ends: tuple[bool, bool]
+) -> tuple[float, float, float] | None:
+    """The bracket of codes ``[lo, hi]`` as keys, if both are finite; ``ends`` open it.
 
     The one code no key has (``-0.0``'s, as ``order_codes`` maps it to
-    ``0.0``'s) is moved inward: the bracket holds the same keys.
+    ``0.0``'s) is moved inward: the bracket holds the same keys. An open
+    low end is ``-inf`` (nothing below: the k-th key may be below every
+    sampled one); an open high end, or one at ``+inf`` or NaN, is the
+    largest finite key (the k-th key may be above every sampled finite
+    one, but is never looked for at ``+inf``, as ineligible keys are
+    scanned: a k-th key at ``+inf`` or NaN misses the bracket).
     """
     low, high = key_of_code(lo, dtype), key_of_code(hi, dtype)
     if low is None:
         low = key_of_code(lo + 1, dtype)
     if high is None:
         high = key_of_code(hi - 1, dtype)
-    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)) or low > high:
+    if ends[0]:
+        low = -math.inf
+    if ends[1] or high is None or not high < math.inf:  # (NaN is not below +inf either)
+        high = torch.finfo(dtype).max
+    if low is None or high is None or math.isnan(low) or not math.isfinite(high) or low > high or low == math.inf:
         return None
     return low, high, share
 

@@ -486,8 +486,8 @@ def test_an_fsdp2_model_is_pruned_as_one_process_would_with_all_reduces_of_fixed
             for name, p in a["trained"].items():
                 torch.testing.assert_close(p, a["expected"][name])
         sent[hidden] = {a["bytes"] for a in answers}
-    # one count, then 3 rounds of 32-bit keys' histograms: whatever the size
-    assert sent[5] == sent[50] == {8 + 3 * BINS * 8}
+    # 3 rounds of 32-bit keys' histograms (the first's sum is the unpruned count): whatever the size
+    assert sent[5] == sent[50] == {3 * BINS * 8}
 
 
 def _calibration(rank: int) -> list[torch.Tensor]:
@@ -537,31 +537,99 @@ def test_wanda_on_an_fsdp2_model_takes_every_process_s_batches_and_scores_block_
         assert not a["scores sent"]  # each process scales its own block
 
 
+class Routed(nn.Module):
+    """Two layers, one of them called per batch (as an expert a router picks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(3, 2), nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor, to_a: bool) -> torch.Tensor:
+        out: torch.Tensor = self.a(x) if to_a else self.b(x)
+        return out
+
+
+def _norms_across(rank: int, size: int, case: str) -> dict[str, torch.Tensor] | str:
+    """``input_norms(across=WORLD)`` with each process's own batches (``case`` says which)."""
+    torch.manual_seed(0)
+    model = Routed()
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(rank))
+    batches: list[Any] = {
+        "uneven": [(x, True)] * (2 if rank == 0 else 0),  # rank 1: no batch
+        "routed": [(x, rank == 0)],  # a on rank 0 only, b on rank 1 only
+        "bad": [(x if rank == 0 else torch.ones(4, 5), True)],  # rank 1's batch does not fit
+        "none": [],
+    }[case]
+    try:
+        return fp.input_norms(model, batches, ["a.weight", "b.weight"] if case != "uneven" else ["a.weight"], across=dist.group.WORLD)
+    except ValueError as e:
+        return str(e)
+
+
+def test_input_norms_across_processes_decide_together_from_every_process_s_batches(world2: World) -> None:
+    torch.manual_seed(0)
+    model = Routed()
+    g0, g1 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
+    x0 = torch.randn(4, 3, generator=g0)
+    expected = fp.input_norms(model, [(x0, True), (x0, True)], ["a.weight"])
+    for got in world2.run(_norms_across, "uneven"):  # one process ran no batch: the other's count
+        assert isinstance(got, dict) and torch.allclose(got["a.weight"], expected["a.weight"])
+    x1 = torch.randn(4, 3, generator=g1)
+    routed = {"a.weight": fp.input_norms(model, [(x0, True)], ["a.weight"])["a.weight"],
+              "b.weight": fp.input_norms(model, [(x1, False)], ["b.weight"])["b.weight"]}  # fmt: skip
+    for got in world2.run(_norms_across, "routed"):  # each layer called on one process only: both counted
+        assert isinstance(got, dict) and all(torch.allclose(got[n], routed[n]) for n in routed)
+    bad, other = world2.run(_norms_across, "bad")
+    assert isinstance(other, str) and "expected its 3 input features in dim -1" in other  # its own error
+    assert bad == "input_norms: another process of the group failed on its batches (its own error says why)"
+    for got in world2.run(_norms_across, "none"):  # no batch anywhere: one process's error, on both
+        assert got == "input_norms: no batches: batches was empty; pass at least one calibration batch"
+
+
 def _large(seed: int) -> dict[str, torch.Tensor]:
-    """A weight set past SHARDED_BRACKET_MIN_KEYS (2.2M entries), ties at the cut likely (float32)."""
+    """A weight set of 2.2M entries (1.1M per process of 2), ties at the cut likely (float32)."""
     g = torch.Generator().manual_seed(seed)
     return {"a": torch.randn(1500, 1024, generator=g), "b": torch.randn(700, 1000, generator=g).double().float()}
 
 
 def _prune_large(rank: int, size: int, spec: fp.Spec) -> dict[str, Any]:
+    from funcprune import _select
+
+    threshold, _select.SHARDED_BRACKET_MIN_KEYS = _select.SHARDED_BRACKET_MIN_KEYS, 1 << 20  # bracketed here
+    try:
+        return _prune_large_bracketed(size, spec)
+    finally:
+        _select.SHARDED_BRACKET_MIN_KEYS = threshold
+
+
+def _prune_large_bracketed(size: int, spec: fp.Spec) -> dict[str, Any]:
     mesh = init_device_mesh("cpu", (size,))
     whole = _large(0)
     params = {"a": distribute(whole["a"], mesh, Shard(0)), "b": distribute(whole["b"], mesh, Shard(1))}
     earlier = {"b": distribute(whole["b"] > -1.5, mesh, Shard(1))}
     with comm_mode() as comm, CommBytes() as sent:
-        masks = fp.global_unstructured(["a", "b"], spec)(params, earlier)
+        try:
+            masks = fp.global_unstructured(["a", "b"], spec)(params, earlier)
+        except ValueError as e:  # on every process alike, after the count is known
+            return {"collectives": collectives(comm), "bytes": sent.bytes, "masks": str(e)}
     return {"collectives": collectives(comm), "bytes": sent.bytes, "masks": {n: dt(m).full_tensor() for n, m in masks.items()}}
 
 
-@pytest.mark.parametrize("spec", [fp.L1Unstructured(sparsity=0.9), fp.L1Unstructured(0.5), fp.L1Unstructured(3)])
+@pytest.mark.parametrize(
+    "spec", [fp.L1Unstructured(sparsity=0.9), fp.L1Unstructured(0.5), fp.L1Unstructured(3), fp.L1Unstructured(3_000_000)]
+)
 def test_large_groups_are_bracketed_across_processes_and_equal_one_process(world2: World, spec: fp.Spec) -> None:
-    """Past SHARDED_BRACKET_MIN_KEYS the selection samples, scans and ranks the few keys in its bracket."""
+    """Bracketed, the selection samples, scans and ranks the few keys in its bracket."""
     whole = _large(0)
-    expected = fp.global_unstructured(["a", "b"], spec)(whole, {"b": whole["b"] > -1.5})
+    expected = outcome(lambda: fp.global_unstructured(["a", "b"], spec)(whole, {"b": whole["b"] > -1.5}))
     for a in world2.run(_prune_large, spec):
         assert a["collectives"] == {"c10d.allreduce_"}
+        if isinstance(expected, str):  # an amount larger than the unpruned entries: one process's error
+            assert a["masks"] == expected and a["bytes"] == (BINS + 1) * 8  # the sample's first round and the count
+            continue
         assert all(torch.equal(a["masks"][n], m) for n, m in expected.items())
-        # the count; the sample's 2 rounds, the bracket's counts, at most 3 rounds in it, at most 2 over positions
+        # the sample's 2 rounds (the unpruned count beside the first), the bracket's counts,
+        # at most 3 rounds in it, at most 2 over positions
         assert a["bytes"] <= 8 + 16 + (2 + 3 + 2) * BINS * 8
 
 
@@ -574,7 +642,7 @@ def test_the_issue_s_done_when_an_fsdp2_model_on_4_processes_gets_one_process_s_
     assert [a["local rows"] for a in answers] == [13, 13, 13, 11]  # uneven dim 0, as torch.chunk cuts it
     for a in answers:
         assert a["collectives"] == {"c10d.allreduce_"}
-        assert a["bytes"] == 8 + 3 * BINS * 8  # kilobytes, as with 2 processes
+        assert a["bytes"] == 3 * BINS * 8  # kilobytes, as with 2 processes
         assert set(a["masks"]) == {"0.weight", "2.weight"} and all(a["masks"].values())
         for name, mask in a["kept"].items():
             assert not a["trained"][name][~mask].any()

@@ -263,7 +263,7 @@ def test_counts_cross_only_the_mesh_dims_that_cut_and_stay_fixed_as_tensors_grow
         for comms, sent, mask in world4.run(_bytes_on_ranks, rows, cut):
             assert torch.equal(mask, expected)
             assert comms == ({"c10d.allreduce_"} if reduced_over else set())
-            assert sent == reduced_over * (8 + 3 * BINS * 8)  # per mesh dim cut: the count, 3 rounds of float32 keys
+            assert sent == reduced_over * 3 * BINS * 8  # per mesh dim cut: 3 rounds of float32 keys
 
 
 def test_hsdp_on_a_2x2_mesh_prunes_as_one_process_and_sends_what_fsdp2_on_its_shard_group_sends(world4: World) -> None:
@@ -272,7 +272,7 @@ def test_hsdp_on_a_2x2_mesh_prunes_as_one_process_and_sends_what_fsdp2_on_its_sh
     for a in answers:
         assert a["layouts"]["0.weight"] == (Replicate(), Shard(0)) and a["laid out"]
         assert a["collectives"] == {"c10d.allreduce_"}
-        assert a["bytes"] == 8 + 3 * BINS * 8  # over the shard group only: the replicas decide alike
+        assert a["bytes"] == 3 * BINS * 8  # over the shard group only: the replicas decide alike
         assert set(a["masks"]) == {"0.weight", "2.weight"} and all(a["masks"].values())
         for name, mask in a["kept"].items():
             assert not a["trained"][name][~mask].any()
@@ -304,7 +304,7 @@ def test_fsdp2_over_tensor_parallelism_prunes_as_one_process_and_keeps_pruned_en
         assert a["layouts"]["2.weight"] == (Shard(0), Shard(1))  # rowwise, then FSDP2
         assert a["collectives"] == {"c10d.allreduce_"} and a["laid out"]
         assert set(a["masks"]) == {"0.weight", "2.weight"} and all(a["masks"].values())
-        assert a["bytes"] == 2 * (8 + 3 * BINS * 8)  # both mesh dims cut the weights: one round of each per dim
+        assert a["bytes"] == 2 * 3 * BINS * 8  # both mesh dims cut the weights: each round over each
         for name, mask in a["kept"].items():
             assert not a["trained"][name][~mask].any()
         for name, p in a["trained"].items():

@@ -232,16 +232,16 @@ def _on_ranks(rank: int, size: int, mesh_shape: tuple[int, ...], cases: list[Cas
                 mask: Any = dt(_mask_of(spec, w, before))
                 assert mask.placements == w.placements and mask.device_mesh == mesh
                 mask = mask.to_local()
-            except (ValueError, IndexError, NotImplementedError) as e:
+            except (ValueError, IndexError, NotImplementedError, RuntimeError) as e:
                 mask = f"{type(e).__name__}: {e}"
         answers.append({"offsets": offsets, "mask": mask, "collectives": collectives(comm)})
     return answers
 
 
-def _communicates(spec: fp.Spec | list[fp.Spec], earlier: bool) -> bool:
-    """Whether ``spec`` may all-reduce on a sharded tensor (NM never does; PerSlice only to agree on failing after an earlier mask)."""
+def _communicates(spec: fp.Spec | list[fp.Spec]) -> bool:
+    """Whether ``spec`` may all-reduce on a sharded tensor (NM never does; PerSlice only to agree on failing)."""
     steps = spec if isinstance(spec, list) else list(spec.specs) if isinstance(spec, fp.Chain) else [spec]
-    return any(isinstance(s, (fp.Block, fp.L1Unstructured)) or (earlier and isinstance(s, fp.PerSlice)) for s in steps)
+    return any(isinstance(s, (fp.Block, fp.L1Unstructured, fp.PerSlice)) for s in steps)
 
 
 def _check(cases: list[Case], answers: list[list[dict[str, Any]]]) -> None:
@@ -258,7 +258,7 @@ def _check(cases: list[Case], answers: list[list[dict[str, Any]]]) -> None:
                 box = tuple(slice(o, o + n) for o, n in zip(a["offsets"], a["mask"].shape, strict=True))
                 assert a["mask"].dtype == torch.bool and torch.equal(a["mask"], expected[box]), where
             sharded = any(isinstance(p, Shard) for p in placements)
-            assert a["collectives"] <= ({"c10d.allreduce_"} if sharded and _communicates(spec, earlier is not None) else set()), where
+            assert a["collectives"] <= ({"c10d.allreduce_"} if sharded and _communicates(spec) else set()), where
 
 
 def _near_ties(units: int, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
@@ -338,7 +338,7 @@ def test_on_4_processes_each_rank_s_block_is_one_process_s_mask_there(
     _check(cases_2d, world4.run(_on_ranks, (2, 2), cases_2d))
 
 
-def test_nm_and_per_slice_communicate_nothing_and_block_only_all_reduces(world4: World) -> None:
+def test_nm_communicates_nothing_per_slice_one_number_and_block_only_all_reduces(world4: World) -> None:
     g = torch.Generator().manual_seed(0)
     w = torch.randn(8, 16, generator=g)
     per_slice = fp.PerSlice(fp.L1Unstructured(0.5), dim=0)
@@ -350,8 +350,8 @@ def test_nm_and_per_slice_communicate_nothing_and_block_only_all_reduces(world4:
     answers = world4.run(_on_ranks, (4,), cases[:5]) + world4.run(_on_ranks, (2, 2), cases[5:])
     _check(cases[:5], answers[:4])
     _check(cases[5:], answers[4:])
-    for a in answers[:4]:  # PerSlice after an earlier mask: one number, whether a process failed
-        assert [c["collectives"] for c in a] == [set(), set(), {"c10d.allreduce_"}, {"c10d.allreduce_"}, set()]
+    for a in answers[:4]:  # PerSlice: one number, whether a process failed
+        assert [c["collectives"] for c in a] == [set(), {"c10d.allreduce_"}, {"c10d.allreduce_"}, {"c10d.allreduce_"}, set()]
     assert all(a[0]["collectives"] == {"c10d.allreduce_"} for a in answers[4:])
 
 
@@ -368,8 +368,20 @@ def test_a_slice_that_cannot_take_the_amount_fails_every_process_together(world4
     for rank in (0, 1, 3):
         assert answers[rank][0]["mask"] == (
             "ValueError: PerSlice(spec=L1Unstructured(amount=3), dim=0): another process of the mesh could "
-            "not prune its slices (its own error says why: an amount larger than what an earlier mask left "
-            "in a slice); no process computed a mask"
+            "not prune its slices (its own error says why); no process computed a mask"
+        )
+
+
+def test_a_slice_one_process_cannot_norm_fails_every_process_together(world4: World) -> None:
+    values = torch.randn(4, 3, 4, 5, generator=torch.Generator().manual_seed(0))
+    values[0, 0, 0, 0] = math.nan  # slice 0 (rank 0's): its nuclear norm's SVD fails there only
+    spec = fp.PerSlice(fp.LnStructured(1, n="nuc", dim=0), dim=0)
+    answers = world4.run(_on_ranks, (4,), [(values, None, (Shard(0),), spec)])
+    assert "svd" in answers[0][0]["mask"].lower()  # one process's own error
+    for rank in (1, 2, 3):  # the others fail with it rather than wait in the next collective
+        assert answers[rank][0]["mask"] == (
+            f"ValueError: {spec!r}: another process of the mesh could not prune its slices (its own error "
+            "says why); no process computed a mask"
         )
 
 

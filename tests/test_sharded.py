@@ -25,7 +25,7 @@ from torch.func import vmap
 from _distributed import World
 from funcprune._bracket import magnitude_of
 from funcprune import _select
-from funcprune._select import FAST_MIN_KEYS, KeyPart, Shard, keep, keep_jointly
+from funcprune._select import KeyPart, Shard, keep, keep_jointly
 
 SIZE = 4  # ranks in the world (a 2-core machine runs them; they mostly wait)
 
@@ -76,8 +76,8 @@ def _keep_my_blocks(
 ) -> tuple[list[torch.Tensor], int]:
     """On one rank: its blocks' kept flags, and how many all-reduces it took.
 
-    ``bracket_from``: the size from which the selection is bracketed
-    (:data:`~funcprune._select.SHARDED_BRACKET_MIN_KEYS`, for this call).
+    ``bracket_from``: the keys per process from which the selection is
+    bracketed (:data:`~funcprune._select.SHARDED_BRACKET_MIN_KEYS`, for this call).
     """
     key_parts = []
     for keys, eligible, layout in parts:
@@ -203,7 +203,7 @@ def test_large_spread_keys_take_few_fixed_size_rounds_whatever_k(world: World, d
         (torch.randn(90_000, generator=g, dtype=dtype), None, Layout(((0, 0, 40_000, 90_000),))),
     ]
     for k in (1, 77, 6001, 105_000, 300 * 700 + 90_000):
-        for bracket_from in (None, FAST_MIN_KEYS):  # the radix select over every key, or bracketed
+        for bracket_from in (None, 1):  # the radix select over every key, or bracketed
             gathered, calls = _gathered(world, parts, k, bracket_from=bracket_from)
             for got, want in zip(gathered, _expected(parts, k), strict=True):
                 assert torch.equal(got, want)
@@ -212,7 +212,7 @@ def test_large_spread_keys_take_few_fixed_size_rounds_whatever_k(world: World, d
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_bracketed_selection_over_large_shards_equals_the_whole(world: World, dtype: torch.dtype) -> None:
-    """Bracketed (from FAST_MIN_KEYS keys, here): eligibility, NaN, -0.0, ties, replicas, magnitudes."""
+    """Bracketed (forced here): eligibility, NaN, -0.0, ties, replicas, magnitudes."""
     g = torch.Generator().manual_seed(1)
     a = torch.randn(400, 300, generator=g)
     a[a.abs() < 0.02] = -0.0
@@ -228,7 +228,7 @@ def test_bracketed_selection_over_large_shards_equals_the_whole(world: World, dt
     eligible = int(parts[0][1].sum()) + 70_000 + int(parts[2][1].sum())  # type: ignore[union-attr]
     total = sum(p[0].numel() for p in parts)
     for k, magnitude in ((1, False), (5_000, True), (90_000, False), (150_000, True), (eligible, False), (eligible + 5, True)):
-        gathered, calls = _gathered(world, parts, k, magnitude, FAST_MIN_KEYS)
+        gathered, calls = _gathered(world, parts, k, magnitude, 1)  # always bracketed
         keys = [(v.abs() if magnitude else v, e, layout) for v, e, layout in parts]
         for got, want in zip(gathered, _expected(keys, k), strict=True):
             assert torch.equal(got, want), (k, magnitude)
