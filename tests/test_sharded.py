@@ -288,3 +288,20 @@ def test_selection_over_shards_refuses_transforms_before_communicating() -> None
     shard = Shard((4,), (0,), (4,))
     with pytest.raises(RuntimeError, match="runs eagerly only"):
         vmap(lambda t: keep(t, 1, group=shard))(torch.ones(2, 4))
+
+
+def test_the_bracket_opens_at_the_ends_where_the_k_th_key_lies_past_the_sample() -> None:
+    """k = 1 and k = every eligible key are bracketed (an end opened), not missed into the radix select."""
+    from _distributed import one_process_group
+
+    from funcprune._sharded_bracket import keep_by_bracket_over_shards
+
+    g = torch.Generator().manual_seed(0)
+    keys, eligible = torch.randn(400_000, generator=g), torch.rand(400_000, generator=g) < 0.9
+    shard = Shard((400_000,), (0,), (400_000,))
+    n = int(eligible.sum())
+    with one_process_group():
+        for k in (1, 5, 200_000, n - 3, n):
+            found = keep_by_bracket_over_shards([KeyPart(keys, magnitude_of, eligible, shard)], [shard], k)
+            assert not isinstance(found, int), k  # bracketed
+            assert torch.equal(found[0], keep(keys.abs(), k, eligible)), k
