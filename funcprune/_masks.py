@@ -87,9 +87,10 @@ def compute_mask(
     exactly the mask of the whole tensor. Only counts cross processes (a
     few fixed-size all-reduces); nothing is gathered. Supported so far:
     ``L1Unstructured``, ``RandomUnstructured``, ``LnStructured``,
-    ``RandomStructured``, ``Identity``, ``CustomFromMask`` and chains of
-    them (random draws on DTensors are reproducible for a seed, and are not
-    one process's draws; see the README).
+    ``RandomStructured``, ``Identity``, ``CustomFromMask``, and ``NM``,
+    ``Block`` and ``PerSlice`` where the layout leaves their groups whole,
+    and chains of them (random draws on DTensors are reproducible for a
+    seed, and are not one process's draws; see the README).
 
     Raises:
         TypeError: if ``spec`` is not a spec, ``scores`` is not a floating
