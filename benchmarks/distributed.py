@@ -50,9 +50,10 @@ What each column measures:
   ``funcprune._select.SHARDED_BRACKET_MIN_KEYS`` weights per process) adds two rounds
   over a sample (the unpruned count beside the first: 8 B more) and one sum
   of two counts (16 B). Rounds are counted from the collectives' sizes;
-  radix passes (over all keys, over a bracket's keys, over tied positions)
-  and selections by wrapping ``funcprune._sharded._radix_select``,
-  ``funcprune._select.keep_over_shards`` and
+  radix passes (over all keys, over a bracket's keys, over tied positions;
+  a per-parameter plan's run in lockstep, their histograms all-reduced
+  together) and selections by wrapping ``funcprune._sharded._search_all``,
+  ``funcprune._sharded.keep_over_shards_each`` and
   ``funcprune._select.keep_by_bracket_over_shards`` in the worker processes.
 
 The weights are the conv and linear weights of ResNet-50 (``run.py``'s
@@ -198,38 +199,39 @@ def counting_wrappers() -> Iterator[tuple[Counter[str], list[int]]]:
     """Counts calls of ``torch.distributed``'s collective functions, the radix select's passes and the selections.
 
     Only module attributes of this process are swapped (funcprune looks
-    ``dist.all_reduce``, ``_radix_select``, ``keep_over_shards`` and
+    ``dist.all_reduce``, ``_search_all``, ``keep_over_shards_each`` and
     ``keep_by_bracket_over_shards`` up when it calls them); they are
-    restored on exit. ``passes`` holds the radix passes, the selections
-    bracketed, and those that ranked every key (a missed bracket's too).
+    restored on exit. ``passes`` holds the radix passes (searches, run in
+    lockstep or alone), the selections bracketed, and those that ranked
+    every key (a missed bracket's too).
     """
     calls: Counter[str] = Counter()
     passes = [0, 0, 0]
     saved: dict[tuple[object, str], Any] = {}
 
-    def wrap(owner: object, name: str, count: Callable[[Any], None]) -> None:
+    def wrap(owner: object, name: str, count: Callable[[tuple[Any, ...], Any], None]) -> None:
         original = getattr(owner, name)
         saved[(owner, name)] = original
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
-            count(result)
+            count(args, result)
             return result
 
         setattr(owner, name, counted)
 
-    def add(i: int) -> Callable[[Any], None]:
-        return lambda _: passes.__setitem__(i, passes[i] + 1)
+    def add(i: int) -> Callable[[tuple[Any, ...], Any], None]:  # as many as the first argument lists
+        return lambda args, _: passes.__setitem__(i, passes[i] + len(args[0]))
 
-    def counter(name: str) -> Callable[[Any], None]:
-        return lambda _: calls.update([name])
+    def counter(name: str) -> Callable[[tuple[Any, ...], Any], None]:
+        return lambda args, _: calls.update([name])
 
     for name in WATCHED:
         if hasattr(dist, name):
             wrap(dist, name, counter(name))
-    wrap(_sharded, "_radix_select", add(0))
-    wrap(_select, "keep_by_bracket_over_shards", lambda found: None if isinstance(found, int) else add(1)(found))
-    wrap(_select, "keep_over_shards", add(2))
+    wrap(_sharded, "_search_all", add(0))
+    wrap(_select, "keep_by_bracket_over_shards", lambda _, found: None if isinstance(found, int) else passes.__setitem__(1, passes[1] + 1))
+    wrap(_sharded, "keep_over_shards_each", add(2))
     try:
         yield calls, passes
     finally:
@@ -447,16 +449,17 @@ def summarize(world: int, results: list[dict[str, Any]]) -> Summary:
             f"{_bytes(weight_bytes)} | {peak} | {masks} |"
         )
         if world > 1:
-            plain = sum(n for _, size, n in first["sizes"] if size == HISTOGRAM_BYTES)
+            stacked = [(size // HISTOGRAM_BYTES, n) for _, size, n in first["sizes"] if size % HISTOGRAM_BYTES == 0]
             counted = sum(n for _, size, n in first["sizes"] if size == HISTOGRAM_BYTES + 8)
-            rounds = plain + counted
+            rounds = sum(n for _, n in stacked) + counted
+            histograms = sum(h * n for h, n in stacked) + counted
             selections = first["bracketed"] + first["ranked"]
-            per = f" ({rounds / selections:g} per selection)" if selections > 1 else ""
             pairs = sum(n for _, size, n in first["sizes"] if size == 16)
             out.rounds.append(
                 f"- world {world}, {case}: {selections} selection(s), {first['bracketed']} bracketed, "
                 f"{first['passes']} radix pass(es) (one per selection, over all keys or the bracket's; another "
-                f"only for ties at the cut), {rounds} histogram rounds{per}; each rank sends {rounds} x "
+                f"only for ties at the cut), {histograms} histograms in {rounds} all-reduces (a plan's "
+                f"selections in lockstep share each round's); each rank sends {histograms} x "
                 f"{_bytes(HISTOGRAM_BYTES)} + {counted} x 8 B (the unpruned count beside a sample's first round; "
                 f"a radix select's first histogram sums to it) + {pairs} x 16 B = {_bytes(sent)} per call"
             )

@@ -15,7 +15,9 @@ processes, how random keys are drawn), are in :mod:`._dtensor_kernels`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,21 +25,23 @@ import torch
 from ._dtensor import Layout, block_of, is_dtensor, layout_of, wrap
 from ._dtensor_kernels import Block, check_layout, random_unstructured, structured
 from ._dtensor_shapes import blocks, check_cut, check_slice_spec, n_m, per_slice
-from ._kernels import as_bool, custom_from_mask, keep_all, l1_unstructured_jointly
+from ._kernels import as_bool, custom_from_mask, keep_all, l1_part, l1_unstructured_jointly
+from ._select import SHARDED_BRACKET_MIN_KEYS, resolve_count
 from ._shape_specs import NM, PerSlice
 from ._shape_specs import Block as BlockSpec
-from ._sharded import Shard
+from ._sharded import Selection, Shard, keep_over_shards_each, processes
 from ._spec import Chain, Spec
 from ._specs import CustomFromMask, Identity, L1Unstructured, LnStructured, RandomStructured, RandomUnstructured
 from ._types import Mask, Tensor
 from ._validate import check_same_shape
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
 
     from ._fold import Step
 
-__all__ = ["check_group", "check_supported", "compute_joint_masks", "compute_mask", "fold_step", "shards_of"]
+__all__ = ["check_group", "check_supported", "compute_joint_masks", "compute_mask", "fold_step", "l1_each", "shards_of"]
 
 #: What the refusals say is supported.
 _SUPPORTED_SPECS = (
@@ -249,3 +253,85 @@ def fold_step(fn: str, name: str, param: DTensor, steps: Sequence[Spec]) -> Step
         return compute_mask(fn, spec, scores, mask, names, generator=generator)
 
     return step
+
+
+#: A parameter of a plan's rule with one ``L1Unstructured`` step: its name, the DTensor, the
+#: spec, its scores and its earlier mask (both laid out as the parameter).
+Item = tuple[str, Tensor, L1Unstructured, Tensor, Mask]
+#: The context that names a parameter and its spec in the errors raised within it.
+Naming = Callable[[str, Spec], AbstractContextManager[None]]
+#: A parameter waiting for its lockstep batch: name, spec, scores' and earlier mask's blocks, layout.
+_Pending = tuple[str, L1Unstructured, Tensor, Mask, Layout]
+
+
+def l1_each(fn: str, items: Sequence[Item], naming: Naming) -> dict[str, Tensor]:
+    """Each parameter's ``L1Unstructured`` mask, the selections over shards run in lockstep.
+
+    Every mask is the one :func:`compute_mask` gives the parameter alone;
+    the selections over the same mesh dims share their all-reduces (one per
+    round for all, :func:`~._sharded.keep_over_shards_each`), so a plan's
+    rule over ``n`` sharded tensors costs the rounds of one, not ``n``
+    times them. Replicated parameters are computed where they lie.
+    """
+    out: dict[str, Tensor] = {}
+    batches: dict[tuple[DeviceMesh, tuple[int, ...]], list[_Pending]] = {}
+    for name, param, spec, scores, mask in items:
+        what = f"the parameter {name!r}"
+        assert is_dtensor(param)  # the caller's choice
+        with naming(name, spec):
+            layout = layout_of(fn, what, param)
+            local = block_of(fn, f"the scores for {name!r}", scores, what, layout)
+            kept = None if mask is None else as_bool(block_of(fn, f"the mask for {name!r}", mask, what, layout))
+            shard = layout.shard(layout.span)
+            if not layout.sharded or shard.numel >= SHARDED_BRACKET_MIN_KEYS * processes([shard]):
+                # a whole copy on every process (one process's kernel), or large enough to bracket alone
+                shards = [shard] if layout.sharded else None
+                out[name] = wrap(l1_unstructured_jointly(spec.target, [local], [kept], shards=shards)[0], layout)
+                continue
+        batches.setdefault((layout.mesh, layout.span), []).append((name, spec, local, kept, layout))
+    for (mesh, span), batch in batches.items():
+        for chunk in _chunks(batch, span, mesh):
+            selections = []
+            for name, spec, local, kept, layout in chunk:
+                shard = layout.shard(span, mesh)
+                part = l1_part(local, kept, local.dtype, shard)
+                selections.append(Selection([part.keys], [part.eligible], [shard], _count_of(spec, shard.numel, name, naming)))
+            for (name, _, local, _, layout), flags in zip(chunk, keep_over_shards_each(selections), strict=True):
+                out[name] = wrap(flags[0].reshape(local.shape), layout)
+    return out
+
+
+#: Keys per process that the selections run in lockstep hold at once (their keys and kept flags,
+#: about 5 bytes each): larger rules run in several lockstep batches, one after another.
+LOCKSTEP_MAX_KEYS = 1 << 24
+
+
+def _chunks(batch: list[_Pending], span: tuple[int, ...], mesh: DeviceMesh) -> list[list[_Pending]]:
+    """``batch`` cut, in order, into runs of at most :data:`LOCKSTEP_MAX_KEYS` keys per process.
+
+    Cut by the whole tensors' sizes over the processes the span holds, the
+    same on every process (a process's own blocks may be uneven).
+    """
+    budget = LOCKSTEP_MAX_KEYS * math.prod(mesh.size(i) for i in span)
+    chunks: list[list[_Pending]] = [[]]
+    held = 0
+    for pending in batch:
+        size = math.prod(pending[4].shape)
+        if chunks[-1] and held + size > budget:
+            chunks.append([])
+            held = 0
+        chunks[-1].append(pending)
+        held += size
+    return chunks
+
+
+def _count_of(spec: L1Unstructured, total: int, name: str, naming: Naming) -> Callable[[int], int]:
+    """How many of ``name``'s ``total`` entries ``spec`` prunes, from how many are unpruned (errors named)."""
+
+    def count(unpruned: int) -> int:
+        with naming(name, spec):
+            k = resolve_count(spec.target, unpruned, total)
+        assert isinstance(k, int)  # of Python ints
+        return k
+
+    return count

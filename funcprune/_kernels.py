@@ -29,6 +29,7 @@ __all__ = [
     "check_matrix_norm",
     "custom_from_mask",
     "keep_all",
+    "l1_part",
     "l1_unstructured",
     "l1_unstructured_jointly",
     "ln_structured",
@@ -129,7 +130,7 @@ def l1_unstructured_jointly(
     dtype = functools.reduce(torch.promote_types, (s.dtype for s in scores))
     defaults = [as_bool(d) for d in default_masks]
     blocks: Sequence[Shard | None] = [None] * len(scores) if shards is None else shards
-    parts = [_l1_part(s, d, dtype, b) for s, d, b in zip(scores, defaults, blocks, strict=True)]
+    parts = [l1_part(s, d, dtype, b) for s, d, b in zip(scores, defaults, blocks, strict=True)]
     if shards is not None:  # the unpruned count comes with the selection's first all-reduce
         total = sum(b.numel for b in shards)
         kept = keep_jointly(parts, lambda unpruned: _count(resolve_count(amount, unpruned, total)))
@@ -160,7 +161,8 @@ def _unpruned_in_group(scores: Sequence[Tensor], defaults: Sequence[Mask]) -> tu
     return unpruned, sum(s.numel() for s in scores)
 
 
-def _l1_part(scores: Tensor, default: Mask, dtype: torch.dtype, shard: Shard | None) -> KeyPart:
+def l1_part(scores: Tensor, default: Mask, dtype: torch.dtype, shard: Shard | None) -> KeyPart:
+    """The keys of ``|scores|`` in ``dtype`` (computed on demand), eligible where ``default`` keeps."""
     def magnitudes(t: Tensor) -> Tensor:
         return t.abs().to(dtype)  # |x| is exact in any dtype; so is widening
 

@@ -30,7 +30,7 @@ from . import _dtensor_masks as dtensor_masks
 from ._fold import fold
 from ._names import check_masks, check_not_hook_mode, check_params, check_scores, match_names
 from ._spec import Chain, Spec, chain
-from ._specs import Identity
+from ._specs import Identity, L1Unstructured
 from ._types import Mask, Masks, Params, Rule, Scores, Tensor
 from ._validate import check_generator
 
@@ -277,7 +277,11 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
             # A chain's steps run one by one, each scored like a new torch call:
             # as the tensor currently is, or by the given scores as they are.
             steps = spec.specs if isinstance(spec, Chain) else (spec,)
+            lockstep = self._l1_each(params, selected, steps, out, scores)
             for name in selected:
+                if name in lockstep:
+                    out[name] = lockstep[name]
+                    continue
                 param, given = params[name], scores.get(name)
 
                 def scores_of(i: int, mask: Mask) -> Tensor:
@@ -290,6 +294,26 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
                     else:
                         out[name] = fold(steps, scores_of, out.get(name), generator)
         return out
+
+    def _l1_each(
+        self, params: Params, selected: Sequence[str], steps: Sequence[Spec], masks: Masks, scores: Scores
+    ) -> dict[str, Tensor]:
+        """A rule of one ``L1Unstructured`` over DTensor parameters: their selections in lockstep.
+
+        Each mask is what the fold gives the parameter alone; the all-reduces
+        of the rule's selections are shared (:func:`._dtensor_masks.l1_each`).
+        """
+        if len(steps) != 1 or not isinstance(steps[0], L1Unstructured):
+            return {}
+        spec = steps[0]
+        items = [
+            (name, params[name], spec, scores_for(params[name], masks.get(name), scores.get(name)), masks.get(name))
+            for name in selected
+            if dtensor.is_dtensor(params[name])
+        ]
+        if not items:
+            return {}
+        return dtensor_masks.l1_each(self._FN, items, lambda name, step: naming(self._FN, repr(name), step))
 
 
 @final

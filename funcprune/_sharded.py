@@ -39,7 +39,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeGuard, final
+from typing import TYPE_CHECKING, NamedTuple, TypeGuard, final
 
 import torch
 import torch.distributed as dist
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
 __all__ = [
-    "BINS", "CountOf", "Shard", "common_groups", "is_dtensor", "keep_over_shards", "processes", "radix_shift", "refuse_dtensors", "select_codes", "sum_over_shards", "summed_over",
+    "BINS", "CountOf", "Shard", "common_groups", "is_dtensor", "Selection", "keep_over_shards", "keep_over_shards_each", "processes", "radix_shift", "refuse_dtensors", "select_codes", "sum_over_shards", "summed_over",
 ]  # fmt: skip
 
 #: Bits resolved per round, and the histogram's length (32 KiB of int64).
@@ -187,28 +187,68 @@ def keep_over_shards(
             that number rides along the first round's histogram, no
             all-reduce of its own.
     """
-    groups = common_groups(shards)
-    blocks = [make() for make in keys]
-    if not all(map(is_concrete, [*blocks, *(e for e in eligible if e is not None)])):
+    return keep_over_shards_each([Selection(keys, eligible, shards, k)])[0]
+
+
+@final
+class Selection(NamedTuple):
+    """One selection over shards, as :func:`keep_over_shards` takes it."""
+
+    keys: Sequence[Callable[[], Tensor]]
+    eligible: Sequence[Mask]
+    shards: Sequence[Shard]
+    k: int | CountOf
+
+
+def keep_over_shards_each(selections: Sequence[Selection]) -> list[list[Tensor]]:
+    """:func:`keep_over_shards` of each of ``selections`` (independent groups), rounds in lockstep.
+
+    Each round all-reduces the histograms of every selection still
+    searching at once (one ``all_reduce`` of ``n x BINS`` int64), so ``n``
+    per-tensor selections cost the rounds of one, not ``n`` times them.
+    Every process passes the same selections in the same order; all share
+    their process groups.
+    """
+    if not selections:
+        return []
+    groups = common_groups([shard for selection in selections for shard in selection.shards])
+    prepared = [_prepared(selection) for selection in selections]
+    device = prepared[0][0][0].block.device
+    searches = [_Search(parts, -(1 << (bits - 1)), (1 << (bits - 1)) - 1, s.k) for (parts, bits, _), s in zip(prepared, selections, strict=True)]  # fmt: skip
+    _search_all(searches, groups, device)
+    ties: dict[int, _Search] = {}
+    for i, (search, (parts, _, total)) in enumerate(zip(searches, prepared, strict=True)):
+        cut, need, equal = search.result or (None, 0, 0)
+        if cut is not None and need < equal:  # some ties at the cut stay: those of the highest positions
+            for p in parts:
+                p.codes = p.base + p.shard.positions(p.where)
+            ties[i] = _Search(parts, 0, max(total - 1, 0), need)
+    _search_all(list(ties.values()), groups, device)
+    out = []
+    for i, (search, (parts, _, _)) in enumerate(zip(searches, prepared, strict=True)):
+        cut = search.result[0] if search.result else None
+        if cut is None:  # k == 0 or nothing eligible anywhere
+            out.append([_flags(p.block, p.eligible) for p in parts])
+            continue
+        tie = ties[i].result if i in ties else None
+        last = tie[0] if tie is not None else None  # None: every tie goes
+        out.append([_survivors(p, cut, last) for p in parts])
+    return out
+
+
+def _prepared(selection: Selection) -> tuple[list[_Part], int, int]:
+    """The selection's parts (its keys computed and checked), the keys' widest bits, and the whole size."""
+    blocks = [make() for make in selection.keys]
+    if not all(map(is_concrete, [*blocks, *(e for e in selection.eligible if e is not None)])):
         raise RuntimeError(
             "selection over shards runs eagerly only: it communicates between processes, "
             "which vmap, grad and torch.compile cannot trace"
         )
     parts, base = [], 0
-    for block, flags, shard in zip(blocks, eligible, shards, strict=True):
+    for block, flags, shard in zip(blocks, selection.eligible, selection.shards, strict=True):
         parts.append(_part(block, flags, shard, base))
         base += shard.numel
-    bits = max(torch.finfo(b.dtype).bits for b in blocks)
-    device = blocks[0].device
-    cut, need, ties = _radix_select(parts, -(1 << (bits - 1)), (1 << (bits - 1)) - 1, k, groups, device)
-    if cut is None:  # k == 0 or nothing eligible anywhere
-        return [_flags(p.block, p.eligible) for p in parts]
-    last = None  # every tie goes
-    if need < ties:
-        for p in parts:
-            p.codes = p.base + p.shard.positions(p.where)
-        last, _, _ = _radix_select(parts, 0, max(base - 1, 0), need, groups, device)
-    return [_survivors(p, cut, last) for p in parts]
+    return parts, max(torch.finfo(b.dtype).bits for b in blocks), base
 
 
 def sum_over_shards(counts: Sequence[int], shards: Sequence[Shard], device: torch.device) -> int:
@@ -296,6 +336,69 @@ def _narrow(part: _Part, shift: int, base: int, b: int) -> None:
     part.codes, part.where = part.codes[inside], part.where[inside]
 
 
+@dataclass(slots=True)
+class _Search:
+    """One radix select in progress: the ``need``-th smallest code of all processes' ``parts`` in ``[lo, hi]``.
+
+    ``need`` may be a function of how many codes are in play over all
+    processes (the first round's histogram's sum). ``result``, once found:
+    the code, its rank among the codes equal to it, and how many are equal
+    to it; the code is ``None`` when ``need`` is 0 or nothing is in play.
+    """
+
+    parts: list[_Part]
+    lo: int
+    hi: int
+    need: int | CountOf
+    result: tuple[int | None, int, int] | None = None
+    first: bool = True
+    rank: int = 0
+    shift: int = 0
+    base: int = 0
+
+    def histogram(self, device: torch.device) -> Tensor:
+        """This process's counts of its candidates per bin of the range still open."""
+        self.shift = radix_shift(self.lo, self.hi)
+        self.base = self.lo >> self.shift
+        histogram = torch.zeros(BINS, dtype=torch.int64, device=device)
+        for p in self.parts:
+            histogram += _histogram(p, self.shift, self.base)
+        return histogram
+
+    def advance(self, histogram: Tensor) -> None:
+        """Narrow to the bin holding the code sought, from every process's counts summed."""
+        if self.first:
+            in_play = int(histogram.sum())
+            self.rank = min(self.need(in_play) if callable(self.need) else self.need, in_play)
+            self.first = False
+            if self.rank == 0:
+                self.result = None, 0, 0
+                return
+        cumulative = histogram.cumsum(0)
+        b = int(torch.searchsorted(cumulative, self.rank))
+        self.rank -= int(cumulative[b - 1]) if b else 0
+        equal = int(histogram[b])
+        shift, base = self.shift, self.base
+        self.lo, self.hi = max(self.lo, (base + b) << shift), min(self.hi, ((base + b + 1) << shift) - 1)
+        for p in self.parts:
+            _narrow(p, shift, base, b)
+        if self.lo == self.hi:
+            self.result = self.lo, self.rank, equal
+
+
+def _search_all(searches: Sequence[_Search], groups: tuple[ProcessGroup | None, ...], device: torch.device) -> None:
+    """Run ``searches`` to their results in lockstep: each round, ONE all-reduce of all their histograms.
+
+    Every process runs the same searches, in the same order; a search that
+    is done drops out, the same on every process (its result came from
+    summed counts). One search sends what it would alone.
+    """
+    while active := [s for s in searches if s.result is None]:
+        stacked = summed_over(torch.stack([s.histogram(device) for s in active]), groups)
+        for search, histogram in zip(active, stacked, strict=True):
+            search.advance(histogram)
+
+
 def _radix_select(
     parts: list[_Part],
     lo: int,
@@ -304,37 +407,11 @@ def _radix_select(
     groups: tuple[ProcessGroup | None, ...],
     device: torch.device,
 ) -> tuple[int | None, int, int]:
-    """The ``need``-th smallest ``codes`` of all processes' parts (all in ``[lo, hi]``).
-
-    ``need`` may be a function of how many codes are in play over all
-    processes (the first round's histogram's sum). Returns that value, its
-    rank among the codes equal to it, and how many are equal to it; the
-    value is ``None`` when ``need`` is 0 or nothing is in play. Narrows the
-    parts to the candidates equal to the value.
-    """
-    first, equal, rank = True, 0, 0
-    while True:
-        shift = radix_shift(lo, hi)
-        base = lo >> shift
-        histogram = torch.zeros(BINS, dtype=torch.int64, device=device)
-        for p in parts:
-            histogram += _histogram(p, shift, base)
-        summed_over(histogram, groups)
-        if first:
-            in_play = int(histogram.sum())
-            rank = min(need(in_play) if callable(need) else need, in_play)
-            if rank == 0:
-                return None, 0, 0
-            first = False
-        cumulative = histogram.cumsum(0)
-        b = int(torch.searchsorted(cumulative, rank))
-        rank -= int(cumulative[b - 1]) if b else 0
-        equal = int(histogram[b])
-        lo, hi = max(lo, (base + b) << shift), min(hi, ((base + b + 1) << shift) - 1)
-        for p in parts:
-            _narrow(p, shift, base, b)
-        if lo == hi:
-            return lo, rank, equal
+    """The result of one :class:`_Search` (the ``need``-th smallest code of ``parts``, in ``[lo, hi]``)."""
+    search = _Search(parts, lo, hi, need)
+    _search_all([search], groups, device)
+    assert search.result is not None
+    return search.result
 
 
 def radix_shift(lo: int, hi: int) -> int:

@@ -17,6 +17,7 @@ Three settings, cheapest first:
 from __future__ import annotations
 
 import copy
+import math
 import dataclasses
 import re
 import warnings
@@ -535,6 +536,71 @@ def test_wanda_on_an_fsdp2_model_takes_every_process_s_batches_and_scores_block_
             torch.testing.assert_close(a["scores"][n], fp.wanda(dict(reference.named_parameters()), everyone)[n])
             assert torch.equal(a["masks"][n], a["expected"][n])
         assert not a["scores sent"]  # each process scales its own block
+
+
+def _per_tensor(rank: int, size: int, spec: fp.Spec, earlier: bool, max_keys: int | None = None) -> dict[str, Any]:
+    """A per-parameter plan over 5 DTensors (Shard(0), Shard(1), uneven): masks, and how many all-reduces.
+
+    ``max_keys``: the keys per process a lockstep batch may hold, for this call.
+    """
+    from funcprune import _dtensor_masks
+
+    budget = _dtensor_masks.LOCKSTEP_MAX_KEYS
+    _dtensor_masks.LOCKSTEP_MAX_KEYS = budget if max_keys is None else max_keys
+    try:
+        return _per_tensor_plan(size, spec, earlier)
+    finally:
+        _dtensor_masks.LOCKSTEP_MAX_KEYS = budget
+
+
+def _per_tensor_plan(size: int, spec: fp.Spec, earlier: bool) -> dict[str, Any]:
+    mesh = init_device_mesh("cpu", (size,))
+    whole = _distinct_set()
+    placements = [Shard(0), Shard(1), Shard(0), Shard(0), Shard(1)]
+    params = {n: distribute(t, mesh, p) for (n, t), p in zip(whole.items(), placements, strict=True)}
+    masks = {n: distribute(t > -1, mesh, p) for (n, t), p in zip(whole.items(), placements, strict=True)} if earlier else {}
+    with comm_mode() as comm:
+        try:
+            got = fp.Plan({"*": spec})(params, masks)
+        except ValueError as e:  # on every process alike, once the counts are known
+            return {"masks": str(e), "counts": {str(k): v for k, v in comm.get_comm_counts().items()}}
+    return {"masks": {n: dt(m).full_tensor() for n, m in got.items()}, "counts": {str(k): v for k, v in comm.get_comm_counts().items()}}
+
+
+def _distinct_set() -> dict[str, torch.Tensor]:
+    """5 float32 tensors of distinct magnitudes (no ties: a fixed number of rounds)."""
+    shapes = [(7, 5), (4, 9), (6,), (3, 3, 2), (2, 11)]
+    n = sum(math.prod(s) for s in shapes)
+    values = (torch.randperm(n, generator=torch.Generator().manual_seed(0)) + 1).float() / n
+    pieces = torch.split(values, [math.prod(s) for s in shapes])
+    return {f"w{i}": t.reshape(s) for i, (t, s) in enumerate(zip(pieces, shapes, strict=True))}
+
+
+@pytest.mark.parametrize(
+    ("spec", "earlier"),
+    [(fp.L1Unstructured(0.5), False), (fp.L1Unstructured(sparsity=0.7), True), (fp.L1Unstructured(2), True),
+     (fp.L1Unstructured(30), True)],  # 30: more than w2's 6 entries, one process's error
+)  # fmt: skip
+def test_a_per_parameter_plan_runs_its_selections_in_lockstep_sharing_all_reduces(
+    world2: World, spec: fp.Spec, earlier: bool
+) -> None:
+    whole = _distinct_set()
+    masks = {n: t > -1 for n, t in whole.items()} if earlier else {}
+    expected = outcome(lambda: fp.Plan({"*": spec})(whole, masks))
+    for a in world2.run(_per_tensor, spec, earlier):
+        if isinstance(expected, str):
+            assert a["masks"] == expected and expected.startswith("Plan: cannot prune 'w2' with L1Unstructured(amount=30)")
+            continue
+        assert all(torch.equal(a["masks"][n], m) for n, m in expected.items())
+        assert a["counts"] == {"c10d.allreduce_": 3}  # 3 rounds of float32 keys for the 5 tensors together
+
+
+def test_lockstep_batches_are_cut_by_the_keys_they_hold(world2: World) -> None:
+    whole = _distinct_set()  # 35, 36, 6, 18 and 22 entries: batches of at most 40 keys a process (80 in all)
+    expected = fp.Plan({"*": fp.L1Unstructured(0.5)})(whole)
+    for a in world2.run(_per_tensor, fp.L1Unstructured(0.5), False, 40):
+        assert all(torch.equal(a["masks"][n], m) for n, m in expected.items())
+        assert a["counts"] == {"c10d.allreduce_": 3 * 2}  # [35, 36] then [6, 18, 22]: 3 rounds each
 
 
 class Routed(nn.Module):
