@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from ._bracket import KeyPart, chunk_size, sample_keys, sample_stride, scan_part, survivors
-from ._sharded import BINS, CountOf, Shard, common_groups, radix_shift, select_codes, summed_over
+from ._radix import BINS, radix_shift
+from ._sharded import CountOf, Shard, common_groups, select_codes, summed_over
 from ._short_rows import key_of_code, order_codes
 from ._types import Tensor
 

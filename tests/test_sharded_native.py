@@ -1,6 +1,6 @@
 """Selection over shards gives the same flags with the native kernels as on the pure-torch path.
 
-The native path (``_sharded.py`` with ``_native.code_histogram``,
+The native path (``_radix.py`` with ``_native.code_histogram``,
 ``code_collect`` and ``survivors``) histograms the first round straight from
 the float keys and codes only the chosen bin's entries; the torch path codes
 every entry. Both must send the same histograms (so ranks on either path
@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _distributed import World, one_process_group
-from funcprune import _native, _sharded, _short_rows
+from funcprune import _native, _radix, _short_rows
 from funcprune._select import keep
 from funcprune._sharded import Shard, keep_over_shards
 
@@ -208,7 +208,7 @@ def test_the_native_path_codes_no_block(group: None, monkeypatch: pytest.MonkeyP
         seen.append(t.numel())
         return order_codes(t)
 
-    monkeypatch.setattr(_sharded, "order_codes", watched)
+    monkeypatch.setattr(_radix, "order_codes", watched)
     g = torch.Generator().manual_seed(3)
     for dtype in (torch.float32, torch.float64):
         keys = (torch.randn(20_000, generator=g, dtype=dtype) * 8).round()  # many ties at the cut
