@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from ._dtensor import Layout, block_of, is_dtensor, layout_of, wrap
-from ._dtensor_kernels import Block, check_layout, random_unstructured, structured
+from ._dtensor_kernels import Block, check_layout, structured
+from ._dtensor_random import random_unstructured
 from ._dtensor_shapes import blocks, check_cut, check_slice_spec, n_m, per_slice
 from ._kernels import as_bool, custom_from_mask, keep_all, l1_part, l1_unstructured_jointly
 from ._select import SHARDED_BRACKET_MIN_KEYS, resolve_count

@@ -30,9 +30,8 @@ import torch
 import torch.distributed as dist
 
 from ._dtensor import block_of, is_dtensor, layout_of, wrap
-from ._dtensor_kernels import (
-    Block, Channels, agree_on_failures, all_reduced, channels, check_layout, random_unstructured,
-)
+from ._dtensor_kernels import Block, Channels, agree_on_failures, all_reduced, channels, check_layout
+from ._dtensor_random import random_unstructured
 from ._dtensor_masks import check_group, shards_of
 from ._kernels import as_bool, check_matrix_norm, l1_unstructured_jointly, unpruned_units
 from ._masks import compute_mask

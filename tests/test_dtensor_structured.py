@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 import funcprune as fp
 from _distributed import World
 from funcprune import _dtensor_masks
-from funcprune._dtensor_kernels import uniform
+from funcprune._dtensor_random import uniform
 from funcprune._sharded import BINS
 from test_dtensor import CommBytes, EveryOther, collectives, comm_mode, distribute, dt
 
