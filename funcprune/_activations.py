@@ -159,7 +159,9 @@ def _across(
     widths = [_features(t.owner) for t in targets]
     head = [float(failure is not None), float(ran)]
     head += [float(t.name in sums) for t in targets] + [float(t.name in wide) for t in targets]
-    device = next((s.device for s in sums.values()), torch.device("cpu"))
+    weight = targets[0].owner.weight
+    assert isinstance(weight, torch.Tensor)  # a Linear's or Conv's
+    device = weight.device  # the same on every process, batches run or not (a CUDA group's)
     parts = [torch.tensor(head, dtype=torch.float64, device=device)]
     for t, n in zip(targets, widths, strict=True):
         parts.append(sums[t.name].to(torch.float64) if t.name in sums else torch.zeros(n, dtype=torch.float64, device=device))
