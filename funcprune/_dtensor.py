@@ -60,7 +60,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ._dtensor_cuts import box, cut_dim, strided
-from ._sharded import Shard, is_dtensor
+from ._sharded import Shard, is_dtensor, reduced_over
 from ._types import Tensor
 
 if TYPE_CHECKING:
@@ -187,9 +187,7 @@ def all_reduce(values: Tensor, mesh: DeviceMesh, dims: Iterable[int] | None = No
     must count each block once (:attr:`Layout.counted`); maxima and minima
     need not.
     """
-    for group in groups(mesh, range(mesh.ndim) if dims is None else dims):
-        dist.all_reduce(values, op=op, group=group)
-    return values
+    return reduced_over(values, groups(mesh, range(mesh.ndim) if dims is None else dims), op)
 
 
 def layout_of(fn: str, what: str, t: DTensor) -> Layout:

@@ -71,7 +71,7 @@ class Part:
 
 def new_part(block: Tensor, eligible: Mask, shard: Shard, base: int) -> Part:
     """A checked part, its candidates the eligible entries (none where another process counts), not yet coded."""
-    check_block(block, eligible, shard)
+    check_block(block.dtype, block.shape, eligible, shard)
     none = torch.empty(0, dtype=torch.int64, device=block.device)
     return Part(block, eligible, shard, base, None, None if shard.counted else none, none)
 
@@ -194,7 +194,7 @@ def kept_by_cut(part: Part, cut: int, last: int | None) -> Tensor:
 
 
 def _native_survivors(part: Part, cut: int) -> Tensor | None:
-    """:func:`_survivors` where every tie goes, by the native kernel; ``None`` where it does not apply.
+    """:func:`kept_by_cut` where every tie goes, by the native kernel; ``None`` where it does not apply.
 
     Kept: the eligible keys above the key whose code is ``cut`` (codes and
     keys compare alike, ``-0.0`` equal to ``0.0``, NaN above every number),
@@ -212,15 +212,13 @@ def eligible_flags(block: Tensor, eligible: Mask) -> Tensor:
     return torch.ones_like(block, dtype=torch.bool) if eligible is None else eligible.clone()
 
 
-def check_block(block: Tensor, eligible: Mask, shard: Shard) -> None:
-    if not block.is_floating_point() or block.dim() != 1:
-        raise TypeError(
-            f"keys over shards must be 1-D floating tensors, got {block.dtype} of shape {tuple(block.shape)}"
-        )
-    if block.numel() != math.prod(shard.size):
-        raise ValueError(f"a block of {block.numel()} keys does not match its shard's size {shard.size}")
-    if eligible is not None and eligible.shape != block.shape:
+def check_block(dtype: torch.dtype, shape: torch.Size, eligible: Mask, shard: Shard) -> None:
+    """Refuse a part whose keys (of ``dtype`` and ``shape``) are no 1-D floats, or do not fit its shard or flags."""
+    if not dtype.is_floating_point or len(shape) != 1:
+        raise TypeError(f"keys over shards must be 1-D floating tensors, got {dtype} of shape {tuple(shape)}")
+    if shape[0] != math.prod(shard.size):
+        raise ValueError(f"a block of {shape[0]} keys does not match its shard's size {shard.size}")
+    if eligible is not None and eligible.shape != shape:
         raise ValueError(
-            f"eligible flags of shape {tuple(eligible.shape)} do not match keys of shape "
-            f"{tuple(block.shape)}"
+            f"eligible flags of shape {tuple(eligible.shape)} do not match keys of shape {tuple(shape)}"
         )

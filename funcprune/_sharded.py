@@ -50,9 +50,9 @@ if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
 __all__ = [
-    "BINS", "CountOf", "Shard", "common_groups", "is_dtensor", "Selection", "keep_over_shards", "keep_over_shards_each", "processes", "refuse_dtensors", "select_codes", "sum_over_shards", "summed_over",
+    "BINS", "CountOf", "Selection", "Shard", "common_groups", "is_dtensor", "keep_over_shards",
+    "keep_over_shards_each", "processes", "reduced_over", "refuse_dtensors", "select_codes", "sum_over_shards",
 ]  # fmt: skip
-
 
 
 def is_dtensor(t: object) -> TypeGuard[DTensor]:
@@ -231,7 +231,7 @@ def sum_over_shards(counts: Sequence[int], shards: Sequence[Shard], device: torc
         device: where the one-number tensor that crosses processes lives.
     """
     mine = sum(c for c, s in zip(counts, shards, strict=True) if s.counted)
-    return int(summed_over(torch.tensor(mine, dtype=torch.int64, device=device), common_groups(shards)))
+    return int(reduced_over(torch.tensor(mine, dtype=torch.int64, device=device), common_groups(shards)))
 
 
 def select_codes(
@@ -256,7 +256,10 @@ def select_codes(
         none = torch.empty(0, dtype=torch.int64, device=c.device)
         shard = Shard((c.numel(),), (0,), (c.numel(),))
         parts.append(Part(none.double(), None, shard, 0, None, c, torch.arange(c.numel(), device=c.device)))
-    return _radix_select(parts, lo, hi, need, groups, device)
+    search = Search(parts, lo, hi, need)
+    _search_all([search], groups, device)
+    assert search.result is not None
+    return search.result
 
 
 def _search_all(searches: Sequence[Search], groups: tuple[ProcessGroup | None, ...], device: torch.device) -> None:
@@ -267,24 +270,9 @@ def _search_all(searches: Sequence[Search], groups: tuple[ProcessGroup | None, .
     summed counts). One search sends what it would alone.
     """
     while active := [s for s in searches if s.result is None]:
-        stacked = summed_over(torch.stack([s.histogram(device) for s in active]), groups)
+        stacked = reduced_over(torch.stack([s.histogram(device) for s in active]), groups)
         for search, histogram in zip(active, stacked, strict=True):
             search.advance(histogram)
-
-
-def _radix_select(
-    parts: list[Part],
-    lo: int,
-    hi: int,
-    need: int | CountOf,
-    groups: tuple[ProcessGroup | None, ...],
-    device: torch.device,
-) -> tuple[int | None, int, int]:
-    """The result of one :class:`Search` (the ``need``-th smallest code of ``parts``, in ``[lo, hi]``)."""
-    search = Search(parts, lo, hi, need)
-    _search_all([search], groups, device)
-    assert search.result is not None
-    return search.result
 
 
 def common_groups(shards: Sequence[Shard]) -> tuple[ProcessGroup | None, ...]:
@@ -299,8 +287,11 @@ def processes(shards: Sequence[Shard]) -> int:
     return math.prod(dist.get_world_size(group) for group in common_groups(shards))
 
 
-def summed_over(values: Tensor, groups: tuple[ProcessGroup | None, ...]) -> Tensor:
-    """``values`` summed (in place; returned) over each group in turn: over the processes they span."""
+def reduced_over(
+    values: Tensor, groups: tuple[ProcessGroup | None, ...], op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+) -> Tensor:
+    """``values`` reduced (summed, or by ``op``; in place; returned) over each group in turn: over the
+    processes they span together."""
     for group in groups:
-        dist.all_reduce(values, group=group)
+        dist.all_reduce(values, op=op, group=group)
     return values

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from ._bracket import KeyPart, chunk_size, sample_keys, sample_stride, scan_part, survivors
-from ._radix import BINS, radix_shift
-from ._sharded import CountOf, Shard, common_groups, select_codes, summed_over
+from ._radix import BINS, check_block, radix_shift
+from ._sharded import CountOf, Shard, common_groups, select_codes, reduced_over
 from ._short_rows import key_of_code, order_codes
 from ._types import Tensor
 
@@ -66,17 +66,13 @@ def keep_by_bracket_over_shards(
     round). Where the bracket missed, the count ``k`` on every process alike
     (then nothing is decided: rank every key, :func:`~._sharded.keep_over_shards`).
     """
+    dtype, device = _dtype(parts), parts[0].source.device
     for part, shard in zip(parts, shards, strict=True):  # as keep_over_shards checks its blocks
-        if part.numel != math.prod(shard.size) or (part.eligible is not None and part.eligible.shape != part.source.shape):
-            raise ValueError(
-                f"a block of {part.numel} keys does not match its shard's size {shard.size}, or its eligible "
-                "flags the keys"
-            )
+        check_block(dtype, part.source.shape, part.eligible, shard)
     groups = common_groups(shards)
     bases = [sum(s.numel for s in shards[:i]) for i in range(len(shards))]
     total = sum(s.numel for s in shards)
     counted = [p for p, s in zip(parts, shards, strict=True) if s.counted]
-    dtype, device = _dtype(parts), parts[0].source.device
     samples = [sample_keys(p, sample_stride(total)) for p in counted]
     eligible = None if not callable(k) else sum(p.numel if p.eligible is None else int(p.eligible.sum()) for p in counted)
     k, bracket = _bracket(samples, dtype, total, k, eligible, groups, device)
@@ -88,7 +84,7 @@ def keep_by_bracket_over_shards(
     chunk = chunk_size()
     scanned = [scan_part(p, lo, hi, share, chunk, exact=True) for p in counted]
     sums = [sum(b for b, _ in scanned), sum(f.numel() for _, f in scanned)]
-    n_below, n_inside = summed_over(torch.tensor(sums, dtype=torch.int64, device=device), groups).tolist()
+    n_below, n_inside = reduced_over(torch.tensor(sums, dtype=torch.int64, device=device), groups).tolist()
     if not n_below < k <= n_below + n_inside:
         return k  # the bracket missed: every process sees it in the same sums
     found = [f for _, f in scanned]
@@ -151,11 +147,11 @@ def _bracket(
         codes = codes[(codes >= lo) & (codes <= hi)]
         histogram = torch.bincount((codes >> shift) - base, minlength=BINS)
         if round_ == 0 and eligible is not None:  # the count rides along
-            histogram = summed_over(torch.cat([histogram, histogram.new_tensor([eligible])]), groups)
+            histogram = reduced_over(torch.cat([histogram, histogram.new_tensor([eligible])]), groups)
             k = k(int(histogram[-1])) if callable(k) else k
             histogram = histogram[:-1]
         else:
-            histogram = summed_over(histogram, groups)
+            histogram = reduced_over(histogram, groups)
         assert not callable(k)  # resolved in the first round
         if k == 0:
             return 0, None
