@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, final
 
@@ -74,6 +74,7 @@ SUM = dist.ReduceOp.SUM
 
 __all__ = [
     "Layout",
+    "agree_on_failure",
     "all_reduce",
     "block_of",
     "check_layouts",
@@ -188,6 +189,22 @@ def all_reduce(values: Tensor, mesh: DeviceMesh, dims: Iterable[int] | None = No
     need not.
     """
     return reduced_over(values, groups(mesh, range(mesh.ndim) if dims is None else dims), op)
+
+
+def agree_on_failure(
+    failure: Exception | None, mesh: DeviceMesh, dims: Iterable[int] | None, elsewhere: Callable[[], Exception]
+) -> None:
+    """Raise on every process of ``mesh`` along ``dims`` (all if ``None``) if one failed (one ``all_reduce``).
+
+    ``failure`` is this process's error, or ``None``: a process that failed
+    raises its own; the others raise ``elsewhere()``; if none failed,
+    nothing happens. So no process goes on to a later collective alone.
+    """
+    flag = torch.tensor([failure is not None], dtype=torch.int64, device=mesh.device_type)
+    if int(all_reduce(flag, mesh, dims)[0]):
+        if failure is not None:
+            raise failure
+        raise elsewhere()
 
 
 def layout_of(fn: str, what: str, t: DTensor) -> Layout:

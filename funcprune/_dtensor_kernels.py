@@ -71,7 +71,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ._dtensor import Layout, all_reduce
+from ._dtensor import Layout, agree_on_failure, all_reduce
 from ._dtensor_cuts import box, cut_dim, moved
 from ._dtensor_random import Seed, agreed, count_of, uniform
 from ._kernels import check_matrix_norm, keep_all, ln_structured, unpruned_units
@@ -89,6 +89,10 @@ class Block(NamedTuple):
     scores: Tensor  # this process's block of the scores
     mask: Mask  # and of the earlier mask (torch.bool), or None
     layout: Layout
+
+    def whole(self) -> Tensor:
+        """The whole tensor's shape and dtype, no values (``meta``): for one process's checks."""
+        return torch.empty(self.layout.shape, dtype=self.scores.dtype, device="meta")
 
 
 # --- where the channels lie ------------------------------------------------------------
@@ -142,7 +146,7 @@ def check_layout(fn: str, what: str, spec: object, layout: Layout) -> None:
 def structured(spec: LnStructured | RandomStructured, block: Block, generator: torch.Generator | None) -> Tensor:
     """This process's block of the mask ``spec`` gives for the DTensor ``block`` (see the module)."""
     scores, mask, layout = block
-    whole = torch.empty(layout.shape, dtype=scores.dtype, device="meta")  # torch's checks, on the whole shape
+    whole = block.whole()  # torch's checks, on the whole shape
     validate_structured(whole)
     validate_dim_range(whole, spec.dim)
     if isinstance(spec, LnStructured):
@@ -379,11 +383,7 @@ def channels(spec: LnStructured | RandomStructured, block: Block, d: int) -> Cha
 def agree_on_failures(spec: LnStructured, parts: Sequence[Channels]) -> None:
     """Raise on every process if one failed to compute its channels' norms (one ``all_reduce``)."""
     failed = next((p.failure for p in parts if p.failure is not None), None)
-    flag = torch.tensor([failed is not None], dtype=torch.int64, device=parts[0].keys.device)
-    if int(all_reduce(flag, parts[0].layout.mesh)[0]):
-        if failed is not None:
-            raise failed
-        raise _failed_elsewhere(spec)
+    agree_on_failure(failed, parts[0].layout.mesh, None, lambda: _failed_elsewhere(spec))
 
 
 def _failed_elsewhere(spec: LnStructured) -> RuntimeError:

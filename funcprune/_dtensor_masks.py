@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from ._fold import Step
 
-__all__ = ["check_group", "check_supported", "compute_joint_masks", "compute_mask", "fold_step", "l1_each", "shards_of"]
+__all__ = ["check_group", "check_supported", "compute_joint_masks", "compute_mask", "fold_step", "l1_each", "parameter_block", "shards_of"]
 
 #: What the refusals say is supported.
 _SUPPORTED_SPECS = (
@@ -277,12 +277,10 @@ def l1_each(fn: str, items: Sequence[Item], naming: Naming) -> dict[str, Tensor]
     out: dict[str, Tensor] = {}
     batches: dict[tuple[DeviceMesh, tuple[int, ...]], list[_Pending]] = {}
     for name, param, spec, scores, mask in items:
-        what = f"the parameter {name!r}"
         assert is_dtensor(param)  # the caller's choice
         with naming(name, spec):
-            layout = layout_of(fn, what, param)
-            local = block_of(fn, f"the scores for {name!r}", scores, what, layout)
-            kept = None if mask is None else as_bool(block_of(fn, f"the mask for {name!r}", mask, what, layout))
+            layout = layout_of(fn, f"the parameter {name!r}", param)
+            local, kept, _ = parameter_block(fn, name, layout, scores, mask)
             shard = layout.shard(layout.span)
             if not layout.sharded or shard.numel >= SHARDED_BRACKET_MIN_KEYS * processes([shard]):
                 # a whole copy on every process (one process's kernel), or large enough to bracket alone
@@ -324,6 +322,14 @@ def _chunks(batch: list[_Pending], span: tuple[int, ...], mesh: DeviceMesh) -> l
         chunks[-1].append(pending)
         held += size
     return chunks
+
+
+def parameter_block(fn: str, name: str, layout: Layout, scores: Tensor, mask: Mask) -> Block:
+    """This process's blocks of a plan's DTensor parameter ``name`` (laid out as ``layout``): its scores
+    and earlier mask, which must be laid out as it."""
+    what = f"the parameter {name!r}"
+    kept = None if mask is None else as_bool(block_of(fn, f"the mask for {name!r}", mask, what, layout))
+    return Block(block_of(fn, f"the scores for {name!r}", scores, what, layout), kept, layout)
 
 
 def _count_of(spec: L1Unstructured, total: int, name: str, naming: Naming) -> Callable[[int], int]:

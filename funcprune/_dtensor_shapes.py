@@ -53,7 +53,7 @@ import math
 
 import torch
 
-from ._dtensor import Layout, all_reduce
+from ._dtensor import Layout, agree_on_failure
 from ._dtensor_kernels import Block
 from ._kernels import keep_all
 from ._select import Shard, keep, resolve_count, sum_over_shards
@@ -162,15 +162,10 @@ def _check_whole_slices(fn: str, what: str, spec: PerSlice, layout: Layout) -> N
 # --- NM and PerSlice: each process on its own ------------------------------------------------
 
 
-def _whole(layout: Layout, like: Tensor) -> Tensor:
-    """The whole tensor's shape as a meta tensor: one process's checks, no values."""
-    return torch.empty(layout.shape, dtype=like.dtype, device="meta")
-
-
 def n_m(spec: NM, block: Block) -> Tensor:
     """This process's block of the mask of ``spec``: the one-process kernel on the block (checked cut)."""
     scores, mask, layout = block
-    one_process_n_m(spec.m, spec.m, spec.dim, _whole(layout, scores), None)  # its errors on the whole shape
+    one_process_n_m(spec.m, spec.m, spec.dim, block.whole(), None)  # its errors on the whole shape
     if not math.prod(layout.shape):  # no entry anywhere (the empty blocks' cut was not checked)
         return keep_all(scores, mask)
     return one_process_n_m(spec.n, spec.m, spec.dim, scores, mask)
@@ -192,24 +187,26 @@ def per_slice(spec: PerSlice, block: Block, generator: torch.Generator | None) -
     number), so that none is left waiting in a later collective.
     """
     scores, mask, layout = block
-    validate_dim_range(_whole(layout, scores), spec.dim)  # one process's error on the whole shape
+    validate_dim_range(block.whole(), spec.dim)  # one process's error on the whole shape
     if not layout.sharded:  # whole copies: every process fails alike, or none does
         return _slices(spec, block, generator)
     failure: Exception | None = None
+    kept = None
     try:
         kept = _slices(spec, block, generator)
     except (ValueError, IndexError, RuntimeError) as e:
         failure = e
-    flag = torch.tensor([failure is not None], dtype=torch.int64, device=scores.device)
-    failed = all_reduce(flag, layout.mesh, layout.span)
-    if failure is not None:
-        raise failure
-    if int(failed[0]):
-        raise ValueError(
-            f"{spec!r}: another process of the mesh could not prune its slices (its own error says "
-            "why); no process computed a mask"
-        )
+    agree_on_failure(failure, layout.mesh, layout.span, lambda: _failed_elsewhere(spec))
+    assert kept is not None  # no process failed
     return kept
+
+
+def _failed_elsewhere(spec: PerSlice) -> ValueError:
+    """What a process raises when another one of its mesh could not prune its slices."""
+    return ValueError(
+        f"{spec!r}: another process of the mesh could not prune its slices (its own error says "
+        "why); no process computed a mask"
+    )
 
 
 def _slices(spec: PerSlice, block: Block, generator: torch.Generator | None) -> Tensor:
@@ -233,7 +230,7 @@ def _slices(spec: PerSlice, block: Block, generator: torch.Generator | None) -> 
 def blocks(spec: BlockSpec, block: Block) -> Tensor:
     """This process's block of the mask of ``spec`` (checked cut): its blocks ranked across processes."""
     scores, mask, layout = block
-    _block_view(spec.shape, _whole(layout, scores))  # one process's errors on the whole shape
+    _block_view(spec.shape, block.whole())  # one process's errors on the whole shape
     if not math.prod(layout.shape):  # no entry anywhere: one process's count (its errors), nothing sent
         empty = torch.zeros(layout.shape, dtype=scores.dtype, device=scores.device)
         one_process_blocks(spec.target, spec.shape, empty, None)

@@ -29,11 +29,11 @@ from typing import ClassVar, Literal, NamedTuple, Optional, Union, final
 import torch
 import torch.distributed as dist
 
-from ._dtensor import block_of, is_dtensor, layout_of, wrap
+from ._dtensor import is_dtensor, layout_of, wrap
 from ._dtensor_kernels import Block, Channels, agree_on_failures, all_reduced, channels, check_layout
 from ._dtensor_random import random_unstructured
-from ._dtensor_masks import check_group, shards_of
-from ._kernels import as_bool, check_matrix_norm, l1_unstructured_jointly, unpruned_units
+from ._dtensor_masks import check_group, parameter_block, shards_of
+from ._kernels import check_matrix_norm, l1_unstructured_jointly, unpruned_units
 from ._masks import compute_mask
 from ._names import select_names
 from ._plan import AbstractPlan, naming, scores_for
@@ -142,12 +142,10 @@ def _dtensor_masks(
         layout = layout_of(fn, label, param)
         check_layout(fn, label, spec, layout)
         each = scores_for(param, masks.get(name), scores.get(name))
-        mask = masks.get(name)
-        local = None if mask is None else as_bool(block_of(fn, f"the mask for {name!r}", mask, label, layout))
-        blocks.append(Block(block_of(fn, f"the scores for {name!r}", each, label, layout), local, layout))
+        blocks.append(parameter_block(fn, name, layout, each, masks.get(name)))
     for name, block in zip(selected, blocks, strict=True):  # one process's checks, before any communication
         with naming(fn, repr(name), spec):
-            _check_channels(spec, torch.empty(block.layout.shape, dtype=block.scores.dtype, device="meta"))
+            _check_channels(spec, block.whole())
     parts = [channels(spec, block, spec.dim % len(block.layout.shape)) for block in blocks]
     if isinstance(spec, LnStructured) and spec.n == "nuc" and any(p.layout.sharded for p in parts):
         agree_on_failures(spec, parts)  # an SVD may fail on one process only: then all raise
