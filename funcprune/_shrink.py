@@ -33,7 +33,7 @@ channel on each side (torch cannot run a Conv with none): when the masks
 prune them all, the first one stays. Whenever channels that the masks prune
 entirely stay, both functions say which and why, in one
 :class:`KeptChannelsWarning`. Which groups go is decided by
-:mod:`funcprune._graph_removal`; this module checks the arguments, then
+:mod:`funcprune._graph`; this module checks the arguments, then
 builds the closure and the smaller copy.
 """
 
@@ -48,8 +48,7 @@ import torch
 from torch import nn
 
 from ._bake import check_mask_dtypes, check_not_hooked, first_names, one_mask_per_parameter
-from ._graph import RoleKind, trace_channels
-from ._graph_removal import Cut, plan_removal
+from ._graph import Cut, RoleKind, plan_removal, trace_channels
 from ._dtensor import refuse_in
 from ._names import check_masks
 from ._types import Masks, Tensor

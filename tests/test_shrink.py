@@ -19,7 +19,7 @@ from typing_extensions import assert_type
 
 import funcprune as fp
 import funcprune.compat as prune
-from funcprune import _graph
+from funcprune._graph import _trace
 from funcprune import KeptChannelsWarning
 
 Tensor = torch.Tensor
@@ -469,7 +469,7 @@ def test_an_internal_error_of_the_analysis_is_a_value_error_naming_the_node(
     def broken(walk: object, node: object) -> None:
         raise IndexError("tuple index out of range")
 
-    monkeypatch.setitem(_graph._HANDLERS, torch.roll, broken)
+    monkeypatch.setitem(_trace._HANDLERS, torch.roll, broken)
     model = Rolled()
     for fn in (fp.shrink, fp.propagate):
         failed = rf"{fn.__name__}: cannot follow the channels through node 'roll' \(call_function"

@@ -1,36 +1,8 @@
 """What ops that reshape, index or concatenate tensors do to their channels.
 
-Each handler takes the :class:`~funcprune._graph_walk.Walk` and a
-``call_function`` or ``call_method`` node; :data:`HANDLERS` maps targets
-(functions, and method names) to them:
-
-- ``flatten`` (and ``view``/``reshape`` to ``(d0, ..., dk, -1)``) repeats
-  each channel over the entries it becomes, so a Conv channel maps to its
-  block of columns of the next Linear; a view that spells sizes out blocks;
-- ``torch.cat`` (``concat``, ``concatenate``; ``dim`` or ``axis``) along
-  the channel axis concatenates the parts' channels (a part without
-  channels brings blocked atoms of its own); along another dim, the parts'
-  channels pair up;
-- indexing with constant ints, slices, ``None`` and ``...`` passes the
-  channels on if it leaves the channel axis whole (``x[..., 1:]`` of an
-  image), and blocks them if it selects some;
-- ``unsqueeze`` and ``squeeze`` of other dims move the channel axis; a
-  ``squeeze`` that may drop the channel axis (no ``dim``, or theirs)
-  blocks them, since a layer shrunk to one channel would lose its axis;
-- ``chunk`` and ``split`` along another dim than the channels make
-  :class:`~funcprune._graph_types.Pieces`, each piece with the channels;
-  along the channel axis they block them;
-- ``x.shape`` and ``x.size()`` carry :class:`~funcprune._graph_types.Sizes`:
-  reading the channel count from them blocks the channels, and so does
-  reading a dim or a slice of them that is computed at run time.
-
->>> import torch
->>> from torch import nn
->>> from funcprune._graph import trace_channels
->>> model = nn.Sequential(nn.Conv2d(3, 2, 1), nn.Flatten(), nn.Linear(8, 3))
->>> graph = trace_channels("example", model, torch.randn(1, 3, 2, 2))
->>> graph.roles["2"].in_atoms  # each Conv channel becomes 4 Linear columns
-(0, 0, 0, 0, 1, 1, 1, 1)
+:data:`HANDLERS` maps ``flatten``, ``view``/``reshape``, ``cat``, indexing,
+``squeeze``/``unsqueeze``, ``chunk``/``split`` and ``x.shape`` reads to
+their handlers (``README.md`` says what each does).
 """
 
 from __future__ import annotations
@@ -42,8 +14,8 @@ from collections.abc import Mapping
 import torch
 from torch import fx
 
-from ._graph_types import Layout, Pieces, Sizes, Value
-from ._graph_walk import Handler, Walk, as_dim, call_arg, shape_of
+from ._values import ChannelLayout, Pieces, Sizes, Value
+from ._walk import Handler, Walk, as_dim, call_arg, shape_of
 
 __all__ = ["HANDLERS", "flatten_dims"]
 
@@ -80,7 +52,7 @@ def _shape_item(walk: Walk, node: fx.Node, sizes: Sizes, index: object) -> Value
     return None
 
 
-def _index(walk: Walk, node: fx.Node, x: tuple[Layout, tuple[int, ...]], index: object) -> Value:
+def _index(walk: Walk, node: fx.Node, x: tuple[ChannelLayout, tuple[int, ...]], index: object) -> Value:
     """``x[...]`` with constant ints, slices, ``None`` and ``...``."""
     (lay, shape), out = x, shape_of(node)
     items = index if isinstance(index, tuple) else (index,)
@@ -91,7 +63,7 @@ def _index(walk: Walk, node: fx.Node, x: tuple[Layout, tuple[int, ...]], index: 
     axis = _indexed_axis(_without_ellipsis(items, len(shape)), lay.axis)
     if axis is None:
         return walk.block_node(node, "selects some of the channels")
-    return Layout(axis, lay.atoms) if out[axis] == len(lay.atoms) else walk.unknown_op(node)
+    return ChannelLayout(axis, lay.atoms) if out[axis] == len(lay.atoms) else walk.unknown_op(node)
 
 
 def _without_ellipsis(items: tuple[object, ...], ndim: int) -> tuple[object, ...]:
@@ -158,7 +130,7 @@ def unsqueeze(walk: Walk, node: fx.Node) -> Value:
     d = as_dim(call_arg(node, 1, "dim"), len(out) if out is not None else 0)
     if x is None or out is None or d is None or len(out) != len(x[1]) + 1:
         return walk.unknown_op(node)
-    return Layout(x[0].axis + (d <= x[0].axis), x[0].atoms)
+    return ChannelLayout(x[0].axis + (d <= x[0].axis), x[0].atoms)
 
 
 def squeeze(walk: Walk, node: fx.Node) -> Value:
@@ -181,7 +153,7 @@ def squeeze(walk: Walk, node: fx.Node) -> Value:
         return walk.unknown_op(node)
     if lay.axis in dropped:  # blocked above: its one channel stays
         return None
-    return Layout(lay.axis - sum(1 for d in dropped if d < lay.axis), lay.atoms)
+    return ChannelLayout(lay.axis - sum(1 for d in dropped if d < lay.axis), lay.atoms)
 
 
 def split(walk: Walk, node: fx.Node) -> Value:
@@ -216,11 +188,11 @@ def flatten_dims(walk: Walk, node: fx.Node, start: object, end: object) -> Value
     if lay.axis < first:
         return lay
     if lay.axis > last:
-        return Layout(lay.axis - (last - first), lay.atoms)
+        return ChannelLayout(lay.axis - (last - first), lay.atoms)
     outer = math.prod(shape[first : lay.axis])
     inner = math.prod(shape[lay.axis + 1 : last + 1])
     atoms = tuple(a for _ in range(outer) for a in lay.atoms for _ in range(inner))
-    return Layout(first, atoms)
+    return ChannelLayout(first, atoms)
 
 
 def reshape(walk: Walk, node: fx.Node) -> Value:
@@ -261,7 +233,7 @@ def cat(walk: Walk, node: fx.Node) -> Value:
     atoms: list[int] = []
     for part, lay in zip(parts, layouts):
         atoms += lay.atoms if lay is not None else _foreign_atoms(walk, node, part, dim)
-    return Layout(dim, tuple(atoms))
+    return ChannelLayout(dim, tuple(atoms))
 
 
 def _cat_dim(node: fx.Node) -> object:
@@ -271,7 +243,7 @@ def _cat_dim(node: fx.Node) -> object:
     return node.kwargs.get("dim", node.kwargs.get("axis", 0))
 
 
-def _cat_across(walk: Walk, node: fx.Node, layouts: list[Layout | None]) -> Value:
+def _cat_across(walk: Walk, node: fx.Node, layouts: list[ChannelLayout | None]) -> Value:
     """``cat`` along another dim than the channels: the parts' channels pair up."""
     tracked = [lay for lay in layouts if lay is not None]
     first = tracked[0]

@@ -1,15 +1,6 @@
 """The values of the channel analysis: layouts, sizes, roles, the channel graph.
 
-An *atom* is one channel the analysis follows, numbered from 0 in the order
-the walk meets it: an output channel of a Linear or a Conv, or a channel
-that ``torch.cat`` brings in from a tensor the analysis does not follow. A
-tensor that carries atoms has a :class:`Layout`; ``x.shape`` or ``x.size()``
-of such a tensor is a :class:`Sizes`, so that reading the channel count from
-it can block the atoms; the tuple that ``chunk`` or ``split`` makes of it
-along another dim is a :class:`Pieces`, each piece with its channels. The
-walk (:func:`funcprune._graph.trace_channels`) ends in a
-:class:`ChannelGraph`: what each module owns, which atoms form a group,
-which groups stay, and which layers keep all their channels.
+Value types only; nothing here imports the rest of the analysis.
 """
 
 from __future__ import annotations
@@ -18,16 +9,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Union, final
 
-__all__ = ["ChannelGraph", "Layout", "Pieces", "Role", "RoleKind", "Sizes", "Value"]
+__all__ = ["ChannelGraph", "ChannelLayout", "Pieces", "Role", "RoleKind", "Sizes", "Value"]
 
 
 @final
 @dataclass(frozen=True, slots=True)
-class Layout:
+class ChannelLayout:
     """A tensor whose dim ``axis`` holds the channels ``atoms``, in order.
 
-    >>> Layout(1, (0, 0, 1, 1))  # a Conv's 2 channels, each repeated twice
-    Layout(axis=1, atoms=(0, 0, 1, 1))
+    >>> ChannelLayout(1, (0, 0, 1, 1))  # a Conv's 2 channels, each repeated twice
+    ChannelLayout(axis=1, atoms=(0, 0, 1, 1))
     """
 
     axis: int
@@ -39,7 +30,7 @@ class Layout:
 class Sizes:
     """``x.shape`` or ``x.size()`` of a tensor with channels, of ``ndim`` dims."""
 
-    layout: Layout
+    layout: ChannelLayout
     ndim: int
 
 
@@ -48,12 +39,12 @@ class Sizes:
 class Pieces:
     """A tuple of tensors (``chunk``, ``split`` along another dim), each with ``layout``."""
 
-    layout: Layout
+    layout: ChannelLayout
 
 
 #: What a node's result carries: channels, the sizes of a tensor with
 #: channels, pieces of one, or nothing the analysis follows (``None``).
-Value = Union[Layout, Sizes, Pieces, None]
+Value = Union[ChannelLayout, Sizes, Pieces, None]
 #: ``linear``, ``conv``: weight rows are output atoms, columns input atoms.
 #: ``norm``, ``depthwise``: per-channel entries that follow their input atoms.
 RoleKind = Literal["linear", "conv", "norm", "depthwise"]

@@ -1,38 +1,8 @@
-"""Which channel groups the masks remove from a :class:`~funcprune._graph.ChannelGraph`.
+"""Which channel groups the masks remove from a :class:`~._values.ChannelGraph`.
 
-:func:`plan_removal` reads the masks against the channel graph: a Linear or
-Conv output channel whose weight row the masks prune entirely is *pruned*;
-a group of channels goes when every layer that makes one of its channels
-prunes it and nothing keeps it. Kept, whatever the masks say:
-
-- a *blocked* group (a model output, a LayerNorm, a divisor...: the graph
-  records the reason);
-- a group *coupled* with a channel that a layer keeps (the other side of a
-  residual ``add``, say);
-- the first channel of a layer side that would lose them all (torch cannot
-  run a layer without channels).
-
-A group that goes but that an op the analysis cannot reason about reads is
-*refused*: :func:`plan_removal` raises a ValueError naming the node. What
-each layer keeps is a :class:`Cut`: the rows and the columns that stay. For the
-warning shrink gives, it also counts, per layer, the channels the masks
-prune entirely that stay, by reason (:attr:`Removal.kept`): those above,
-and those of the layers whose channels the analysis does not follow
-(:attr:`~funcprune._graph.ChannelGraph.fixed`: grouped or shared
-layers, or layers not called as such).
-
->>> import torch
->>> from torch import nn
->>> from funcprune._graph import trace_channels
->>> model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
->>> graph = trace_channels("example", model, torch.randn(1, 4))
->>> masks = {"0.weight": torch.tensor([[True] * 4, [False] * 4, [True] * 4]),
-...          "2.weight": torch.tensor([[False] * 3, [True] * 3])}
->>> removal = plan_removal("example", graph, masks)
->>> sorted(removal.removed)  # atom 1: channel 1 of '0'
-[1]
->>> removal.kept
-{'2': {"node 'output' (output) is an output of the model, whose shape stays": 1}}
+:func:`plan_removal` reads the masks against the graph and returns what each
+layer keeps (a :class:`Cut` per layer), refusing a removal that an unknown
+op reads; what stays whatever the masks say is listed in ``README.md``.
 """
 
 from __future__ import annotations
@@ -41,8 +11,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import final
 
-from ._graph_types import ChannelGraph, RoleKind
-from ._types import Tensor
+from ._values import ChannelGraph, RoleKind
+from .._types import Tensor
 
 __all__ = ["Cut", "Removal", "plan_removal"]
 

@@ -1,46 +1,8 @@
 """What channel-wise ops and arithmetic do to the channels they read.
 
-Each handler takes the :class:`~funcprune._graph_walk.Walk` and a
-``call_function`` or ``call_method`` node; :data:`HANDLERS` maps targets
-(functions, and method names) to them:
-
-- channel-wise ops pass the channels on: activations, dropout, casts,
-  ``exp``, ``sqrt``, ``sin``... (:func:`unary`), ``clamp`` with scalar
-  bounds (or bounds that are 1 along the channel axis), ``pow`` with a
-  scalar exponent, pooling, interpolation and ``F.pad`` over the dims after
-  the channels (:func:`spatial`, :func:`pad`), reductions and softmax over
-  other dims;
-- an op that maps zero, the value of a removed channel, to an infinity
-  (``log``, ``rsqrt``, ``reciprocal``, ``pow`` with a negative exponent)
-  *blocks* the channels, as a divisor does (below); so does ``F.pad``
-  along the channel axis, and a ``clamp`` with bounds of their own per
-  channel;
-- reductions and softmax over the channel axis (or over every dim, as
-  ``dim=()`` does), and norms whose statistics span the channels
-  (``F.layer_norm``...), *block* them;
-- arithmetic of two channel tensors couples their channels pairwise;
-  with a scalar, or a tensor that is 1 along the channel axis, it passes
-  them on; with a tensor of its own entries per channel, it blocks them;
-- a division (``/``, ``//``, ``%``, ``torch.fmod``...) *by* channels blocks
-  the divisor's channels (and so the numerator's, which pair with them):
-  a removed channel is a zero, and ``0 / 0`` is no zero but NaN, so the
-  quotient's channel cannot go with them. Dividing channels by a scalar,
-  or by a tensor that is 1 along the channel axis, passes them on;
-- anything else these handlers cannot follow is *unknown*
-  (:meth:`~funcprune._graph_walk.Walk.unknown_op`).
-
->>> import torch
->>> from torch import nn
->>> from funcprune._graph import trace_channels
->>> class Residual(nn.Module):
-...     def __init__(self) -> None:
-...         super().__init__()
-...         self.a, self.b, self.head = nn.Linear(4, 3), nn.Linear(4, 3), nn.Linear(3, 1)
-...     def forward(self, x: torch.Tensor) -> torch.Tensor:
-...         return self.head(torch.relu(self.a(x)) + self.b(x))
->>> graph = trace_channels("example", Residual(), torch.randn(2, 4))
->>> graph.roots  # b's channels (atoms 3, 4, 5) join a's (0, 1, 2)
-(0, 1, 2, 0, 1, 2, 6)
+:data:`HANDLERS` maps ``call_function`` targets and ``call_method`` names to
+handlers: which ops pass channels on, couple, block them or are unknown is
+listed in ``README.md``.
 """
 
 from __future__ import annotations
@@ -52,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
-from ._graph_types import Layout, Value
-from ._graph_walk import Handler, Walk, as_dim, call_arg, shape_of
+from ._values import ChannelLayout, Value
+from ._walk import Handler, Walk, as_dim, call_arg, shape_of
 
 __all__ = ["HANDLERS", "softmax_over", "spanning", "spatial", "unary"]
 
@@ -182,7 +144,7 @@ def reduction(walk: Walk, node: fx.Node) -> Value:
         return walk.block_node(node, "reduces over the channels")
     kept = len(out) == len(shape)  # keepdim
     dropped = 0 if kept else sum(1 for d in dims if d is not None and d < lay.axis)
-    return Layout(lay.axis - dropped, lay.atoms)
+    return ChannelLayout(lay.axis - dropped, lay.atoms)
 
 
 def softmax(walk: Walk, node: fx.Node) -> Value:
@@ -259,8 +221,8 @@ def _combine(walk: Walk, node: fx.Node, a: object, b: object) -> Value:
 def _couple(
     walk: Walk,
     node: fx.Node,
-    left: tuple[Layout, tuple[int, ...] | None],
-    right: tuple[Layout, tuple[int, ...] | None],
+    left: tuple[ChannelLayout, tuple[int, ...] | None],
+    right: tuple[ChannelLayout, tuple[int, ...] | None],
     out: tuple[int, ...],
 ) -> Value:
     """Two channel tensors combined entry by entry: their channels pair up."""
@@ -268,11 +230,11 @@ def _couple(
     if axis is None or axis != _out_axis(*right, out):
         return walk.block_node(node, "combines tensors whose channels do not line up")
     walk.pair(left[0].atoms, right[0].atoms)
-    return Layout(axis, left[0].atoms)
+    return ChannelLayout(axis, left[0].atoms)
 
 
 def _broadcast(
-    walk: Walk, node: fx.Node, x: Layout, shape: tuple[int, ...] | None, other: object,
+    walk: Walk, node: fx.Node, x: ChannelLayout, shape: tuple[int, ...] | None, other: object,
     out: tuple[int, ...],
 ) -> Value:  # fmt: skip
     """A channel tensor combined with a scalar, or with a tensor without channels."""
@@ -281,7 +243,7 @@ def _broadcast(
         return walk.unknown_op(node)
     if _own_entries(axis, other, out):
         return walk.block_node(node, "combines the channels with a tensor of its own")
-    return Layout(axis, x.atoms)
+    return ChannelLayout(axis, x.atoms)
 
 
 def _own_entries(axis: int, other: object, out: tuple[int, ...]) -> bool:
@@ -291,7 +253,7 @@ def _own_entries(axis: int, other: object, out: tuple[int, ...]) -> bool:
     return theirs is not None and axis >= offset and theirs[axis - offset] != 1
 
 
-def _out_axis(x: Layout, shape: tuple[int, ...] | None, out: tuple[int, ...]) -> int | None:
+def _out_axis(x: ChannelLayout, shape: tuple[int, ...] | None, out: tuple[int, ...]) -> int | None:
     """The channel axis of ``x`` in a broadcast result of shape ``out``."""
     if shape is None:
         return None

@@ -1,35 +1,8 @@
 """What modules do to the channels they read: layers with parameters, stateless modules.
 
-:func:`call_module` handles a ``call_module`` node:
-
-- a Linear, or a Conv with ``groups=1``, reads the channels of its input as
-  its input columns and makes new atoms, its output channels (each one
-  ``(module, row)`` in :attr:`~funcprune._graph_walk.Walk.produced`);
-- a BatchNorm or InstanceNorm (a *norm*) and a depthwise convolution
-  (``groups == in_channels``) have entries that follow their input's
-  channels, which pass on (a depthwise convolution repeats each one
-  ``out_channels // in_channels`` times);
-- a grouped convolution, a layer whose tensors are shared with another or
-  read by ``get_attr``, a layer that reads its input along another dim than
-  the channels, and a layer called on inputs whose channels differ *block*
-  the channels they read (a layer called twice on matching inputs couples
-  them);
-- stateless modules behave as their functions do
-  (:mod:`funcprune._graph_ops`, :mod:`funcprune._graph_shapes`); any other
-  module that reads channels is unknown.
-
-:func:`roles` then reads off each module's :class:`~funcprune._graph_types.Role`,
-and :func:`fixed_layers` the Linear and Conv layers without one (grouped,
-shared, not called as layers), whose output channels stay whole.
-
->>> import torch
->>> from torch import nn
->>> from funcprune._graph import trace_channels
->>> model = nn.Sequential(nn.Conv2d(3, 2, 1), nn.BatchNorm2d(2), nn.Conv2d(2, 4, 3, groups=2))
->>> graph = trace_channels("example", model, torch.randn(1, 3, 4, 4))
->>> graph.roles["1"], graph.roles["2"]
-(Role(kind='norm', out_atoms=(0, 1), in_atoms=(0, 1)),
- Role(kind='depthwise', out_atoms=(0, 0, 1, 1), in_atoms=(0, 1)))
+:func:`call_module` handles a ``call_module`` node (Linear, Conv, norms,
+depthwise convolutions, stateless modules as their functions);
+:func:`roles` and :func:`fixed_layers` read each layer's atoms off the walk.
 """
 
 from __future__ import annotations
@@ -39,10 +12,10 @@ from collections.abc import Mapping
 
 from torch import fx, nn
 
-from ._graph_ops import softmax_over, spanning, spatial, unary
-from ._graph_shapes import flatten_dims
-from ._graph_types import Layout, Role, RoleKind, Value
-from ._graph_walk import Walk, shape_of
+from ._ops import softmax_over, spanning, spatial, unary
+from ._shapes import flatten_dims
+from ._values import ChannelLayout, Role, RoleKind, Value
+from ._walk import Walk, shape_of
 
 __all__ = ["call_module", "fixed_layers", "roles", "shared_modules"]
 
@@ -109,7 +82,7 @@ def _weighted(walk: Walk, node: fx.Node, name: str, kind: RoleKind, spatial: int
         atoms = walk.new_atoms(out_shape[axis])
         walk.produced.update((a, (name, row)) for row, a in enumerate(atoms))
         walk.out_atoms[name] = atoms
-    return Layout(axis, walk.out_atoms[name])
+    return ChannelLayout(axis, walk.out_atoms[name])
 
 
 def _conv(walk: Walk, node: fx.Node, name: str, mod: nn.modules.conv._ConvNd) -> Value:
@@ -139,7 +112,7 @@ def _follow(
     x = walk.layout(node.args[0])
     if atoms is None or x is None or walk.in_atoms[name] is None:
         return None
-    return Layout(x.axis, tuple(a for a in atoms for _ in range(kind[1])))
+    return ChannelLayout(x.axis, tuple(a for a in atoms for _ in range(kind[1])))
 
 
 def _read_channels(walk: Walk, node: fx.Node, spatial: int) -> tuple[int, ...] | None:

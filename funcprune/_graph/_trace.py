@@ -1,59 +1,9 @@
 """Which channels of a model hang together, read from its ``torch.fx`` graph.
 
-:func:`trace_channels` traces a model with :func:`torch.fx.symbolic_trace`,
-runs it once on example inputs to learn every tensor's shape
-(:func:`~funcprune._graph_walk.record_shapes`), then follows the
-*channels* through the graph. Every output channel of a Linear or a Conv is
-an *atom*; a tensor that carries channels has a :class:`Layout`, the atoms
-along its channel axis (dim 1 of a Conv activation ``(N, C, ...)``, the last
-dim of a Linear activation ``(..., F)``). Node by node:
-
-- a Linear or a Conv (``groups=1``) reads the atoms of its input as its
-  input columns and makes new atoms, its output channels;
-- channel-wise ops pass the atoms on: activations, dropout, ``exp``,
-  ``clamp``, ``pow`` with a scalar exponent, BatchNorm and InstanceNorm
-  (whose entries follow their channel), depthwise convolutions
-  (``groups == in_channels``: the weights of a channel follow it), pooling,
-  interpolation, ``F.pad``, reductions, softmax, ``squeeze``, ``unsqueeze``,
-  ``chunk`` and ``split`` over other dims, indexing with constants
-  (``x[..., 1:]``), arithmetic with a scalar;
-- a residual ``add`` (``sub``, ``mul``) of two channel tensors *couples*
-  their atoms pairwise (a union-find); ``torch.cat`` along the channel axis
-  concatenates layouts; a flatten (``flatten``, ``nn.Flatten``,
-  ``x.view(x.size(0), -1)``) repeats each atom over the features it becomes,
-  so a Conv channel maps to its block of columns of the next Linear;
-- some ops *block* the channels they read, which then stay whole: the
-  model's outputs, norms whose statistics span the channels (LayerNorm,
-  GroupNorm, RMSNorm), softmax or a reduction over the channel axis (or
-  over every dim), a view or reshape that spells sizes out, reading the
-  channel count (``x.shape[1]``, or a dim or slice computed at run time,
-  which may be it), grouped convolutions, arithmetic with a tensor that has
-  its own entries per channel, a division by channels (``0 / 0`` is NaN),
-  an op infinite at zero (``log``, ``rsqrt``: ``0 * inf`` is NaN), a
-  layer whose parameters are shared or read elsewhere;
-- any other op that reads channels is *unknown*: :mod:`funcprune._shrink`
-  refuses the masks that would remove channels it reads, naming the node;
-- a handler that fails on a node (a graph stranger than it expects) makes
-  the whole analysis fail with a ValueError naming the node, rather than
-  leave a half-recorded walk behind.
-
-The atoms live in a union-find: coupling two atoms merges their groups, and
-:mod:`funcprune._shrink` removes a group only if every layer that makes its
-atoms prunes them. A *blocked* group stays whatever the masks say; a group
-that an *unknown* op reads is *refused*: shrink raises, naming the node, but
-only for masks that would remove it. Nothing here reads parameter values or
-masks: the result says which atoms form a group, which groups are blocked,
-and which modules own which atoms.
-
-The code, one concept a module: :mod:`funcprune._graph_types` (the values:
-:class:`Layout`, :class:`Role`, :class:`ChannelGraph`),
-:mod:`funcprune._graph_walk` (the state of a walk: the union-find, blocked
-and unknown atoms, what each node carries), :mod:`funcprune._graph_ops`
-(channel-wise ops and arithmetic), :mod:`funcprune._graph_shapes`
-(indexing, sizes, flatten, view, cat), :mod:`funcprune._graph_modules`
-(Linear, Conv, norms, stateless modules). This module traces the model,
-hands each node to its handler and reads the result off the walk;
-:mod:`funcprune._graph_removal` then reads masks against it.
+:func:`trace_channels` traces the model, records every tensor's shape in one
+run on the example inputs, hands each node to its handler (``_ops``,
+``_shapes``, ``_modules``) and reads the :class:`ChannelGraph` off the walk.
+How channels move, couple and get blocked: ``README.md`` in this folder.
 """
 
 from __future__ import annotations
@@ -64,18 +14,14 @@ from collections.abc import Mapping
 
 from torch import fx, nn
 
-from ._graph_modules import call_module, fixed_layers, roles, shared_modules
-from ._graph_ops import HANDLERS as _OP_HANDLERS
-from ._graph_shapes import HANDLERS as _SHAPE_HANDLERS
-from ._graph_types import ChannelGraph as ChannelGraph
-from ._graph_types import Layout as Layout
-from ._graph_types import Role as Role
-from ._graph_types import RoleKind as RoleKind
-from ._graph_types import Sizes, Value
-from ._graph_walk import Handler, NodeFailed, Walk, record_shapes
-from ._types import Tensor
+from ._modules import call_module, fixed_layers, roles, shared_modules
+from ._ops import HANDLERS as _OP_HANDLERS
+from ._shapes import HANDLERS as _SHAPE_HANDLERS
+from .._types import Tensor
+from ._values import ChannelGraph, ChannelLayout, Role, RoleKind, Sizes, Value
+from ._walk import Handler, NodeFailed, Walk, record_shapes
 
-__all__ = ["Layout", "Role", "RoleKind", "ChannelGraph", "trace_channels", "as_inputs"]
+__all__ = ["trace_channels", "as_inputs"]
 
 #: call_function targets and call_method names, and how each moves channels.
 _HANDLERS: Mapping[object, Handler] = {**_OP_HANDLERS, **_SHAPE_HANDLERS}

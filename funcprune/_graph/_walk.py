@@ -1,26 +1,8 @@
 """What one walk over a traced graph knows, and the helpers every op handler uses.
 
-A :class:`Walk` holds the state of the channel analysis while it visits the
-nodes of a traced model in order:
-
-- the atoms, in a union-find: :meth:`Walk.union` puts two atoms in one group
-  (the two sides of an ``add``, the inputs of a layer called twice), and
-  :meth:`Walk.find` names a group by its smallest atom;
-- the atoms that are *blocked*, with a reason (:meth:`Walk.block`,
-  :meth:`Walk.block_node`): their channels stay, however pruned;
-- the atoms read by an op the analysis cannot reason about, with that node
-  (:meth:`Walk.unknown_op`): shrink *refuses* the masks that would remove
-  them, rather than keeping them silently;
-- the :data:`~funcprune._graph_types.Value` of each node visited so far;
-- for each module with parameters, its kind and its output and input atoms,
-  and the Linear and Conv layers whose output channels stay whole, with a
-  reason (:mod:`funcprune._graph_modules` fills and reads these).
-
-A handler is a function ``(walk, node) -> Value``: it reads the node's
-arguments through the walk, records what the node does to the channels it
-reads, and returns what the node's result carries. Handlers read shapes
-with :func:`shape_of`, which :func:`record_shapes` (one run of the traced
-model) makes known.
+A :class:`Walk` holds the union-find of atoms, the blocked and unknown ones,
+each node's value and each layer's atoms while the nodes are visited in
+order; a handler is a function ``(walk, node) -> Value`` (``README.md``).
 """
 
 from __future__ import annotations
@@ -34,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
-from ._graph_types import Layout, Pieces, RoleKind, Sizes, Value
+from ._values import ChannelLayout, Pieces, RoleKind, Sizes, Value
 
 __all__ = [
     "Handler", "NodeFailed", "Walk", "as_dim", "call_arg", "carries", "record_shapes", "shape_of",
@@ -111,7 +93,7 @@ class Walk:
         """Block every channel ``node`` reads; return ``None``: its result carries none."""
         reason = f"{self.describe(node)} {why}"
         for value in self.inputs(node):
-            self.block(value.atoms if isinstance(value, Layout) else value.layout.atoms, reason)
+            self.block(value.atoms if isinstance(value, ChannelLayout) else value.layout.atoms, reason)
         return None
 
     def unknown_op(self, node: fx.Node) -> Value:
@@ -121,7 +103,7 @@ class Walk:
         """
         description = self.describe(node)
         for value in self.inputs(node):
-            layout = value if isinstance(value, Layout) else None
+            layout = value if isinstance(value, ChannelLayout) else None
             layout = value.layout if isinstance(value, Pieces) else layout
             for atom in layout.atoms if layout is not None else ():
                 self.unknown.setdefault(atom, description)
@@ -144,16 +126,16 @@ class Walk:
         """What ``arg`` carries: ``None`` for constants and nodes without channels."""
         return self.values.get(arg) if isinstance(arg, fx.Node) else None
 
-    def layout(self, arg: object) -> Layout | None:
+    def layout(self, arg: object) -> ChannelLayout | None:
         """The channels of ``arg``, if it is a tensor that carries some."""
         value = self.value(arg)
-        return value if isinstance(value, Layout) else None
+        return value if isinstance(value, ChannelLayout) else None
 
-    def inputs(self, node: fx.Node) -> list[Layout | Sizes | Pieces]:
+    def inputs(self, node: fx.Node) -> list[ChannelLayout | Sizes | Pieces]:
         """The values with channels among ``node``'s inputs."""
         return [v for n in node.all_input_nodes if (v := self.values.get(n)) is not None]
 
-    def first(self, node: fx.Node) -> tuple[Layout, tuple[int, ...]] | None:
+    def first(self, node: fx.Node) -> tuple[ChannelLayout, tuple[int, ...]] | None:
         """The layout and shape of the first argument, if it alone has channels."""
         head = node.args[0] if node.args else None
         x, shape = self.layout(head), shape_of(head)
@@ -177,7 +159,7 @@ Handler = Callable[[Walk, fx.Node], Value]
 
 def carries(value: Value) -> bool:
     """Whether ``value`` is a tensor with channels, or pieces of one."""
-    return isinstance(value, (Layout, Pieces))
+    return isinstance(value, (ChannelLayout, Pieces))
 
 
 def shape_of(arg: object) -> tuple[int, ...] | None:
