@@ -77,6 +77,7 @@ from ._names import UnknownNameError as UnknownNameError
 from ._plan import AbstractPlan as AbstractPlan
 from ._plan import ComposedPlan as ComposedPlan
 from ._plan import Plan as Plan
+from ._plan import Rule as Rule
 from ._plan import compose as compose
 from ._prunable import prunable as prunable
 from ._report import SparsityReport as SparsityReport
@@ -110,7 +111,6 @@ from ._specs import LnStructured as LnStructured
 from ._specs import RandomStructured as RandomStructured
 from ._specs import RandomUnstructured as RandomUnstructured
 from ._types import Amount as Amount
-from ._types import Rule as Rule
 from ._types import Masks as Masks
 from ._types import NormOrder as NormOrder
 from ._types import Params as Params

@@ -6,7 +6,7 @@ the lower index, NaN last), or steps aside with ``None``; only
 :mod:`._select` decides when it runs. A strided sample brackets the k-th
 key; one scan per part counts the keys below the bracket and collects
 those inside; a ``kthvalue`` over those finds the threshold, and one more
-pass writes the mask. Both passes are native kernels (:mod:`._native`: one
+pass writes the mask. Both passes are native kernels (:mod:`funcprune._native`: one
 read of the part each, no keys materialized) where the part's keys are its
 values or their magnitudes in a float32/float64 part, else torch passes
 chunk by chunk (a chunk's keys stay in cache). :class:`KeyPart` is how a

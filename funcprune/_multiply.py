@@ -11,7 +11,7 @@ pruned ``inf`` or ``nan``, as ``x * 0.0`` gives), and the same gradient
 - autograd keeps the bool mask itself: a float multiplier exists only while
   the forward or the backward runs, if at all;
 - on the CPU, float32 and float64 weights go through the native kernel
-  (:mod:`._native`): one pass that reads 4 bytes of weight and 1 of mask
+  (:mod:`funcprune._native`): one pass that reads 4 bytes of weight and 1 of mask
   and writes the product, on torch's threads, where torch's hook mode reads
   a 4-byte float mask. A masked CPU training step then runs at hook mode's
   speed or slightly faster. Without the kernel (no C compiler, other

@@ -21,7 +21,7 @@ import abc
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, final
+from typing import ClassVar, Union, final
 
 import torch
 
@@ -31,10 +31,15 @@ from ._fold import fold
 from ._names import check_masks, check_not_hook_mode, check_params, check_scores, match_names
 from ._spec import Chain, Spec, chain
 from ._specs import Identity, L1Unstructured
-from ._types import Mask, Masks, Params, Rule, Scores, Tensor
+from ._types import Mask, Masks, Params, Scores, Tensor
 from ._validate import check_generator
 
-__all__ = ["AbstractPlan", "Plan", "ComposedPlan", "compose"]
+__all__ = ["AbstractPlan", "Plan", "ComposedPlan", "Rule", "compose"]
+
+#: What a :class:`~funcprune.Plan` rule maps to: a spec, or a list of specs
+#: applied in turn. Annotate a rules dict mixing both with it:
+#: ``rules: dict[str, fp.Rule] = {...}``.
+Rule = Union[Spec, Sequence[Spec]]
 
 
 def scores_for(param: Tensor, mask: Tensor | None, given: Tensor | None) -> Tensor:

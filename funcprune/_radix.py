@@ -10,7 +10,7 @@ narrows to the bin holding the code sought (:meth:`Search.advance`).
 this module never communicates.
 
 Locally, float32 and float64 blocks (contiguous, on the CPU) take the native
-kernels (:mod:`._native`): the first round's histogram is counted straight
+kernels (:mod:`funcprune._native`): the first round's histogram is counted straight
 from the keys, no code written; a second pass writes the codes and indices
 of the chosen bin's entries only (typically a few percent: the later
 rounds' torch work) and the kept flags of all the others, so that the last

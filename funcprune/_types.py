@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, Mapping, Union
+from typing import Literal, Mapping, Union
 
 import torch
-
-if TYPE_CHECKING:
-    from ._spec import Spec
 
 Tensor = torch.Tensor
 #: A mask where there may be none (``None``: nothing pruned yet).
@@ -30,8 +26,3 @@ Amount = Union[int, float]
 NormOrder = Union[int, float, str]
 #: Which part of a tensor a spec acts on when folded on an earlier mask.
 PruningType = Literal["unstructured", "structured", "global"]
-
-#: What a :class:`~funcprune.Plan` rule maps to: a spec, or a list of specs
-#: applied in turn. Annotate a rules dict mixing both with it:
-#: ``rules: dict[str, fp.Rule] = {...}``.
-Rule = Union["Spec", Sequence["Spec"]]

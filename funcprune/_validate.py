@@ -14,6 +14,7 @@ import numbers
 
 import torch
 
+from ._torch_private import is_functorch_wrapped
 from ._types import Amount
 
 
@@ -99,7 +100,7 @@ def is_concrete(t: torch.Tensor) -> bool:
     """
     if torch.compiler.is_compiling() or t.is_meta:
         return False
-    return not torch._C._functorch.is_functorch_wrapped_tensor(t)
+    return not is_functorch_wrapped(t)
 
 
 def non_binary(mask: torch.Tensor, limit: int) -> list[float]:

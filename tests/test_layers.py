@@ -31,9 +31,11 @@ PACKAGE = Path(funcprune.__file__).parent
 
 #: Which rooms each room may import from (base modules, then subpackages, bottom to top).
 MAY_IMPORT: Mapping[str, frozenset[str]] = {
+    "funcprune._torch_private": frozenset(),
     "funcprune._types": frozenset(),
-    "funcprune._validate": frozenset({"funcprune._types"}),
+    "funcprune._validate": frozenset({"funcprune._torch_private", "funcprune._types"}),
     "funcprune._names": frozenset({"funcprune._types", "funcprune._validate"}),
+    "funcprune._native": frozenset({"funcprune._torch_private", "funcprune._types"}),
     "funcprune._graph": frozenset({"funcprune._types"}),
     "funcprune.compat": frozenset({"funcprune._types", "funcprune._validate", "funcprune._names"}),
 }
@@ -44,7 +46,7 @@ FLAT = frozenset({
     "funcprune._dtensor", "funcprune._dtensor_cuts", "funcprune._dtensor_kernels",
     "funcprune._dtensor_masks", "funcprune._dtensor_random", "funcprune._dtensor_shapes",
     "funcprune._fold", "funcprune._global", "funcprune._global_structured", "funcprune._kernels",
-    "funcprune._masks", "funcprune._multiply", "funcprune._native", "funcprune._plan",
+    "funcprune._masks", "funcprune._multiply", "funcprune._plan",
     "funcprune._prunable", "funcprune._radix", "funcprune._report", "funcprune._schedules",
     "funcprune._scores", "funcprune._select", "funcprune._shape_kernels", "funcprune._shape_specs",
     "funcprune._sharded", "funcprune._sharded_bracket", "funcprune._short_rows", "funcprune._shrink",
@@ -52,14 +54,10 @@ FLAT = frozenset({
 })  # fmt: skip
 #: The circles of the flat layout still to be cut (each later commit empties this).
 KNOWN_CIRCLES = frozenset({
-    frozenset({
-        "funcprune._batched", "funcprune._bracket", "funcprune._fold", "funcprune._kernels",
-        "funcprune._native", "funcprune._radix", "funcprune._select", "funcprune._sharded",
-        "funcprune._sharded_bracket", "funcprune._short_rows", "funcprune._spec", "funcprune._types",
-        "funcprune._validate",
-    }),
+    frozenset({"funcprune._radix", "funcprune._sharded"}),
+    frozenset({"funcprune._fold", "funcprune._spec"}),
     frozenset({"funcprune._dtensor_kernels", "funcprune._dtensor_random"}),
-})  # fmt: skip
+})
 #: Above every room: the public facade and ``python -m funcprune`` may import any door.
 TOP = frozenset({"funcprune", "funcprune.__main__"})
 

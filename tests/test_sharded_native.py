@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from _distributed import World, one_process_group
 from funcprune import _native, _radix, _short_rows
+from funcprune._native import _calls
 from funcprune._select import keep
 from funcprune._sharded import Shard, keep_over_shards
 
@@ -95,8 +96,8 @@ def _returning(block: torch.Tensor) -> Callable[[], torch.Tensor]:
 
 def _both(rank: int, size: int, parts: list[Part], k: int, pieces: int) -> tuple[Any, Any, Any]:
     """On one rank: native flags and sends, pure-torch ones, and those of a mix (odd ranks on torch)."""
-    saved = _native._threads
-    setattr(_native, "_threads", lambda n: pieces)  # noqa: B010 (in a worker: no monkeypatch)
+    saved = _calls._threads
+    setattr(_calls, "_threads", lambda n: pieces)  # noqa: B010 (in a worker: no monkeypatch)
     try:
         native = _select(parts, k, rank, size)
         with _native.disabled():
@@ -107,7 +108,7 @@ def _both(rank: int, size: int, parts: list[Part], k: int, pieces: int) -> tuple
         else:
             mixed = _select(parts, k, rank, size)
     finally:
-        setattr(_native, "_threads", saved)  # noqa: B010
+        setattr(_calls, "_threads", saved)  # noqa: B010
     return native, plain, mixed
 
 

@@ -1,7 +1,7 @@
-/* funcprune's optional native kernels (see _native.py).
+/* funcprune's optional native kernels (see README.md beside this file).
  *
  * Plain C: no torch headers, so that a C compiler builds this file in about
- * a second, the first time it is needed; _native.py loads the library
+ * a second, the first time it is needed; _build.py loads the library
  * through ctypes and passes the tensors' data pointers. Each kernel is one
  * pass over contiguous memory that replaces several torch passes, and gives
  * exactly what the pure-torch path of the same step gives (that path stays,

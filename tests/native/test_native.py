@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import funcprune as fp
 from funcprune import _native, _select
+from funcprune._native import _build, _calls
 from funcprune._short_rows import order_codes
 
 Tensor = torch.Tensor
@@ -38,7 +39,7 @@ def kernels(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     if not HAVE_COMPILER:
         pytest.skip("no C compiler on this machine")
     if request.param == "native":
-        library, status = _native._cached()
+        library, status = _build._cached()
     else:
         library, status = _native.open_library(tmp_path_factory.mktemp("portable"), portable=True)
     assert library is not None, status.detail
@@ -51,7 +52,7 @@ def pieces(request: pytest.FixtureRequest) -> Iterator[int]:
     """Run each kernel in one piece, then in three threads' pieces whatever the size."""
     count: int = request.param
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_native, "_threads", lambda n: count)
+        mp.setattr(_calls, "_threads", lambda n: count)
         yield count
 
 
@@ -249,13 +250,13 @@ def test_the_library_is_compiled_once_into_the_cache(tmp_path: Path) -> None:
 
 def test_the_environment_can_turn_the_kernels_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FUNCPRUNE_NATIVE", "0")
-    _native._cached.cache_clear()
+    _build._cached.cache_clear()
     try:
         assert _native.status() == _native.NativeStatus(False, "turned off by FUNCPRUNE_NATIVE")
-        library, _ = _native._cached()
+        library, _ = _build._cached()
         assert library is None
     finally:
-        _native._cached.cache_clear()
+        _build._cached.cache_clear()
     with _native.using(library):  # what the process then runs on
         x, mask = torch.randn(10), torch.rand(10) < 0.5
         assert _native.mask_multiply(x, mask) is None
@@ -267,7 +268,7 @@ def test_the_environment_can_turn_the_kernels_off(monkeypatch: pytest.MonkeyPatc
 def test_this_machine_uses_the_kernels_on_torchs_threads() -> None:
     """CI's machine has a compiler: the default path there is the native one, on torch's OpenMP workers."""
     assert _native.status().available, _native.status().detail
-    library, _ = _native._cached()
+    library, _ = _build._cached()
     assert library is not None and library.fp_openmp() == 1
     with open("/proc/self/maps", encoding="utf-8") as maps:  # one OpenMP runtime: torch's
         runtimes = {line.split()[-1] for line in maps if "libgomp" in line}
