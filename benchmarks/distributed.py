@@ -45,16 +45,16 @@ What each column measures:
   (``full_tensor()``, not timed or counted) and rank 0 compares them with
   the single process's masks, bit for bit; "DIFFERENT" exits with status 1.
 - selection rounds (lines under the table): every radix round all-reduces
-  one histogram of ``funcprune._sharded.BINS`` int64 (32 KiB), the first
+  one histogram of ``funcprune._select._radix.BINS`` int64 (32 KiB), the first
   one's sum the unpruned count; a bracketed selection (from
   ``funcprune._select.SHARDED_BRACKET_MIN_KEYS`` weights per process) adds two rounds
   over a sample (the unpruned count beside the first: 8 B more) and one sum
   of two counts (16 B). Rounds are counted from the collectives' sizes;
   radix passes (over all keys, over a bracket's keys, over tied positions;
   a per-parameter plan's run in lockstep, their histograms all-reduced
-  together) and selections by wrapping ``funcprune._sharded._search_all``,
-  ``funcprune._sharded.keep_over_shards_each`` and
-  ``funcprune._select.keep_by_bracket_over_shards`` in the worker processes.
+  together) and selections by wrapping ``funcprune._select._sharded._search_all``,
+  ``funcprune._select._sharded.keep_over_shards_each`` and
+  ``funcprune._select._choose.keep_by_bracket_over_shards`` in the worker processes.
 
 The weights are the conv and linear weights of ResNet-50 (``run.py``'s
 shapes, He-scaled normal values). Every rank builds only its own rows: row
@@ -88,13 +88,16 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from run import resnet50_shapes
 from torch.multiprocessing.spawn import ProcessExitedException, start_processes
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import funcprune as fp
-from funcprune import _native, _select, _sharded
-from run import resnet50_shapes
+from funcprune import _native
+from funcprune import _select
+from funcprune._select import _choose, _radix, _sharded
+from funcprune._types import is_dtensor
 
 Masks = dict[str, torch.Tensor]
 
@@ -109,7 +112,7 @@ WATCHED = (
 #: once, so that ranks do not each import torch (seconds per rank on 2 cores): ``--start-method``.
 PRELOAD = ["__main__", "torch", "torch.distributed", "torch.distributed.tensor", "torch.distributed.tensor.debug", "funcprune"]
 #: Bytes of one radix round's histogram.
-HISTOGRAM_BYTES = _sharded.BINS * 8
+HISTOGRAM_BYTES = _radix.BINS * 8
 
 CASES: dict[str, Callable[[list[str]], Callable[[Masks], Masks]]] = {
     "global L1 50%": lambda names: fp.global_unstructured(names, fp.L1Unstructured(0.5)),
@@ -174,7 +177,7 @@ def weights(config: Config, rank: int, world: int) -> Masks:
 
 def local(t: torch.Tensor) -> torch.Tensor:
     """This rank's block of ``t`` (``t`` itself when it is a plain tensor)."""
-    return t.to_local() if _sharded.is_dtensor(t) else t
+    return t.to_local() if is_dtensor(t) else t
 
 
 # --- measuring ---------------------------------------------------------------------
@@ -230,7 +233,7 @@ def counting_wrappers() -> Iterator[tuple[Counter[str], list[int]]]:
         if hasattr(dist, name):
             wrap(dist, name, counter(name))
     wrap(_sharded, "_search_all", add(0))
-    wrap(_select, "keep_by_bracket_over_shards", lambda _, found: None if isinstance(found, int) else passes.__setitem__(1, passes[1] + 1))
+    wrap(_choose, "keep_by_bracket_over_shards", lambda _, found: None if isinstance(found, int) else passes.__setitem__(1, passes[1] + 1))
     wrap(_sharded, "keep_over_shards_each", add(2))
     try:
         yield calls, passes
@@ -499,9 +502,9 @@ def main() -> int:
         f"{repeats} interleaved repetitions after a warm-up call, a barrier before each call"
     )
     print(
-        f"funcprune's kernels: {_native.status().detail}; DTensor blocks: funcprune._sharded's radix "
+        f"funcprune's kernels: {_native.status().detail}; DTensor blocks: funcprune._select's radix "
         f"select (its first round in those kernels where they load), bracketed from "
-        f"{_select.SHARDED_BRACKET_MIN_KEYS} weights per process in a selection (funcprune._sharded_bracket)\n"
+        f"{_select.SHARDED_BRACKET_MIN_KEYS} weights per process in a selection (funcprune._select._sharded_bracket)\n"
     )
     failed: list[str] = []
     summaries = []

@@ -60,7 +60,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ._dtensor_cuts import box, cut_dim, strided
-from ._sharded import Shard, is_dtensor, reduced_over
+from ._select import LocalShard, reduced_over
+from ._types import is_dtensor
 from ._types import Tensor
 
 if TYPE_CHECKING:
@@ -141,13 +142,13 @@ class Layout:
         """Whether ``t`` has this layout's mesh and placements."""
         return t.device_mesh == self.mesh and tuple(t.placements) == self.placements
 
-    def shard(self, dims: Sequence[int], mesh: DeviceMesh | None = None) -> Shard:
+    def shard(self, dims: Sequence[int], mesh: DeviceMesh | None = None) -> LocalShard:
         """The block as :mod:`._sharded` describes it, selected over the mesh dims ``dims``.
 
         The process groups are ``mesh``'s (one equal to the layout's), or the layout's own.
         """
         mesh = self.mesh if mesh is None else mesh
-        return Shard(self.shape, self.offsets, self.size, self.counted_in(dims), groups(mesh, dims))
+        return LocalShard(self.shape, self.offsets, self.size, self.counted_in(dims), groups(mesh, dims))
 
     def boxes(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
         """The offsets and size of the block of every process of the mesh, in the mesh's order.

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ._dtensor import Layout, block_of, is_dtensor, layout_of, wrap
+from ._dtensor import Layout, block_of, layout_of, wrap
+from ._types import is_dtensor
 from ._dtensor_kernels import Block, check_layout, structured
 from ._dtensor_random import random_unstructured
 from ._dtensor_shapes import blocks, check_cut, check_slice_spec, n_m, per_slice
@@ -30,7 +31,7 @@ from ._kernels import as_bool, custom_from_mask, keep_all, l1_part, l1_unstructu
 from ._select import SHARDED_BRACKET_MIN_KEYS, resolve_count
 from ._shape_specs import NM, PerSlice
 from ._shape_specs import Block as BlockSpec
-from ._sharded import Selection, Shard, keep_over_shards_each, processes
+from ._select import Selection, LocalShard, keep_over_shards_each, processes
 from ._spec import Chain, Spec
 from ._specs import CustomFromMask, Identity, L1Unstructured, LnStructured, RandomStructured, RandomUnstructured
 from ._types import Mask, Tensor
@@ -123,7 +124,7 @@ def _chained(steps: Sequence[Spec], parts: Sequence[Block], generator: torch.Gen
     return kept
 
 
-def shards_of(layouts: Sequence[Layout]) -> list[Shard] | None:
+def shards_of(layouts: Sequence[Layout]) -> list[LocalShard] | None:
     """The blocks' shards, ranked over the mesh dims that shard any of them; ``None`` if none does.
 
     Processes that differ only along the other mesh dims hold the same

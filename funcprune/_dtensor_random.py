@@ -37,7 +37,7 @@ import torch
 
 from ._dtensor import Layout, all_reduce
 from ._kernels import keep_all
-from ._select import KeyPart, Shard, Target, keep_jointly, resolve_count
+from ._select import KeyPart, LocalShard, Target, keep_jointly, resolve_count
 from ._types import Tensor
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ def count_of(target: Target, unpruned: int, total: int, seed: Seed | None) -> in
 
 
 def random_unstructured(
-    target: Target, blocks: Sequence[Block], shards: Sequence[Shard] | None, generator: torch.Generator | None
+    target: Target, blocks: Sequence[Block], shards: Sequence[LocalShard] | None, generator: torch.Generator | None
 ) -> list[Tensor]:
     """This process's blocks of the masks of ``RandomUnstructured(target)`` over the group ``blocks``.
 
@@ -152,7 +152,7 @@ def random_unstructured(
     parts, base = [], 0
     for i, (b, f) in enumerate(zip(blocks, flags, strict=True)):
         shard = None if shards is None else shards[i]
-        where = Shard(b.layout.shape, b.layout.offsets, b.layout.size)
+        where = LocalShard(b.layout.shape, b.layout.offsets, b.layout.size)
         positions = where.positions(torch.arange(b.scores.numel(), device=device))  # in the whole tensor
         parts.append(KeyPart(positions + base, _keyed(value), f, shard))
         base += math.prod(b.layout.shape)

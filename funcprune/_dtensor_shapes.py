@@ -56,7 +56,7 @@ import torch
 from ._dtensor import Layout, agree_on_failure
 from ._dtensor_kernels import Block
 from ._kernels import keep_all
-from ._select import Shard, keep, resolve_count, sum_over_shards
+from ._select import LocalShard, keep, resolve_count, sum_over_shards
 from ._shape_kernels import _block_view, blocks as one_process_blocks, kept_blocks, n_m as one_process_n_m
 from ._shape_specs import NM, PerSlice
 from ._shape_specs import Block as BlockSpec
@@ -255,7 +255,7 @@ def blocks(spec: BlockSpec, block: Block) -> Tensor:
     return kept if mask is None else kept & mask
 
 
-def _grid(layout: Layout, shape: tuple[int, ...]) -> Shard:
+def _grid(layout: Layout, shape: tuple[int, ...]) -> LocalShard:
     """Where this process's block norms sit in the grid of all blocks' norms (ranked over ``layout.span``)."""
     units = (1,) * (len(layout.shape) - len(shape)) + shape
     return dataclasses.replace(

@@ -15,7 +15,7 @@ from typing import ClassVar, final
 import torch
 
 from . import _dtensor_masks as dtensor
-from ._dtensor import is_dtensor
+from ._types import is_dtensor
 from ._masks import compute_joint_masks
 from ._names import select_names
 from ._plan import AbstractPlan, as_spec, naming, scores_for, spec_repr

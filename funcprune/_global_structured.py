@@ -29,7 +29,8 @@ from typing import ClassVar, Literal, NamedTuple, Optional, Union, final
 import torch
 import torch.distributed as dist
 
-from ._dtensor import is_dtensor, layout_of, wrap
+from ._types import is_dtensor
+from ._dtensor import layout_of, wrap
 from ._dtensor_kernels import Block, Channels, agree_on_failures, all_reduced, channels, check_layout
 from ._dtensor_random import random_unstructured
 from ._dtensor_masks import check_group, parameter_block, shards_of

@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ._select import KeyPart, Shard, Target, keep, keep_jointly, magnitude_of, refuse_dtensors, resolve_count
+from ._select import KeyPart, LocalShard, Target, keep, keep_jointly, magnitude_of, resolve_count
+from ._validate import refuse_dtensors
 from ._types import Count, Mask, NormOrder, Tensor
 from ._validate import check_same_shape, is_concrete, validate_dim_range, validate_structured
 
@@ -54,7 +55,7 @@ def unpruned_count(scores: Tensor, eligible: Mask, total: int) -> Count:
     Every amount kernel counts here first, so DTensors, whose counts would be
     this process's only, are refused here.
     """
-    refuse_dtensors(scores, eligible)
+    refuse_dtensors("compute_mask", scores, eligible)
     if eligible is None:
         return total
     n = eligible.sum()
@@ -79,7 +80,7 @@ def _scatter_draws(draws: Tensor, eligible: Tensor, fill: float) -> Tensor:
 
 def keep_all(scores: Tensor, default_mask: Mask) -> Tensor:
     """A new mask that prunes nothing more than ``default_mask``."""
-    refuse_dtensors(scores, default_mask)
+    refuse_dtensors("compute_mask", scores, default_mask)
     default_mask = as_bool(default_mask)
     if default_mask is None:
         return torch.ones(scores.shape, dtype=torch.bool, device=scores.device)
@@ -114,7 +115,7 @@ def l1_unstructured_jointly(
     scores: Sequence[Tensor],
     default_masks: Sequence[Mask],
     *,
-    shards: Sequence[Shard] | None = None,
+    shards: Sequence[LocalShard] | None = None,
 ) -> list[Tensor]:
     """:func:`l1_unstructured` over several tensors ranked as if concatenated.
 
@@ -129,7 +130,7 @@ def l1_unstructured_jointly(
     """
     dtype = functools.reduce(torch.promote_types, (s.dtype for s in scores))
     defaults = [as_bool(d) for d in default_masks]
-    blocks: Sequence[Shard | None] = [None] * len(scores) if shards is None else shards
+    blocks: Sequence[LocalShard | None] = [None] * len(scores) if shards is None else shards
     parts = [l1_part(s, d, dtype, b) for s, d, b in zip(scores, defaults, blocks, strict=True)]
     if shards is not None:  # the unpruned count comes with the selection's first all-reduce
         total = sum(b.numel for b in shards)
@@ -161,7 +162,7 @@ def _unpruned_in_group(scores: Sequence[Tensor], defaults: Sequence[Mask]) -> tu
     return unpruned, sum(s.numel() for s in scores)
 
 
-def l1_part(scores: Tensor, default: Mask, dtype: torch.dtype, shard: Shard | None) -> KeyPart:
+def l1_part(scores: Tensor, default: Mask, dtype: torch.dtype, shard: LocalShard | None) -> KeyPart:
     """The keys of ``|scores|`` in ``dtype`` (computed on demand), eligible where ``default`` keeps."""
     def magnitudes(t: Tensor) -> Tensor:
         return t.abs().to(dtype)  # |x| is exact in any dtype; so is widening
@@ -273,7 +274,7 @@ def custom_from_mask(mask: Tensor, scores: Tensor, default_mask: Mask) -> Tensor
     check_same_shape(
         "CustomFromMask", "the spec's mask", mask.shape, "the scores", scores.shape, plural=True
     )
-    refuse_dtensors(mask, scores, default_mask)
+    refuse_dtensors("compute_mask", mask, scores, default_mask)
     default_mask = as_bool(default_mask)
     mask = mask.to(scores.device)
     return mask.clone() if default_mask is None else mask & default_mask

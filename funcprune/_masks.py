@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import torch
 
 from . import _dtensor_masks as dtensor
-from ._dtensor import check_like, is_dtensor
+from ._dtensor import check_like
+from ._types import is_dtensor
 from ._fold import checked_mask
 from ._spec import Spec
 from ._types import Mask, Tensor

@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._dtensor import is_dtensor, layout_of, wrap
+from ._types import is_dtensor
+from ._dtensor import layout_of, wrap
 from ._names import check_params, unknown_name
 from ._types import Params, Tensor
 from ._validate import check_fits

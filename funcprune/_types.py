@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal, Mapping, Union
+import sys
+from typing import TYPE_CHECKING, Literal, Mapping, TypeGuard, Union
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 Tensor = torch.Tensor
 #: A mask where there may be none (``None``: nothing pruned yet).
@@ -26,3 +30,9 @@ Amount = Union[int, float]
 NormOrder = Union[int, float, str]
 #: Which part of a tensor a spec acts on when folded on an earlier mask.
 PruningType = Literal["unstructured", "structured", "global"]
+
+
+def is_dtensor(t: object) -> TypeGuard[DTensor]:
+    """Whether ``t`` is a DTensor; free (no import) while none can exist."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)

@@ -15,7 +15,7 @@ import numbers
 import torch
 
 from ._torch_private import is_functorch_wrapped
-from ._types import Amount
+from ._types import Amount, is_dtensor
 
 
 def validate_amount_init(amount: object) -> None:
@@ -212,3 +212,20 @@ def check_fits(fn: str, subject: str, value: torch.Tensor, other: str, target: t
             f"move it with .to({str(target.device)!r})"
         )
 
+
+def refuse_dtensors(fn: str, *tensors: object) -> None:
+    """Refuse DTensors where whole tensors are expected (the kernels, selection).
+
+    A DTensor's values there would be read as this process's block only, or
+    gathered. :func:`funcprune.compute_mask` and the plans hand the kernels
+    each process's block with a ``LocalShard`` instead (``funcprune/_dtensor``).
+
+    Raises:
+        TypeError: if any of ``tensors`` is a DTensor.
+    """
+    if any(map(is_dtensor, tensors)):
+        raise TypeError(
+            f"{fn}: got a DTensor where the kernels take whole tensors (a spec's own "
+            "compute_mask method); call funcprune.compute_mask(spec, scores), a Plan or "
+            "global_unstructured instead, which prune DTensors block by block, nothing gathered"
+        )

@@ -17,8 +17,8 @@ Three settings, cheapest first:
 from __future__ import annotations
 
 import copy
-import math
 import dataclasses
+import math
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from _distributed import World
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -34,10 +35,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import funcprune as fp
-from _distributed import World
 from funcprune._dtensor import layout_of
 from funcprune._dtensor_cuts import chunk
-from funcprune._sharded import BINS
+from funcprune._select._radix import BINS
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
@@ -377,8 +377,9 @@ def test_functional_call_masked_refuses_an_fsdp2_module(mesh: DeviceMesh) -> Non
 
 
 def test_compat_hook_mode_refuses_dtensor_parameters_and_leaves_the_module_as_it_was(mesh: DeviceMesh) -> None:
-    import funcprune.compat as prune
     from torch.distributed.fsdp import fully_shard
+
+    import funcprune.compat as prune
 
     model = nn.Sequential(nn.Linear(4, 3))
     fully_shard(model[0], mesh=mesh)
@@ -438,7 +439,11 @@ def _prune_and_train_fsdp(
     mesh of every process.
     """
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     warnings.filterwarnings("ignore")  # FSDP2's own warnings; pytest's filters do not reach here
     names = ("dp", "tp") if tensor_parallel else ("replicate", "shard")
@@ -659,13 +664,13 @@ def _large(seed: int) -> dict[str, torch.Tensor]:
 
 
 def _prune_large(rank: int, size: int, spec: fp.Spec) -> dict[str, Any]:
-    from funcprune import _select
+    from funcprune._select import _choose
 
-    threshold, _select.SHARDED_BRACKET_MIN_KEYS = _select.SHARDED_BRACKET_MIN_KEYS, 1 << 20  # bracketed here
+    threshold, _choose.SHARDED_BRACKET_MIN_KEYS = _choose.SHARDED_BRACKET_MIN_KEYS, 1 << 20  # bracketed here
     try:
         return _prune_large_bracketed(size, spec)
     finally:
-        _select.SHARDED_BRACKET_MIN_KEYS = threshold
+        _choose.SHARDED_BRACKET_MIN_KEYS = threshold
 
 
 def _prune_large_bracketed(size: int, spec: fp.Spec) -> dict[str, Any]:

@@ -32,7 +32,7 @@ import funcprune as fp
 from _distributed import World
 from funcprune import _dtensor_masks
 from funcprune._dtensor_random import uniform
-from funcprune._sharded import BINS
+from funcprune._select._radix import BINS
 from test_dtensor import CommBytes, EveryOther, collectives, comm_mode, distribute, dt
 
 pytestmark = pytest.mark.skipif(

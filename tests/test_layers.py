@@ -36,25 +36,25 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._validate": frozenset({"funcprune._torch_private", "funcprune._types"}),
     "funcprune._names": frozenset({"funcprune._types", "funcprune._validate"}),
     "funcprune._native": frozenset({"funcprune._torch_private", "funcprune._types"}),
+    "funcprune._select": frozenset({"funcprune._torch_private", "funcprune._types", "funcprune._validate", "funcprune._native"}),
     "funcprune._graph": frozenset({"funcprune._types"}),
     "funcprune.compat": frozenset({"funcprune._types", "funcprune._validate", "funcprune._names"}),
 }
 #: The modules of the flat layout not yet in a room (each later commit empties this).
 FLAT = frozenset({
     "funcprune._activations", "funcprune._allocate", "funcprune._apply", "funcprune._bake",
-    "funcprune._batched", "funcprune._bracket", "funcprune._demo", "funcprune._digits",
+    "funcprune._demo", "funcprune._digits",
     "funcprune._dtensor", "funcprune._dtensor_cuts", "funcprune._dtensor_kernels",
     "funcprune._dtensor_masks", "funcprune._dtensor_random", "funcprune._dtensor_shapes",
     "funcprune._fold", "funcprune._global", "funcprune._global_structured", "funcprune._kernels",
     "funcprune._masks", "funcprune._multiply", "funcprune._plan",
-    "funcprune._prunable", "funcprune._radix", "funcprune._report", "funcprune._schedules",
-    "funcprune._scores", "funcprune._select", "funcprune._shape_kernels", "funcprune._shape_specs",
-    "funcprune._sharded", "funcprune._sharded_bracket", "funcprune._short_rows", "funcprune._shrink",
+    "funcprune._prunable", "funcprune._report", "funcprune._schedules",
+    "funcprune._scores", "funcprune._shape_kernels", "funcprune._shape_specs",
+    "funcprune._shrink",
     "funcprune._sparse", "funcprune._spec", "funcprune._specs", "funcprune._tutorial",
 })  # fmt: skip
 #: The circles of the flat layout still to be cut (each later commit empties this).
 KNOWN_CIRCLES = frozenset({
-    frozenset({"funcprune._radix", "funcprune._sharded"}),
     frozenset({"funcprune._fold", "funcprune._spec"}),
     frozenset({"funcprune._dtensor_kernels", "funcprune._dtensor_random"}),
 })

@@ -118,11 +118,11 @@ def test_grad_through_prune_is_zero_where_pruned(spec: fp.Spec) -> None:
 @pytest.fixture(params=["op", "traced"])
 def vmap_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both ways selection runs under vmap: the custom op's eager rule, and traced."""
-    from funcprune import _select
+    from funcprune._select import _choose
 
     if request.param == "traced":
-        monkeypatch.setattr(_select, "_keep_lowest", None)
-    elif _select._keep_lowest is None:  # pragma: no cover (torch < 2.4)
+        monkeypatch.setattr(_choose, "_keep_lowest", None)
+    elif _choose._keep_lowest is None:  # pragma: no cover (torch < 2.4)
         pytest.skip("torch.library cannot register the op here")
     return str(request.param)
 
@@ -146,18 +146,18 @@ def test_nested_vmap_equals_a_loop_on_both_paths(vmap_path: str) -> None:
 
 
 def test_a_vmapped_plan_takes_the_op_and_compile_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
-    from funcprune import _select
+    from funcprune._select import _choose
 
-    if _select._keep_lowest is None:  # pragma: no cover (torch < 2.4)
+    if _choose._keep_lowest is None:  # pragma: no cover (torch < 2.4)
         pytest.skip("torch.library cannot register the op here")
     calls = []
-    op = _select._keep_lowest
+    op = _choose._keep_lowest
 
     def spy(values: torch.Tensor, k: int, magnitude: bool) -> torch.Tensor:
         calls.append(k)
         return op(values, k, magnitude)
 
-    monkeypatch.setattr(_select, "_keep_lowest", spy)
+    monkeypatch.setattr(_choose, "_keep_lowest", spy)
     stacked = {"w": torch.randn(4, 30, 20), "v": torch.randn(4, 10)}
     plan = fp.Plan({"w": fp.L1Unstructured(0.5), "v": fp.L1Unstructured(3)})
     batched = vmap(plan)(stacked)

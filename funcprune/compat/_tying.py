@@ -35,7 +35,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .._sharded import is_dtensor
+from .._types import is_dtensor
 from ._holders import holders
 from ._pruned import PrunedDeepcopy
 from ._state import TorchBase

@@ -21,9 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import funcprune as fp
-from funcprune import _native, _select
+from funcprune import _native
 from funcprune._native import _build, _calls
-from funcprune._short_rows import order_codes
+from funcprune._select import _choose
+from funcprune._select._short_rows import order_codes
 
 Tensor = torch.Tensor
 HAVE_COMPILER = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
@@ -183,7 +184,7 @@ def test_plans_give_the_same_masks_with_and_without_the_kernels(
     if ties:
         params = {n: (p * 4).round() / 4 for n, p in params.items()}
     params["b"][0, 0] = float("nan")
-    assert params["a"].numel() >= _select.FAST_MIN_KEYS
+    assert params["a"].numel() >= _choose.FAST_MIN_KEYS
     plans = [fp.global_unstructured(list(params), fp.L1Unstructured(0.6)), fp.Plan({"*": fp.L1Unstructured(0.3)})]
     for plan in plans:
         first = plan(params)

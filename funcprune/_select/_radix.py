@@ -1,38 +1,20 @@
 """The radix select's local side: one process's candidates, counted per bin and narrowed round by round.
 
-A :class:`Search` looks for the ``need``-th smallest order code (the keys
-mapped to integers that sort as they do: :func:`._short_rows.order_codes`)
-of the candidates of all processes' :class:`Part` s: each round it counts
-this process's candidates per bin of the range still open
-(:meth:`Search.histogram`), and, given every process's counts summed,
-narrows to the bin holding the code sought (:meth:`Search.advance`).
-:mod:`._sharded` runs the searches and sums the counts across processes;
-this module never communicates.
-
-Locally, float32 and float64 blocks (contiguous, on the CPU) take the native
-kernels (:mod:`funcprune._native`): the first round's histogram is counted straight
-from the keys, no code written; a second pass writes the codes and indices
-of the chosen bin's entries only (typically a few percent: the later
-rounds' torch work) and the kept flags of all the others, so that the last
-pass (:func:`kept_by_cut`) sets the flags of that bin's entries alone.
-Other blocks, or all where the kernels are unavailable, code every entry in
-torch; both count the same and give the same flags.
+A :class:`Search` never communicates: ``_sharded`` sums its histograms
+across processes (``README.md``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from . import _native
+from .. import _native
+from .._types import Mask, Tensor
+from ._groups import CountOf, LocalShard
 from ._short_rows import key_of_code, order_codes
-from ._types import Mask, Tensor
-
-if TYPE_CHECKING:
-    from ._sharded import CountOf, Shard
 
 __all__ = [
     "BINS", "Part", "Search", "check_block", "eligible_flags", "kept_by_cut", "new_part", "radix_shift",
@@ -59,7 +41,7 @@ class Part:
 
     block: Tensor  # this process's keys of the part
     eligible: Mask
-    shard: Shard
+    shard: LocalShard
     base: int  # global position of the part's first entry in the concatenation
     block_codes: Tensor | None  # the codes of the whole block, where the torch path computed them
     codes: Tensor | None  # codes of the candidates still in play (counted parts only); None: not yet coded
@@ -69,7 +51,7 @@ class Part:
     kept: Tensor | None = None  # native: kept flags of the entries outside that bin (False in it)
 
 
-def new_part(block: Tensor, eligible: Mask, shard: Shard, base: int) -> Part:
+def new_part(block: Tensor, eligible: Mask, shard: LocalShard, base: int) -> Part:
     """A checked part, its candidates the eligible entries (none where another process counts), not yet coded."""
     check_block(block.dtype, block.shape, eligible, shard)
     none = torch.empty(0, dtype=torch.int64, device=block.device)
@@ -212,7 +194,7 @@ def eligible_flags(block: Tensor, eligible: Mask) -> Tensor:
     return torch.ones_like(block, dtype=torch.bool) if eligible is None else eligible.clone()
 
 
-def check_block(dtype: torch.dtype, shape: torch.Size, eligible: Mask, shard: Shard) -> None:
+def check_block(dtype: torch.dtype, shape: torch.Size, eligible: Mask, shard: LocalShard) -> None:
     """Refuse a part whose keys (of ``dtype`` and ``shape``) are no 1-D floats, or do not fit its shard or flags."""
     if not dtype.is_floating_point or len(shape) != 1:
         raise TypeError(f"keys over shards must be 1-D floating tensors, got {dtype} of shape {tuple(shape)}")

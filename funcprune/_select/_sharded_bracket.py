@@ -1,35 +1,8 @@
 """The selection over shards, bracketed: a sample's order statistics narrow the scan to a few keys.
 
-:func:`keep_by_bracket_over_shards` gives what :func:`._sharded.keep_over_shards`
-gives (the ``k`` lowest eligible keys of all processes' blocks pruned, ties
-in order of the global index, NaN last), for groups of
-:data:`~._select.SHARDED_BRACKET_MIN_KEYS` entries per process and more
-(:func:`~._select.keep_jointly` decides), with the passes over the keys
-of the one-process bracket (:mod:`._bracket`) instead of a histogram of
-every key:
-
-1. each process samples its counted blocks with one stride (the global
-   size's, as one process would); two rounds of the radix select's
-   histograms over the samples' codes (one ``all_reduce`` each; the
-   unpruned count rides along the first where ``k`` is still to be
-   resolved from it) find, on every process alike, a bracket of codes
-   likely to hold the k-th key (open at an end the k-th key may lie
-   past: ``-inf``, or the largest finite key);
-2. one scan of each block counts its keys below the bracket and collects
-   the few inside (native where it applies, exact comparisons otherwise);
-   one ``all_reduce`` of two numbers sums them;
-3. if the k-th key lies inside, the radix select over the collected keys
-   (a narrow range of codes: one or two rounds) finds it, and ties at it
-   are cut on global positions as :func:`~._sharded.keep_over_shards`
-   cuts them; one pass per block writes the kept flags.
-
-If the bracket misses (the sample was unlucky, or the k-th key is
-``+inf`` or NaN), every process sees it in the same summed counts and
-returns the count ``k``: the caller then runs the radix select over every
-key. Bytes sent: 2 rounds of :data:`~._sharded.BINS` int64 for the sample
-(8 more for the unpruned count), 16 for the scan's counts, then the
-select's rounds over the bracket (32 KiB each): a few all-reduces of fixed
-size whatever ``k`` and the tensors' sizes.
+:func:`keep_by_bracket_over_shards` gives what ``keep_over_shards`` gives
+from ``SHARDED_BRACKET_MIN_KEYS`` keys per process, or the count ``k`` where
+the bracket misses (then the radix select runs over every key; ``README.md``).
 """
 
 from __future__ import annotations
@@ -40,11 +13,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ._bracket import KeyPart, chunk_size, sample_keys, sample_stride, scan_part, survivors
+from .._types import Tensor
+from ._bracket import chunk_size, sample_keys, sample_stride, scan_part, survivors
+from ._groups import CountOf, KeyPart, LocalShard
 from ._radix import BINS, check_block, radix_shift
-from ._sharded import CountOf, Shard, common_groups, select_codes, reduced_over
+from ._sharded import common_groups, reduced_over, select_codes
 from ._short_rows import key_of_code, order_codes
-from ._types import Tensor
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -57,7 +31,7 @@ Groups = tuple["ProcessGroup | None", ...]
 
 
 def keep_by_bracket_over_shards(
-    parts: Sequence[KeyPart], shards: Sequence[Shard], k: int | CountOf
+    parts: Sequence[KeyPart], shards: Sequence[LocalShard], k: int | CountOf
 ) -> list[Tensor] | int:
     """Per part (with its shard), 1-D kept flags once the ``k`` lowest eligible keys of all processes go.
 
@@ -200,7 +174,7 @@ def _keys_of(
     return low, high, share
 
 
-def _ties_at(parts: Sequence[KeyPart], shards: Sequence[Shard], found: list[Tensor], v: float) -> list[Tensor]:
+def _ties_at(parts: Sequence[KeyPart], shards: Sequence[LocalShard], found: list[Tensor], v: float) -> list[Tensor]:
     """Per part, the local flat indices of its eligible keys equal to ``v``.
 
     A counted part's ties are among the keys its scan found inside the

@@ -1,144 +1,38 @@
-"""Exact bottom-k selection over shards held by several processes.
+"""Exact bottom-k selection over shards held by several processes: only histograms cross.
 
-A tensor (or a group of tensors ranked jointly) is split into blocks, each
-process holding some. Every process calls :func:`keep_over_shards` with its
-own blocks of the same parts, in the same order; each gets the kept flags of
-its blocks, and together they are exactly what one process would compute on
-the whole: the ``k`` lowest eligible keys pruned, ties pruned in order of the
-global index (the flat index in the concatenation of the whole tensors), NaN
-ranked above every number.
-
-How: keys are mapped to integers that sort as the keys do (``-0.0`` equals
-``0.0``, every NaN is one code above ``+inf``). A radix select narrows the
-k-th code: each round every process histograms its remaining candidates into
-:data:`BINS` bins, one ``all_reduce`` sums the histograms, and every process
-keeps the candidates of the bin holding the k-th. Ties at that code are then
-cut the same way on global positions. Nothing but fixed-size histograms
-crosses processes: at most ``ceil(bits / 12)`` rounds for the keys (2 for
-16-bit keys, 3 for 32-bit, 6 for 64-bit) and as many for the positions'
-bits, whatever ``k`` and the tensors' sizes. No process gathers keys.
-:func:`sum_over_shards` adds up per-block counts the same way (one
-``all_reduce`` of one number), a replicated block counted once.
-
-The radix select's local side (candidates counted per bin and narrowed,
-natively where the kernels apply) is :mod:`._radix`. Independent
-selections (a plan's per-tensor ones) run in lockstep
-(:func:`keep_over_shards_each`): each round's histograms of all of them go
-in one ``all_reduce``. From :data:`~._select.SHARDED_BRACKET_MIN_KEYS` keys
-per process, :mod:`._sharded_bracket` runs first: a sample brackets the
-k-th key, so that one scan per block collects only the keys the radix
-select (:func:`select_codes`) then ranks.
+:func:`keep_over_shards` (and :func:`keep_over_shards_each`, selections in
+lockstep) give each process the kept flags of its blocks, together exactly
+one process's flags on the whole; :func:`sum_over_shards` adds up counts
+(``README.md``: what is sent, and how ties are cut).
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, TypeGuard, final
+from typing import TYPE_CHECKING, NamedTuple, final
 
 import torch
 import torch.distributed as dist
 
-from ._radix import BINS, Part, Search, eligible_flags, kept_by_cut, new_part
-from ._types import Mask, Tensor
-from ._validate import is_concrete
+from .._types import Mask, Tensor
+from .._validate import is_concrete
+from ._groups import CountOf, LocalShard
+from ._radix import Part, Search, eligible_flags, kept_by_cut, new_part
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
-    from torch.distributed.tensor import DTensor
 
 __all__ = [
-    "BINS", "CountOf", "Selection", "Shard", "common_groups", "is_dtensor", "keep_over_shards",
-    "keep_over_shards_each", "processes", "reduced_over", "refuse_dtensors", "select_codes", "sum_over_shards",
+    "Selection", "common_groups", "keep_over_shards", "keep_over_shards_each", "processes", "reduced_over",
+    "select_codes", "sum_over_shards",
 ]  # fmt: skip
-
-
-def is_dtensor(t: object) -> TypeGuard[DTensor]:
-    """Whether ``t`` is a DTensor; free (no import) while none can exist."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(t, module.DTensor)
-
-
-def refuse_dtensors(*tensors: object) -> None:
-    """Refuse DTensors where whole tensors are expected (the kernels, selection).
-
-    A DTensor's values there would be read as this process's block only, or
-    gathered. :func:`funcprune.compute_mask` and the plans hand the kernels
-    each process's block with a :class:`Shard` instead (``_dtensor.py``).
-
-    Raises:
-        TypeError: if any of ``tensors`` is a DTensor.
-    """
-    if any(map(is_dtensor, tensors)):
-        raise TypeError(
-            "compute_mask: got a DTensor where the kernels take whole tensors (a spec's own "
-            "compute_mask method); call funcprune.compute_mask(spec, scores), a Plan or "
-            "global_unstructured instead, which prune DTensors block by block, nothing gathered"
-        )
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class Shard:
-    """A block of a larger tensor; other processes of ``groups`` hold the rest.
-
-    Attributes:
-        shape: the whole tensor's shape.
-        offsets: the index, along each dim, where this block starts.
-        size: this block's shape.
-        counted: ``False`` where another process holds the same block and
-            counts it (a replicated tensor is counted on one process only).
-        groups: the process groups over which the parts are ranked: counts
-            are reduced over each in turn, so over the processes they span
-            together (the mesh dims of a DTensor's mesh that shard it);
-            ``None`` is the default group.
-    """
-
-    shape: tuple[int, ...]
-    offsets: tuple[int, ...]
-    size: tuple[int, ...]
-    counted: bool = True
-    groups: tuple[ProcessGroup | None, ...] = (None,)
-
-    def __post_init__(self) -> None:
-        if not len(self.shape) == len(self.offsets) == len(self.size):
-            raise ValueError(
-                f"Shard: shape {self.shape}, offsets {self.offsets} and size {self.size} "
-                "must have one entry per dim"
-            )
-        for d, (n, o, s) in enumerate(zip(self.shape, self.offsets, self.size, strict=True)):
-            if not (0 <= o and 0 <= s and o + s <= n):
-                raise ValueError(
-                    f"Shard: along dim {d} a block of {s} entries at offset {o} does not fit "
-                    f"in the whole length {n}"
-                )
-
-    @property
-    def numel(self) -> int:
-        """How many entries the whole tensor has."""
-        return math.prod(self.shape)
-
-    def positions(self, local: Tensor) -> Tensor:
-        """The whole tensor's flat indices of the block's flat indices ``local``."""
-        position = torch.zeros_like(local)
-        if not self.size:
-            return position
-        coords = torch.unravel_index(local, self.size)
-        for c, o, n in zip(coords, self.offsets, self.shape, strict=True):
-            position.mul_(n).add_(c + o)
-        return position
-
-
-#: How many to prune, from how many are eligible over all processes (``resolve_count`` for an amount).
-CountOf = Callable[[int], int]
 
 
 def keep_over_shards(
     keys: Sequence[Callable[[], Tensor]],
     eligible: Sequence[Mask],
-    shards: Sequence[Shard],
+    shards: Sequence[LocalShard],
     k: int | CountOf,
 ) -> list[Tensor]:
     """Per block, 1-D kept flags: the ``k`` lowest eligible keys of all parts go.
@@ -163,7 +57,7 @@ class Selection(NamedTuple):
 
     keys: Sequence[Callable[[], Tensor]]
     eligible: Sequence[Mask]
-    shards: Sequence[Shard]
+    shards: Sequence[LocalShard]
     k: int | CountOf
 
 
@@ -218,7 +112,7 @@ def _prepared(selection: Selection) -> tuple[list[Part], int, int]:
     return parts, max(torch.finfo(b.dtype).bits for b in blocks), base
 
 
-def sum_over_shards(counts: Sequence[int], shards: Sequence[Shard], device: torch.device) -> int:
+def sum_over_shards(counts: Sequence[int], shards: Sequence[LocalShard], device: torch.device) -> int:
     """The sum over all processes of ``counts``, one per block, counted blocks only.
 
     Every process calls it with its own blocks of the same parts, in the same
@@ -254,7 +148,7 @@ def select_codes(
     parts = []
     for c in codes:
         none = torch.empty(0, dtype=torch.int64, device=c.device)
-        shard = Shard((c.numel(),), (0,), (c.numel(),))
+        shard = LocalShard((c.numel(),), (0,), (c.numel(),))
         parts.append(Part(none.double(), None, shard, 0, None, c, torch.arange(c.numel(), device=c.device)))
     search = Search(parts, lo, hi, need)
     _search_all([search], groups, device)
@@ -275,14 +169,14 @@ def _search_all(searches: Sequence[Search], groups: tuple[ProcessGroup | None, .
             search.advance(histogram)
 
 
-def common_groups(shards: Sequence[Shard]) -> tuple[ProcessGroup | None, ...]:
+def common_groups(shards: Sequence[LocalShard]) -> tuple[ProcessGroup | None, ...]:
     kinds = {tuple(map(id, s.groups)): s.groups for s in shards}
     if len(kinds) != 1:
         raise ValueError(f"parts ranked jointly over shards must share their process groups, got {len(kinds)} kinds")
     return next(iter(kinds.values()))
 
 
-def processes(shards: Sequence[Shard]) -> int:
+def processes(shards: Sequence[LocalShard]) -> int:
     """How many processes the shards' groups span together."""
     return math.prod(dist.get_world_size(group) for group in common_groups(shards))
 

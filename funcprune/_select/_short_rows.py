@@ -1,25 +1,14 @@
-"""The short-rows path of exact bottom-k selection: many groups of a few keys.
+"""The short-rows path: many groups of a few keys (N:M), each entry ranked against its row.
 
-N:M sparsity selects within groups of ``m`` (4, 8, 16) consecutive entries,
-millions of groups per weight. A sort or a ``kthvalue`` per row costs tens
-of nanoseconds an entry there; ranking each entry against the others of its
-row costs ``m - 1`` comparisons. :func:`keep_in_short_rows` ranks that way,
-a chunk of rows at a time (the chunk stays in cache), eagerly; only
-:mod:`._select` decides when it runs.
-
-Keys are compared as integer *order codes* (the float's bits, the negative
-half flipped), which order as the floats do with ``-0.0`` equal to ``0.0``
-and NaN above ``+inf``, so a rank is exact: entry ``i`` of a row ranks
-above entry ``j`` when its key is greater, or equal with ``j < i`` (ties go
-to the lower index first). Entries that are not eligible get the largest
-code and are never counted below an eligible one.
+Keys are compared as integer order codes (:func:`order_codes`), exactly,
+ties to the lower index; a chunk of rows at a time (``README.md``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._types import Count, Mask, Tensor
+from .._types import Count, Mask, Tensor
 
 __all__ = ["SHORT_ROW_MAX", "keep_in_short_rows", "key_of_code", "order_codes"]
 

@@ -11,14 +11,15 @@ from hypothesis import strategies as st
 from torch.func import vmap
 
 import funcprune as fp
-from funcprune import _bracket, _kernels, _native, _select, _short_rows
-from funcprune._select import keep
+from funcprune import _kernels, _native
+from funcprune._select import _bracket, _choose, _groups, _short_rows
+from funcprune._select._choose import keep
 from funcprune._validate import count_to_prune
 
 
 def kept_by_sort(keys: torch.Tensor, k: int, eligible: torch.Tensor | None) -> torch.Tensor:
     """The reference: the stable-sort path, whatever the size."""
-    return _select._keep_rows(keys[None], k, None if eligible is None else eligible[None])[0]
+    return _choose._keep_rows(keys[None], k, None if eligible is None else eligible[None])[0]
 
 
 @pytest.fixture(scope="module", params=["native", "torch"])
@@ -62,10 +63,10 @@ def test_the_bracket_and_threshold_paths_equal_the_sort_path(
     keys, k, eligible = case
     expected = kept_by_sort(keys, k, eligible)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_select, "FAST_MIN_KEYS", 1)
+        mp.setattr(_choose, "FAST_MIN_KEYS", 1)
         mp.setattr(_bracket, "_SAMPLE", sample)
         mp.setattr(_bracket, "_WINDOW_MIN", 1)  # order statistics through their window, at any size
-        bracketed = _bracket.keep_by_bracket([_select.KeyPart(keys, eligible=eligible)], k)
+        bracketed = _bracket.keep_by_bracket([_groups.KeyPart(keys, eligible=eligible)], k)
         assert torch.equal(keep(keys, k, eligible), expected)  # the bracket, or the sort where it steps aside
     assert bracketed is None or torch.equal(bracketed[0], expected)
     assert torch.equal(keep(keys, k, eligible), expected)  # the threshold path, where it applies
@@ -101,7 +102,7 @@ def test_eager_fast_path_equals_the_transform_path(spec: fp.Spec, ties: bool) ->
     """A tensor above the fast-path size: eager (selection) vs vmap (sort)."""
     g = torch.Generator().manual_seed(11)
     shape = (300, 256)
-    assert shape[0] * shape[1] >= _select.FAST_MIN_KEYS
+    assert shape[0] * shape[1] >= _choose.FAST_MIN_KEYS
     scores = torch.randint(-3, 4, shape, generator=g).float() if ties else torch.randn(shape, generator=g)
     default = torch.rand(shape, generator=g) < 0.8
     for d in (None, default):
@@ -125,12 +126,12 @@ def spy_on_the_bracket(mp: pytest.MonkeyPatch) -> list[bool]:
     answered: list[bool] = []
     original = _bracket.keep_by_bracket
 
-    def spy(parts: list[_select.KeyPart], k: int) -> list[torch.Tensor] | None:
+    def spy(parts: list[_groups.KeyPart], k: int) -> list[torch.Tensor] | None:
         result = original(parts, k)
         answered.append(result is not None)
         return result
 
-    mp.setattr(_select, "_keep_by_bracket", spy)
+    mp.setattr(_choose, "_keep_by_bracket", spy)
     return answered
 
 
@@ -138,7 +139,7 @@ def test_the_kernels_take_the_fast_path_when_large(monkeypatch: pytest.MonkeyPat
     answered = spy_on_the_bracket(monkeypatch)
     fp.compute_mask(fp.L1Unstructured(0.5), torch.randn(10))
     assert answered == []
-    fp.compute_mask(fp.L1Unstructured(0.5), torch.randn(_select.FAST_MIN_KEYS))
+    fp.compute_mask(fp.L1Unstructured(0.5), torch.randn(_choose.FAST_MIN_KEYS))
     assert answered == [True]
 
 
@@ -176,7 +177,7 @@ def test_joint_l1_equals_the_concatenated_mask(
         flat_default = torch.cat([torch.ones_like(s, dtype=torch.bool) if d is None else d for s, d in zip(scores, defaults)])
     expected = torch.split(fp.compute_mask(fp.L1Unstructured(amount), flat, flat_default), [s.numel() for s in scores])
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_select, "FAST_MIN_KEYS", 1)
+        mp.setattr(_choose, "FAST_MIN_KEYS", 1)
         mp.setattr(_bracket, "_SAMPLE", sample)
         answered = spy_on_the_bracket(mp)
         got = _kernels.l1_unstructured_jointly(amount, scores, defaults)
@@ -240,18 +241,18 @@ def test_a_mixed_dtype_global_group_prunes_torchs_count_and_mask(
 
 
 @st.composite
-def grouped(draw: st.DrawFn) -> tuple[torch.Tensor, _select.Group, torch.Tensor | None, int | torch.Tensor]:
+def grouped(draw: st.DrawFn) -> tuple[torch.Tensor, _groups.Group, torch.Tensor | None, int | torch.Tensor]:
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
     shape = tuple(draw(st.lists(st.integers(1, 6), min_size=2, max_size=3)))
     ties = draw(st.booleans())
     keys = torch.randint(0, 3, shape, generator=g).float() if ties else torch.randn(shape, generator=g)
     dim = draw(st.integers(-len(shape), len(shape) - 1))
     if draw(st.booleans()):
-        group: _select.Group = _select.Slices(dim)
+        group: _groups.Group = _groups.Slices(dim)
         n_groups, size = shape[dim], keys.numel() // shape[dim]
     else:
         size = draw(st.sampled_from([d for d in range(1, shape[dim] + 1) if shape[dim] % d == 0]))
-        group = _select.Blocks(size, dim)
+        group = _groups.Blocks(size, dim)
         n_groups = keys.numel() // size
     eligible = torch.rand(shape, generator=g) < 0.7 if draw(st.booleans()) else None
     k: int | torch.Tensor = draw(st.integers(0, size))
@@ -260,17 +261,17 @@ def grouped(draw: st.DrawFn) -> tuple[torch.Tensor, _select.Group, torch.Tensor 
     return keys, group, eligible, k
 
 
-def rows_of(t: torch.Tensor, group: _select.Group) -> torch.Tensor:
+def rows_of(t: torch.Tensor, group: _groups.Group) -> torch.Tensor:
     """The reference grouping, written out: one row per group, in order."""
-    if isinstance(group, _select.Slices):
+    if isinstance(group, _groups.Slices):
         return torch.stack([t.select(group.dim, i).reshape(-1) for i in range(t.shape[group.dim])])
-    assert isinstance(group, _select.Blocks)
+    assert isinstance(group, _groups.Blocks)
     return t.movedim(group.dim, -1).reshape(-1, group.size)
 
 
 @given(case=grouped())
 def test_each_group_prunes_its_own_k_lowest(
-    case: tuple[torch.Tensor, _select.Group, torch.Tensor | None, int | torch.Tensor],
+    case: tuple[torch.Tensor, _groups.Group, torch.Tensor | None, int | torch.Tensor],
 ) -> None:
     keys, group, eligible, k = case
     kept = keep(keys, k, eligible, group=group)
@@ -288,7 +289,7 @@ def test_each_group_prunes_its_own_k_lowest(
 
 def test_blocks_that_do_not_tile_the_dim_are_refused() -> None:
     with pytest.raises(ValueError, match=r"blocks of 4 entries along dim -1 do not tile a length of 6"):
-        keep(torch.randn(2, 6), 1, group=_select.Blocks(4))
+        keep(torch.randn(2, 6), 1, group=_groups.Blocks(4))
 
 
 @st.composite
@@ -316,5 +317,5 @@ def test_the_short_rows_path_equals_the_sort_path(
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_short_rows, "_CHUNK_ROWS", 7)  # rows cross chunk boundaries
         kept = _short_rows.keep_in_short_rows(keys, k, eligible)
-    assert torch.equal(kept, _select._keep_rows(keys, k, eligible))
-    assert torch.equal(keep(keys, k, eligible, group=_select.Blocks(keys.shape[1])), kept)
+    assert torch.equal(kept, _choose._keep_rows(keys, k, eligible))
+    assert torch.equal(keep(keys, k, eligible, group=_groups.Blocks(keys.shape[1])), kept)

@@ -19,14 +19,16 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from _distributed import World, one_process_group
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _distributed import World, one_process_group
-from funcprune import _native, _radix, _short_rows
+from funcprune import _native
 from funcprune._native import _calls
-from funcprune._select import keep
-from funcprune._sharded import Shard, keep_over_shards
+from funcprune._select import _radix, _short_rows
+from funcprune._select._choose import keep
+from funcprune._select._groups import LocalShard
+from funcprune._select._sharded import keep_over_shards
 
 HAVE_KERNELS = _native.status().available
 needs_kernels = pytest.mark.skipif(not HAVE_KERNELS, reason="the native kernels do not load here")
@@ -74,7 +76,7 @@ def _select(parts: list[Part], k: int, rank: int = 0, size: int = 1) -> tuple[li
         start, stop = bounds[cell], bounds[cell + 1]
         blocks.append(keys[start:stop].contiguous())
         flags.append(None if eligible is None else eligible[start:stop].contiguous())
-        shards.append(Shard((keys.numel(),), (start,), (stop - start,), counted=rank < cells))
+        shards.append(LocalShard((keys.numel(),), (start,), (stop - start,), counted=rank < cells))
     sent: list[torch.Tensor] = []
     all_reduce = dist.all_reduce
 
@@ -233,7 +235,7 @@ def test_what_the_kernels_do_not_take_runs_on_torch_alike(group: None) -> None:
         for k in (3, 250, 420):
             _check([_both(0, 1, parts, k, 1)], parts, k)
     wide = torch.randn(20, 2, generator=g)  # a non-contiguous block
-    shard = Shard((20,), (0,), (20,))
+    shard = LocalShard((20,), (0,), (20,))
     for k in (1, 7, 20):
         kept = keep_over_shards([lambda: wide[:, 0]], [None], [shard], k)
         assert torch.equal(kept[0], keep(wide[:, 0].contiguous(), k))

@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from _distributed import World
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.func import vmap
 
-from _distributed import World
-from funcprune._bracket import magnitude_of
-from funcprune import _select
-from funcprune._select import KeyPart, Shard, keep, keep_jointly
+from funcprune._select import _choose
+from funcprune._select._choose import keep, keep_jointly
+from funcprune._select._groups import KeyPart, LocalShard, magnitude_of
 
 SIZE = 4  # ranks in the world (a 2-core machine runs them; they mostly wait)
 
@@ -65,7 +65,7 @@ def _cut(t: torch.Tensor, offsets: tuple[int, ...], size: tuple[int, ...]) -> to
     return t[tuple(slice(o, o + s) for o, s in zip(offsets, size, strict=True))]
 
 
-def _part(block: torch.Tensor, flags: torch.Tensor | None, shard: Shard | None = None, magnitude: bool = False) -> KeyPart:
+def _part(block: torch.Tensor, flags: torch.Tensor | None, shard: LocalShard | None = None, magnitude: bool = False) -> KeyPart:
     if magnitude:  # the keys are the block's magnitudes (what L1 ranks)
         return KeyPart(block, magnitude_of, flags, shard)
     return KeyPart(block, eligible=flags, shard=shard)
@@ -84,7 +84,7 @@ def _keep_my_blocks(
         offsets, shape = layout.block(rank)
         block = _cut(keys, offsets, shape).reshape(-1)
         flags = None if eligible is None else _cut(eligible, offsets, shape).reshape(-1)
-        shard = Shard(tuple(keys.shape), offsets, shape, counted=rank < layout.cells)
+        shard = LocalShard(tuple(keys.shape), offsets, shape, counted=rank < layout.cells)
         key_parts.append(_part(block, flags, shard, magnitude))
     calls = 0
     all_reduce = dist.all_reduce
@@ -95,13 +95,13 @@ def _keep_my_blocks(
         return all_reduce(*args, **kwargs)
 
     dist.all_reduce = counting
-    threshold = _select.SHARDED_BRACKET_MIN_KEYS
-    _select.SHARDED_BRACKET_MIN_KEYS = threshold if bracket_from is None else bracket_from
+    threshold = _choose.SHARDED_BRACKET_MIN_KEYS
+    _choose.SHARDED_BRACKET_MIN_KEYS = threshold if bracket_from is None else bracket_from
     try:
         kept = keep_jointly(key_parts, k)
     finally:
         dist.all_reduce = all_reduce
-        _select.SHARDED_BRACKET_MIN_KEYS = threshold
+        _choose.SHARDED_BRACKET_MIN_KEYS = threshold
     return kept, calls
 
 
@@ -262,20 +262,20 @@ def _keep_a_column_block(rank: int, size: int, keys: torch.Tensor, k: int) -> to
     cuts = [0, 1, 3, 4][: size + 1] + [4] * max(0, size - 3)
     lo, hi = cuts[rank], cuts[rank + 1]
     block = keys[:, lo:hi].contiguous()
-    return keep(block, k, group=Shard((2, 4), (0, lo), (2, hi - lo)))
+    return keep(block, k, group=LocalShard((2, 4), (0, lo), (2, hi - lo)))
 
 
 def test_a_shard_is_checked_against_its_tensor() -> None:
     with pytest.raises(ValueError, match=r"along dim 1 a block of 3 entries at offset 2 does not fit in the whole length 4"):
-        Shard((2, 4), (0, 2), (2, 3))
+        LocalShard((2, 4), (0, 2), (2, 3))
     with pytest.raises(ValueError, match="one entry per dim"):
-        Shard((2, 4), (0,), (2, 4))
+        LocalShard((2, 4), (0,), (2, 4))
     with pytest.raises(ValueError, match=r"a block of 6 keys does not match its shard's size \(2, 2\)"):
-        keep(torch.ones(2, 3), 1, group=Shard((2, 4), (0, 0), (2, 2)))
+        keep(torch.ones(2, 3), 1, group=LocalShard((2, 4), (0, 0), (2, 2)))
 
 
 def test_shards_and_whole_parts_do_not_mix_and_need_an_int_count() -> None:
-    shard = Shard((4,), (0,), (4,))
+    shard = LocalShard((4,), (0,), (4,))
     keys = torch.ones(4)
     part, whole = _part(keys, None, shard), _part(keys, None)
     with pytest.raises(ValueError, match="must all be shards, with a Python int count; got 1 shards among 2 parts"):
@@ -285,7 +285,7 @@ def test_shards_and_whole_parts_do_not_mix_and_need_an_int_count() -> None:
 
 
 def test_selection_over_shards_refuses_transforms_before_communicating() -> None:
-    shard = Shard((4,), (0,), (4,))
+    shard = LocalShard((4,), (0,), (4,))
     with pytest.raises(RuntimeError, match="runs eagerly only"):
         vmap(lambda t: keep(t, 1, group=shard))(torch.ones(2, 4))
 
@@ -294,11 +294,11 @@ def test_the_bracket_opens_at_the_ends_where_the_k_th_key_lies_past_the_sample()
     """k = 1 and k = every eligible key are bracketed (an end opened), not missed into the radix select."""
     from _distributed import one_process_group
 
-    from funcprune._sharded_bracket import keep_by_bracket_over_shards
+    from funcprune._select._sharded_bracket import keep_by_bracket_over_shards
 
     g = torch.Generator().manual_seed(0)
     keys, eligible = torch.randn(400_000, generator=g), torch.rand(400_000, generator=g) < 0.9
-    shard = Shard((400_000,), (0,), (400_000,))
+    shard = LocalShard((400_000,), (0,), (400_000,))
     n = int(eligible.sum())
     with one_process_group():
         for k in (1, 5, 200_000, n - 3, n):

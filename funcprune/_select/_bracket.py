@@ -1,75 +1,25 @@
-"""The bracket path of exact bottom-k selection: eager, from a few thousand keys.
+"""The bracket path: a strided sample brackets the k-th key, one scan collects the few inside.
 
-:func:`keep_by_bracket` answers what :func:`~._select.keep_jointly` asks
-(kept flags once the ``k`` lowest eligible keys of several parts go, ties to
-the lower index, NaN last), or steps aside with ``None``; only
-:mod:`._select` decides when it runs. A strided sample brackets the k-th
-key; one scan per part counts the keys below the bracket and collects
-those inside; a ``kthvalue`` over those finds the threshold, and one more
-pass writes the mask. Both passes are native kernels (:mod:`funcprune._native`: one
-read of the part each, no keys materialized) where the part's keys are its
-values or their magnitudes in a float32/float64 part, else torch passes
-chunk by chunk (a chunk's keys stay in cache). :class:`KeyPart` is how a
-part is described: its keys are computed slice by slice, never all at once.
+:func:`keep_by_bracket` answers what ``keep_jointly`` asks, or steps aside
+with ``None`` (then the sort runs); natively where the kernels apply
+(``README.md``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import final
+from collections.abc import Sequence
 
 import torch
 
-from . import _native
-from ._sharded import Shard
-from ._types import Mask, Tensor
+from .. import _native
+from .._types import Tensor
+from ._groups import KeyPart, identity, magnitude_of
 
-__all__ = ["KeyPart", "chunk_size", "keep_by_bracket", "magnitude_of", "sample_keys", "sample_stride", "scan_part", "survivors"]
+__all__ = ["chunk_size", "keep_by_bracket", "sample_keys", "sample_stride", "scan_part", "survivors"]
 
 #: About how many keys the bracketing sample holds, at most.
 _SAMPLE = 1 << 17
-
-
-def _identity(t: Tensor) -> Tensor:
-    return t
-
-
-def magnitude_of(t: Tensor) -> Tensor:
-    """``|t|``: as a :class:`KeyPart`'s key, the part's keys are its magnitudes."""
-    return t.abs()
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class KeyPart:
-    """One part of keys ranked jointly, computed slice by slice (never all at once).
-
-    Attributes:
-        source: the 1-D tensor the keys come from (its size, device, and
-            whether its values can be read: eager or traced).
-        key: maps any slice of ``source`` to the slice's keys, entry by
-            entry, in the group's common dtype (the identity where
-            ``source`` holds the keys).
-        eligible: 1-D ``torch.bool`` flags; ``None`` means all.
-        shard: where the part sits in a larger tensor whose other blocks
-            other processes hold; ``None`` when this process holds it all.
-    """
-
-    source: Tensor
-    key: Callable[[Tensor], Tensor] = _identity
-    eligible: Mask = None
-    shard: Shard | None = None
-
-    @property
-    def numel(self) -> int:
-        """How many keys the part has."""
-        return self.source.numel()
-
-    def keys(self) -> Tensor:
-        """All the part's keys."""
-        return self.key(self.source)
 
 
 def keep_by_bracket(parts: Sequence[KeyPart], k: int) -> list[Tensor] | None:
@@ -283,7 +233,7 @@ def _absolute(part: KeyPart) -> bool | None:
     """Whether the part's keys are ``|source|`` (True) or ``source`` (False) in its dtype; ``None``: other keys."""
     if part.key is magnitude_of:
         return True
-    if part.key is _identity:
+    if part.key is identity:
         return False
     return None
 

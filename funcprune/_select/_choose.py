@@ -1,87 +1,41 @@
-"""Exact bottom-k selection: the one module that decides how it is done.
+"""Exact bottom-k selection: which path runs is decided here, and nowhere else.
 
-Every function here answers the same question with the same polarity: which
-entries are **kept** (``True``, as in a mask) when, in each group, the ``k``
-eligible entries with the lowest keys are pruned. Ineligible entries (pruned
-earlier) are never kept. Three rules hold on every path:
-
-- exactly ``k`` eligible entries are pruned per group (capped at the number
-  eligible), whatever the ties;
-- among equal keys the lower index is pruned first (the lower index of the
-  concatenation, for parts ranked jointly);
-- NaN ranks above every number (as in :func:`torch.topk`), so it goes last.
-
-Groups are first-class: :data:`WHOLE` (all entries), :class:`Slices` (each
-slice along a dim, on its own), :class:`Blocks` (each run of ``size``
-consecutive entries along a dim) and :class:`Shard` (this process holds one
-block of a larger tensor; the group is the whole tensor, selected exactly
-across processes by :mod:`._sharded`). :func:`keep_jointly` ranks several
-tensors as if concatenated, without concatenating them, and over shards when
-its parts are shards.
-
-Paths, chosen here and nowhere else (all give identical flags, tested):
-
-- *sort* (a stable sort, then a cumulative count): any count, including a
-  tensor of per-group counts under ``vmap``, and any eligibility;
-- *threshold* (one :func:`torch.kthvalue`): a Python ``int`` count over a
-  whole tensor with every entry eligible; works under every transform;
-- *shards* (eager): a radix select whose per-round histograms are summed
-  across processes; the only path for :class:`Shard` groups, bracketed from
-  :data:`SHARDED_BRACKET_MIN_KEYS` keys per process (:mod:`._sharded_bracket`:
-  a sample's histograms bracket the k-th key, one scan per block counts
-  and collects, the radix select ranks the few collected);
-- *short rows* (eager, groups of at most :data:`~._short_rows.SHORT_ROW_MAX`
-  entries, as N:M's; :mod:`._short_rows`): each entry ranked against the
-  others of its row, a chunk of rows at a time;
-- *bracket* (eager, from :data:`FAST_MIN_KEYS` keys; :mod:`._bracket`): a strided sample
-  brackets the k-th key, one pass per part counts the keys below the bracket
-  and collects the few inside, ``kthvalue`` finishes on those. Where the
-  sample misleads or the threshold is not finite it steps aside for the sort.
-
-Python control flow depends on shapes and Python numbers only, except on the
-bracket path, which runs only on concrete (eager) tensors.
+:func:`keep` (groups of one tensor) and :func:`keep_jointly` (several parts
+ranked as one, over shards where they are shards) pick the sort, threshold,
+short-rows, bracket or shards path; all give identical flags. The three
+rules every path keeps, and when each runs: ``README.md`` in this folder.
 """
 
 from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Union, final
 
 import torch
 
-from torch._C._functorch import is_batchedtensor
-
+from .._torch_private import is_batched
+from .._types import Count, Mask, Tensor
+from .._validate import count_to_prune, is_concrete, refuse_dtensors, validate_count
 from ._batched import make_keep_lowest
-from ._bracket import KeyPart, magnitude_of
 from ._bracket import keep_by_bracket as _keep_by_bracket
-from ._sharded import CountOf, Shard, keep_over_shards, processes, refuse_dtensors, sum_over_shards
+from ._groups import (
+    WHOLE,
+    Blocks,
+    CountOf,
+    Group,
+    KeyPart,
+    LocalShard,
+    Slices,
+    Sparsity,
+    Target,
+    Whole,
+    magnitude_of,
+)
+from ._sharded import keep_over_shards, processes
 from ._sharded_bracket import keep_by_bracket_over_shards
 from ._short_rows import SHORT_ROW_MAX, keep_in_short_rows
-from ._types import Amount, Count, Mask, Tensor
-from ._validate import count_to_prune, is_concrete, validate_count
 
-__all__ = [
-    "FAST_MIN_KEYS",
-    "SHARDED_BRACKET_MIN_KEYS",
-    "WHOLE",
-    "Blocks",
-    "Group",
-    "KeyPart",
-    "Shard",
-    "Slices",
-    "Sparsity",
-    "Target",
-    "Whole",
-    "keep",
-    "eligible_per_group",
-    "keep_jointly",
-    "magnitude_of",
-    "refuse_dtensors",
-    "resolve_count",
-    "sum_over_shards",
-]
+__all__ = ["FAST_MIN_KEYS", "SHARDED_BRACKET_MIN_KEYS", "eligible_per_group", "keep", "keep_jointly", "resolve_count"]
 
 #: From this many keys on, eager selection brackets instead of sorting.
 FAST_MIN_KEYS = 1 << 16
@@ -92,47 +46,6 @@ FAST_MIN_KEYS = 1 << 16
 SHARDED_BRACKET_MIN_KEYS = 1 << 22
 #: More units than any tensor holds: a larger integer amount prunes the same.
 _MAX_COUNT = 2**62
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class Whole:
-    """One group: every entry of the tensor."""
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class Slices:
-    """One group per index along ``dim``: each slice selects on its own."""
-
-    dim: int
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class Blocks:
-    """One group per run of ``size`` consecutive entries along ``dim``."""
-
-    size: int
-    dim: int = -1
-
-
-Group = Union[Whole, Slices, Blocks, Shard]
-#: The default group.
-WHOLE = Whole()
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class Sparsity:
-    """A cumulative target: this fraction of all units pruned after the call."""
-
-    value: float
-
-
-#: How much a spec prunes: an ``int`` count or a ``float`` fraction of what is
-#: left (torch's ``amount``), or a cumulative :class:`Sparsity`.
-Target = Union[Amount, Sparsity]
 
 
 def resolve_count(amount: Target, available: Count, total: int) -> Count:
@@ -178,11 +91,11 @@ def keep(keys: Tensor, k: Count, eligible: Mask = None, *, group: Group = WHOLE)
     Returns:
         A new ``torch.bool`` tensor: eligible and not among the pruned.
     """
-    refuse_dtensors(keys, eligible)
+    refuse_dtensors("compute_mask", keys, eligible)
     flat = None if eligible is None else eligible.reshape(-1)
     if isinstance(group, Whole):
         return _keep_flat(keys.reshape(-1), k, flat).reshape(keys.shape)
-    if isinstance(group, Shard):
+    if isinstance(group, LocalShard):
         return keep_jointly([KeyPart(keys.reshape(-1), eligible=flat, shard=group)], k)[0].reshape(keys.shape)
     rows, restore = _as_rows(keys, group)
     eligible_rows = None if eligible is None else _as_rows(eligible, group)[0]
@@ -274,7 +187,7 @@ def keep_jointly(parts: Sequence[KeyPart], k: Count | CountOf) -> list[Tensor]:
     number of eligible keys over all processes (found on the way, without
     an all-reduce of its own).
     """
-    refuse_dtensors(*(t for p in parts for t in (p.source, p.eligible)))
+    refuse_dtensors("compute_mask", *(t for p in parts for t in (p.source, p.eligible)))
     shards = [p.shard for p in parts if p.shard is not None]
     if shards:
         if len(shards) != len(parts) or not (isinstance(k, int) or callable(k)):
@@ -322,7 +235,7 @@ def _batched(part: KeyPart) -> bool:
     """
     return (
         part.eligible is None
-        and is_batchedtensor(part.source)
+        and is_batched(part.source)
         and not torch.compiler.is_compiling()
     )
 
