@@ -61,8 +61,7 @@ from torch import nn
 
 from ._dtensor_cuts import box, cut_dim, strided
 from ._select import LocalShard, reduced_over
-from ._types import is_dtensor
-from ._types import Tensor
+from ._types import Tensor, is_dtensor
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

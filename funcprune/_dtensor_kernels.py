@@ -74,9 +74,15 @@ import torch.distributed as dist
 from ._dtensor import Layout, agree_on_failure, all_reduce
 from ._dtensor_cuts import box, cut_dim, moved
 from ._dtensor_random import Seed, agreed, count_of, uniform
-from ._kernels import check_matrix_norm, keep_all, ln_structured, unpruned_units
 from ._select import WHOLE, Group, keep
-from ._specs import LnStructured, RandomStructured
+from ._specs import (
+    LnStructured,
+    RandomStructured,
+    check_matrix_norm,
+    keep_all,
+    ln_structured,
+    unpruned_units,
+)
 from ._types import Mask, NormOrder, Tensor
 from ._validate import validate_dim_range, validate_structured
 

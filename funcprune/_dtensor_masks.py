@@ -23,25 +23,43 @@ from typing import TYPE_CHECKING
 import torch
 
 from ._dtensor import Layout, block_of, layout_of, wrap
-from ._types import is_dtensor
 from ._dtensor_kernels import Block, check_layout, structured
 from ._dtensor_random import random_unstructured
 from ._dtensor_shapes import blocks, check_cut, check_slice_spec, n_m, per_slice
-from ._kernels import as_bool, custom_from_mask, keep_all, l1_part, l1_unstructured_jointly
-from ._select import SHARDED_BRACKET_MIN_KEYS, resolve_count
-from ._shape_specs import NM, PerSlice
-from ._shape_specs import Block as BlockSpec
-from ._select import Selection, LocalShard, keep_over_shards_each, processes
-from ._spec import Chain, Spec
-from ._specs import CustomFromMask, Identity, L1Unstructured, LnStructured, RandomStructured, RandomUnstructured
-from ._types import Mask, Tensor
+from ._select import (
+    SHARDED_BRACKET_MIN_KEYS,
+    LocalShard,
+    Selection,
+    keep_over_shards_each,
+    processes,
+    resolve_count,
+)
+from ._specs import (
+    NM,
+    Chain,
+    CustomFromMask,
+    Identity,
+    L1Unstructured,
+    LnStructured,
+    PerSlice,
+    RandomStructured,
+    RandomUnstructured,
+    Spec,
+    as_bool,
+    custom_from_mask,
+    keep_all,
+    l1_part,
+    l1_unstructured_jointly,
+)
+from ._specs import Block as BlockSpec
+from ._types import Mask, Tensor, is_dtensor
 from ._validate import check_same_shape
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
 
-    from ._fold import Step
+    from ._specs import Step
 
 __all__ = ["check_group", "check_supported", "compute_joint_masks", "compute_mask", "fold_step", "l1_each", "parameter_block", "shards_of"]
 

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from ._dtensor import Layout, all_reduce
-from ._kernels import keep_all
 from ._select import KeyPart, LocalShard, Target, keep_jointly, resolve_count
+from ._specs import keep_all
 from ._types import Tensor
 
 if TYPE_CHECKING:

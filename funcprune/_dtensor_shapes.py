@@ -55,13 +55,25 @@ import torch
 
 from ._dtensor import Layout, agree_on_failure
 from ._dtensor_kernels import Block
-from ._kernels import keep_all
 from ._select import LocalShard, keep, resolve_count, sum_over_shards
-from ._shape_kernels import _block_view, blocks as one_process_blocks, kept_blocks, n_m as one_process_n_m
-from ._shape_specs import NM, PerSlice
-from ._shape_specs import Block as BlockSpec
-from ._spec import Chain, Spec
-from ._specs import CustomFromMask, Identity, L1Unstructured, LnStructured, RandomStructured, RandomUnstructured
+from ._specs import (
+    NM,
+    Chain,
+    CustomFromMask,
+    Identity,
+    L1Unstructured,
+    LnStructured,
+    PerSlice,
+    RandomStructured,
+    RandomUnstructured,
+    Spec,
+    block_view,
+    keep_all,
+    kept_blocks,
+)
+from ._specs import Block as BlockSpec
+from ._specs import blocks as one_process_blocks
+from ._specs import n_m as one_process_n_m
 from ._types import Tensor
 from ._validate import validate_dim_range
 
@@ -230,7 +242,7 @@ def _slices(spec: PerSlice, block: Block, generator: torch.Generator | None) -> 
 def blocks(spec: BlockSpec, block: Block) -> Tensor:
     """This process's block of the mask of ``spec`` (checked cut): its blocks ranked across processes."""
     scores, mask, layout = block
-    _block_view(spec.shape, block.whole())  # one process's errors on the whole shape
+    block_view(spec.shape, block.whole())  # one process's errors on the whole shape
     if not math.prod(layout.shape):  # no entry anywhere: one process's count (its errors), nothing sent
         empty = torch.zeros(layout.shape, dtype=scores.dtype, device=scores.device)
         one_process_blocks(spec.target, spec.shape, empty, None)
@@ -248,7 +260,7 @@ def blocks(spec: BlockSpec, block: Block) -> Tensor:
     if k == 0:
         return keep_all(scores, mask)
     kept = keep(norms, k, eligible, group=shard)
-    view, inner = _block_view(spec.shape, scores)
+    view, inner = block_view(spec.shape, scores)
     for d in inner:
         kept = kept.unsqueeze(d)
     kept = kept.expand(view).reshape(scores.shape)
@@ -279,7 +291,7 @@ def block_norms(scores: Tensor, shape: tuple[int, ...], whole: tuple[int, ...]) 
     order, no coalescing), and a single block is reduced as two outputs
     (one of them a view of the other).
     """
-    view, inner = _block_view(shape, scores)
+    view, inner = block_view(shape, scores)
     lead = scores.dim() - len(shape)
     gapped = [lead < d and scores.shape[d] == shape[d - lead] != whole[d] for d in range(scores.dim())]
     if any(gapped):

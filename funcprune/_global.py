@@ -15,12 +15,11 @@ from typing import ClassVar, final
 import torch
 
 from . import _dtensor_masks as dtensor
-from ._types import is_dtensor
 from ._masks import compute_joint_masks
 from ._names import select_names
 from ._plan import AbstractPlan, as_spec, naming, scores_for, spec_repr
-from ._spec import Spec
-from ._types import Params, Scores, Tensor
+from ._specs import Spec
+from ._types import Params, Scores, Tensor, is_dtensor
 
 __all__ = ["GlobalPlan", "global_unstructured"]
 

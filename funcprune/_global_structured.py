@@ -29,18 +29,31 @@ from typing import ClassVar, Literal, NamedTuple, Optional, Union, final
 import torch
 import torch.distributed as dist
 
-from ._types import is_dtensor
 from ._dtensor import layout_of, wrap
-from ._dtensor_kernels import Block, Channels, agree_on_failures, all_reduced, channels, check_layout
-from ._dtensor_random import random_unstructured
+from ._dtensor_kernels import (
+    Block,
+    Channels,
+    agree_on_failures,
+    all_reduced,
+    channels,
+    check_layout,
+)
 from ._dtensor_masks import check_group, parameter_block, shards_of
-from ._kernels import check_matrix_norm, l1_unstructured_jointly, unpruned_units
+from ._dtensor_random import random_unstructured
 from ._masks import compute_mask
 from ._names import select_names
 from ._plan import AbstractPlan, naming, scores_for
-from ._spec import Spec
-from ._specs import L1Unstructured, LnStructured, RandomStructured, RandomUnstructured
-from ._types import Mask, Params, Scores, Tensor
+from ._specs import (
+    L1Unstructured,
+    LnStructured,
+    RandomStructured,
+    RandomUnstructured,
+    Spec,
+    check_matrix_norm,
+    l1_unstructured_jointly,
+    unpruned_units,
+)
+from ._types import Mask, Params, Scores, Tensor, is_dtensor
 from ._validate import validate_dim_range, validate_structured
 
 __all__ = ["GlobalStructuredPlan", "Normalize", "global_structured"]

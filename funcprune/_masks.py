@@ -14,10 +14,8 @@ import torch
 
 from . import _dtensor_masks as dtensor
 from ._dtensor import check_like
-from ._types import is_dtensor
-from ._fold import checked_mask
-from ._spec import Spec
-from ._types import Mask, Tensor
+from ._specs import Spec, checked_mask
+from ._types import Mask, Tensor, is_dtensor
 from ._validate import check_fits, check_generator, check_same_shape
 
 __all__ = ["compute_joint_masks", "compute_mask", "prune"]

@@ -27,10 +27,14 @@ import torch
 
 from . import _dtensor as dtensor
 from . import _dtensor_masks as dtensor_masks
-from ._fold import fold
-from ._names import check_masks, check_not_hook_mode, check_params, check_scores, match_names
-from ._spec import Chain, Spec, chain
-from ._specs import Identity, L1Unstructured
+from ._names import (
+    check_masks,
+    check_not_hook_mode,
+    check_params,
+    check_scores,
+    match_names,
+)
+from ._specs import Chain, Identity, L1Unstructured, Spec, chain, fold
 from ._types import Mask, Masks, Params, Scores, Tensor
 from ._validate import check_generator
 

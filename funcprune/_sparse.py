@@ -55,7 +55,7 @@ import torch
 from ._bake import check_mask_dtypes
 from ._dtensor import refuse_in
 from ._names import check_masks, check_params
-from ._shape_kernels import kept_blocks
+from ._specs import kept_blocks
 from ._types import Masks, Params, Tensor
 
 __all__ = [

@@ -37,8 +37,9 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._names": frozenset({"funcprune._types", "funcprune._validate"}),
     "funcprune._native": frozenset({"funcprune._torch_private", "funcprune._types"}),
     "funcprune._select": frozenset({"funcprune._torch_private", "funcprune._types", "funcprune._validate", "funcprune._native"}),
+    "funcprune._specs": frozenset({"funcprune._types", "funcprune._validate", "funcprune._select"}),
     "funcprune._graph": frozenset({"funcprune._types"}),
-    "funcprune.compat": frozenset({"funcprune._types", "funcprune._validate", "funcprune._names"}),
+    "funcprune.compat": frozenset({"funcprune._types", "funcprune._validate", "funcprune._names", "funcprune._specs"}),
 }
 #: The modules of the flat layout not yet in a room (each later commit empties this).
 FLAT = frozenset({
@@ -46,16 +47,15 @@ FLAT = frozenset({
     "funcprune._demo", "funcprune._digits",
     "funcprune._dtensor", "funcprune._dtensor_cuts", "funcprune._dtensor_kernels",
     "funcprune._dtensor_masks", "funcprune._dtensor_random", "funcprune._dtensor_shapes",
-    "funcprune._fold", "funcprune._global", "funcprune._global_structured", "funcprune._kernels",
+    "funcprune._global", "funcprune._global_structured",
     "funcprune._masks", "funcprune._multiply", "funcprune._plan",
     "funcprune._prunable", "funcprune._report", "funcprune._schedules",
-    "funcprune._scores", "funcprune._shape_kernels", "funcprune._shape_specs",
+    "funcprune._scores",
     "funcprune._shrink",
-    "funcprune._sparse", "funcprune._spec", "funcprune._specs", "funcprune._tutorial",
+    "funcprune._sparse", "funcprune._tutorial",
 })  # fmt: skip
 #: The circles of the flat layout still to be cut (each later commit empties this).
 KNOWN_CIRCLES = frozenset({
-    frozenset({"funcprune._fold", "funcprune._spec"}),
     frozenset({"funcprune._dtensor_kernels", "funcprune._dtensor_random"}),
 })
 #: Above every room: the public facade and ``python -m funcprune`` may import any door.

@@ -53,7 +53,9 @@ from ._structured import RandomStructured as RandomStructured
 from ._torch_helpers import _compute_norm as _compute_norm
 from ._torch_helpers import _compute_nparams_toprune as _compute_nparams_toprune
 from ._torch_helpers import _validate_pruning_amount as _validate_pruning_amount
-from ._torch_helpers import _validate_pruning_amount_init as _validate_pruning_amount_init
+from ._torch_helpers import (
+    _validate_pruning_amount_init as _validate_pruning_amount_init,
+)
 from ._torch_helpers import _validate_pruning_dim as _validate_pruning_dim
 from ._torch_helpers import _validate_structured_pruning as _validate_structured_pruning
 

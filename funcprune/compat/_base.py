@@ -37,7 +37,7 @@ import torch
 import torch.nn.utils.prune as torch_prune
 from torch import nn
 
-from .._spec import Spec
+from .._specs import Spec
 from ._combine import fold_latest, foldable
 from ._pruned import set_pruned
 from ._reparam import reparametrize, unreparametrize

@@ -1,7 +1,7 @@
 """How a ``PruningContainer`` folds its latest method onto the earlier mask.
 
 The new method acts on the part of the tensor still unpruned, which its
-``PRUNING_TYPE`` selects (:func:`funcprune._kernels.unpruned_units`, the
+``PRUNING_TYPE`` selects (:func:`funcprune._specs.unpruned_units`, the
 rule the kernels' fold follows too). Where funcprune's fold gives exactly
 torch's mask (a method whose mask is its spec's, floating scores, a 0/1
 earlier mask: :func:`foldable`), the spec is folded with
@@ -17,9 +17,8 @@ from typing import Any
 
 import torch
 
-from .._kernels import unpruned_units
 from .._masks import compute_mask as fold_mask
-from .._spec import Spec
+from .._specs import Spec, unpruned_units
 from .._validate import non_binary
 
 __all__ = ["combine_masks", "fold_latest", "foldable"]

@@ -22,8 +22,8 @@ from torch import nn
 from .._types import Amount, NormOrder
 from ._base import PruningContainer, parents_to_sync
 from ._methods import CustomFromMask, Identity, L1Unstructured, RandomUnstructured
-from ._structured import LnStructured, RandomStructured
 from ._state import TorchBase, batch, pruning_hooks, rollback
+from ._structured import LnStructured, RandomStructured
 from ._tying import check_untied
 
 __all__ = [

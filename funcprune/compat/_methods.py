@@ -29,7 +29,7 @@ from torch import nn
 
 from .. import _specs as specs
 from .._masks import compute_mask as fold_mask
-from .._spec import Spec
+from .._specs import Spec
 from .._types import Amount
 from ._base import BasePruningMethod
 from ._state import TorchBase

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .._masks import compute_mask as fold_mask
-from .._spec import Spec
+from .._specs import Spec
 from ._base import BasePruningMethod
 from ._state import TorchBase
 

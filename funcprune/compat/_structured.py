@@ -7,7 +7,7 @@ run first, in torch's order. ``RandomStructured`` draws through its spec's
 kernel. ``LnStructured`` computes the channels' norms as torch does
 (:func:`~._torch_helpers._compute_norm`, so every order :func:`torch.norm`
 takes works, and fails, as in torch) and lets the kernel
-:func:`funcprune._kernels.structured_by_keys` choose the channels. In a
+:func:`funcprune._specs.structured_by_keys` choose the channels. In a
 :class:`~funcprune.compat.PruningContainer` both fold through their specs
 wherever the spec accepts the method's attributes.
 """
@@ -20,16 +20,15 @@ import torch
 import torch.nn.utils.prune as torch_prune
 from torch import nn
 
-from .. import _kernels as kernels
 from .. import _specs as specs
-from .._spec import Spec
+from .._specs import Spec
 from .._types import Amount, NormOrder
 from ._base import BasePruningMethod
 from ._methods import as_count, kernel_mask, shape_only
 from ._state import TorchBase
 from ._torch_helpers import (
-    _compute_nparams_toprune,
     _compute_norm,
+    _compute_nparams_toprune,
     _validate_pruning_amount,
     _validate_pruning_amount_init,
     _validate_pruning_dim,
@@ -157,7 +156,7 @@ class LnStructured(BasePruningMethod, torch_prune.LnStructured):
         if nparams_toprune == 0:
             return default_mask
         count, dim = as_count(nparams_toprune), operator.index(self.dim)
-        kept = kernels.structured_by_keys(count, dim, norm, t, None)
+        kept = specs.structured_by_keys(count, dim, norm, t, None)
         return _structured_mask(t, kept, default_mask)
 
     _kernel_compute_mask = compute_mask

@@ -13,8 +13,13 @@ import numbers
 import torch
 
 from .._types import Amount, NormOrder
-from .._validate import count_to_prune, validate_amount_init, validate_count
-from .._validate import validate_dim, validate_structured
+from .._validate import (
+    count_to_prune,
+    validate_amount_init,
+    validate_count,
+    validate_dim,
+    validate_structured,
+)
 
 __all__ = [
     "_validate_pruning_amount_init",

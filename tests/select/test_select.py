@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from torch.func import vmap
 
 import funcprune as fp
-from funcprune import _kernels, _native
+from funcprune._specs import _kernels
+from funcprune import _native
 from funcprune._select import _bracket, _choose, _groups, _short_rows
 from funcprune._select._choose import keep
 from funcprune._validate import count_to_prune

@@ -1,7 +1,7 @@
 """Specs for mask shapes: :class:`NM`, :class:`Block` and :class:`PerSlice`.
 
-Frozen dataclasses like the specs of :mod:`funcprune._specs`, validated when
-built; each computes its mask with a kernel of :mod:`funcprune._shape_kernels`.
+Frozen dataclasses like the specs of ``_torch_specs.py``, validated when
+built; each computes its mask with a kernel of ``_shape_kernels.py``.
 All three act on the whole tensor and respect an earlier mask themselves,
 so their ``pruning_type`` is ``"global"``: in a chain or a plan they see the
 full tensor and its mask, and :func:`funcprune.global_unstructured` (which
@@ -16,11 +16,11 @@ from typing import ClassVar, final
 
 import torch
 
+from .._types import Mask, PruningType, Tensor
+from .._validate import check_count, check_dim
 from . import _shape_kernels as kernels
-from ._spec import Spec
-from ._specs import L1Unstructured, RandomUnstructured, _AmountSpec, _named
-from ._types import Mask, PruningType, Tensor
-from ._validate import check_count, check_dim
+from ._spec import AmountSpec, Spec, named
+from ._torch_specs import L1Unstructured, RandomUnstructured
 
 __all__ = ["Block", "NM", "PerSlice"]
 
@@ -58,7 +58,7 @@ class NM(Spec):
         n = check_count("NM", "n", self.n, least=0)
         if n > m:
             raise ValueError(f"NM: n must be at most m (n kept of every m), got n={n} and m={m}")
-        with _named(self):
+        with named(self):
             check_dim(self.dim)
 
     @property
@@ -87,7 +87,7 @@ def _check_block_shape(shape: object) -> tuple[int, ...]:
 
 @final
 @dataclass(frozen=True, slots=True, repr=False)
-class Block(_AmountSpec):
+class Block(AmountSpec):
     """Prunes whole blocks of ``shape``, those of smallest L2 norm.
 
     Blocks tile the last ``len(shape)`` dims of the scores (each of those
@@ -116,8 +116,8 @@ class Block(_AmountSpec):
     _extra_fields: ClassVar[tuple[str, ...]] = ("shape",)
 
     def __post_init__(self) -> None:
-        _AmountSpec.__post_init__(self)
-        with _named(self):
+        AmountSpec.__post_init__(self)
+        with named(self):
             if self.shape is None:
                 raise TypeError("shape (the block's shape, such as (1, 4) or (4, 4)) is required")
             object.__setattr__(self, "shape", _check_block_shape(self.shape))
@@ -166,7 +166,7 @@ class PerSlice(Spec):
     def __post_init__(self) -> None:
         if not isinstance(self.spec, Spec):
             raise TypeError(f"PerSlice: spec must be a funcprune spec, got {self.spec!r} of type {type(self.spec).__name__}")
-        with _named(self):
+        with named(self):
             check_dim(self.dim)
 
     @property

@@ -7,7 +7,7 @@ acts on the part of the tensor still unpruned, exactly as torch's
 ``PruningContainer`` does: unpruned entries for unstructured methods,
 channels not entirely pruned for structured ones, everything for a custom
 mask. A float amount is a fraction of that part; nothing pruned earlier is
-ever revived. Which entries go is decided by :mod:`funcprune._select`.
+ever revived. Which entries go is decided by :mod:`funcprune._select`, through its door.
 
 Kernels know nothing of spec classes: each spec's ``compute_mask`` calls its
 kernel with its fields.
@@ -20,10 +20,23 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ._select import KeyPart, LocalShard, Target, keep, keep_jointly, magnitude_of, resolve_count
-from ._validate import refuse_dtensors
-from ._types import Count, Mask, NormOrder, Tensor
-from ._validate import check_same_shape, is_concrete, validate_dim_range, validate_structured
+from .._select import (
+    KeyPart,
+    LocalShard,
+    Target,
+    keep,
+    keep_jointly,
+    magnitude_of,
+    resolve_count,
+)
+from .._types import Count, Mask, NormOrder, Tensor
+from .._validate import (
+    check_same_shape,
+    is_concrete,
+    refuse_dtensors,
+    validate_dim_range,
+    validate_structured,
+)
 
 __all__ = [
     "as_bool",

@@ -3,27 +3,27 @@
 A spec holds hyper-parameters only and validates them when it is built;
 nothing mutates it (make variants with :func:`dataclasses.replace`). Each
 computes its own mask with the pure method ``compute_mask``, which calls its
-kernel in :mod:`funcprune._kernels`; they go through the same mechanism as a
+kernel in ``_kernels.py``; they go through the same mechanism as a
 user-defined :class:`~funcprune.Spec`. The checked entry point for users is
 :func:`funcprune.compute_mask`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
-import numbers
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, final
 
 import torch
 
+from .._types import Mask, NormOrder, PruningType, Tensor
+from .._validate import (
+    check_dim,
+    check_norm_order,
+    non_binary,
+)
 from . import _kernels as kernels
-from ._select import Sparsity, Target
-from ._spec import Spec
-from ._types import Amount, Mask, NormOrder, PruningType, Tensor
-from ._validate import check_dim, check_norm_order, check_sparsity, non_binary, validate_amount_init
+from ._spec import AmountSpec, Spec, named
 
 __all__ = [
     "Identity",
@@ -33,84 +33,6 @@ __all__ = [
     "LnStructured",
     "CustomFromMask",
 ]
-
-
-@contextlib.contextmanager
-def _named(spec: object) -> Iterator[None]:
-    """Start a validation error's message with the spec's name."""
-    try:
-        yield
-    except (TypeError, ValueError) as e:
-        if type(e) not in (TypeError, ValueError):
-            raise
-        raise type(e)(f"{type(spec).__name__}: {e}") from None
-
-
-def _check_amount(amount: object) -> bool:
-    """torch's amount rules, plus: no ``bool``, no NaN. Returns "is a count"."""
-    if amount is None:
-        raise TypeError(
-            "Invalid type for amount: None. Must be int or float "
-            "(or give sparsity=, the fraction pruned after the call)"
-        )
-    if isinstance(amount, bool):
-        raise TypeError(
-            f"amount must be an int count or a float fraction, got the bool {amount!r}; "
-            "write 1 or 0 (a count) or 1.0 or 0.0 (a fraction)"
-        )
-    validate_amount_init(amount)
-    if isinstance(amount, numbers.Integral):
-        return True  # a count of any size (float() of a huge int would overflow)
-    if isinstance(amount, numbers.Real) and math.isnan(float(amount)):
-        raise ValueError("amount=nan should either be a float in the range [0, 1] or a non-negative integer")
-    return isinstance(amount, numbers.Integral)
-
-
-@dataclass(frozen=True, slots=True)
-class _AmountSpec(Spec):
-    """Abstract base of the specs that prune an ``amount`` or to a ``sparsity``.
-
-    Exactly one is given: ``amount`` (torch's: a count, or a fraction of what
-    is left) or ``sparsity=`` (keyword-only: the fraction of all units pruned
-    after the call, counting what was pruned before; nothing is pruned if
-    that many already are, nothing is ever revived). A count and a fraction
-    never compare equal (``1`` prunes one unit, ``1.0`` all of them), though
-    Python says ``1 == 1.0``.
-    """
-
-    amount: Amount | None = None
-    _is_count: bool = field(init=False, repr=False)
-    sparsity: float | None = field(default=None, kw_only=True)
-
-    def __post_init__(self) -> None:
-        if self.sparsity is not None:
-            check_sparsity(type(self).__name__, "sparsity", self.sparsity)
-        with _named(self):
-            if self.amount is not None and self.sparsity is not None:
-                raise TypeError(
-                    "give either amount (a count, or a fraction of what is left) or sparsity= "
-                    "(the fraction pruned after the call), not both"
-                )
-            if self.sparsity is not None:
-                object.__setattr__(self, "_is_count", False)
-            else:
-                object.__setattr__(self, "_is_count", _check_amount(self.amount))
-
-    @property
-    def target(self) -> Target:
-        """What the kernels prune: ``amount``, or a cumulative :class:`Sparsity`."""
-        if self.amount is None:
-            assert self.sparsity is not None
-            return Sparsity(float(self.sparsity))
-        return self.amount
-
-    def __repr__(self) -> str:
-        fields = [f"amount={self.amount!r}" if self.sparsity is None else f"sparsity={self.sparsity!r}"]
-        fields += [f"{name}={getattr(self, name)!r}" for name in self._extra_fields]
-        return f"{type(self).__name__}({', '.join(fields)})"
-
-    #: The fields after ``amount``, in the order the constructor takes them.
-    _extra_fields: ClassVar[tuple[str, ...]] = ()
 
 
 @final
@@ -134,7 +56,7 @@ class Identity(Spec):
 
 @final
 @dataclass(frozen=True, slots=True, repr=False)
-class RandomUnstructured(_AmountSpec):
+class RandomUnstructured(AmountSpec):
     """Prunes ``amount`` of the unpruned entries, chosen at random.
 
     Args:
@@ -163,7 +85,7 @@ class RandomUnstructured(_AmountSpec):
 
 @final
 @dataclass(frozen=True, slots=True, repr=False)
-class L1Unstructured(_AmountSpec):
+class L1Unstructured(AmountSpec):
     """Prunes the ``amount`` unpruned entries of smallest absolute score.
 
     Args:
@@ -202,7 +124,7 @@ class L1Unstructured(_AmountSpec):
 
 @final
 @dataclass(frozen=True, slots=True, repr=False)
-class RandomStructured(_AmountSpec):
+class RandomStructured(AmountSpec):
     """Prunes ``amount`` of the remaining channels along ``dim`` at random.
 
     Args:
@@ -224,8 +146,8 @@ class RandomStructured(_AmountSpec):
     _extra_fields: ClassVar[tuple[str, ...]] = ("dim",)
 
     def __post_init__(self) -> None:
-        _AmountSpec.__post_init__(self)
-        with _named(self):
+        AmountSpec.__post_init__(self)
+        with named(self):
             check_dim(self.dim)
 
     @property
@@ -240,7 +162,7 @@ class RandomStructured(_AmountSpec):
 
 @final
 @dataclass(frozen=True, slots=True, repr=False)
-class LnStructured(_AmountSpec):
+class LnStructured(AmountSpec):
     """Prunes the ``amount`` remaining channels of smallest L``n`` norm.
 
     Args:
@@ -266,8 +188,8 @@ class LnStructured(_AmountSpec):
     _extra_fields: ClassVar[tuple[str, ...]] = ("n", "dim")
 
     def __post_init__(self) -> None:
-        _AmountSpec.__post_init__(self)
-        with _named(self):
+        AmountSpec.__post_init__(self)
+        with named(self):
             if self.n is None:
                 raise TypeError("n (the norm order: a number, inf, -inf, 'fro' or 'nuc') is required")
             check_norm_order(self.n)

@@ -1,6 +1,6 @@
 """Kernels for mask shapes: N:M groups, blocks, and a spec applied per slice.
 
-Like :mod:`funcprune._kernels`, each kernel is a pure function of the
+Like those of ``_kernels.py``, each kernel is a pure function of the
 method's hyper-parameters, the ``scores`` and an optional ``default_mask``,
 returning a new ``torch.bool`` mask of the scores' shape that never keeps an
 entry ``default_mask`` pruned. These act on the whole tensor and respect the
@@ -16,7 +16,7 @@ earlier mask themselves (their specs' ``pruning_type`` is ``"global"``):
   exact count.
 
 Which entries go is decided by :mod:`funcprune._select`, with its groups
-(:class:`~._select.Blocks`, :class:`~._select.Slices`); ties go to the
+(``Blocks``, ``Slices``); ties go to the
 lower index and NaN last, as everywhere.
 """
 
@@ -26,10 +26,10 @@ from collections.abc import Callable
 
 import torch
 
+from .._select import Blocks, Slices, Target, eligible_per_group, keep, resolve_count
+from .._types import Count, Mask, Tensor
+from .._validate import validate_dim_range
 from ._kernels import as_bool, keep_all, unpruned_count
-from ._select import Blocks, Slices, Target, eligible_per_group, keep, resolve_count
-from ._types import Count, Mask, Tensor
-from ._validate import validate_dim_range
 
 __all__ = ["blocks", "kept_blocks", "n_m", "per_slice", "per_slice_unstructured"]
 
@@ -63,7 +63,7 @@ def n_m(n: int, m: int, dim: int, scores: Tensor, default_mask: Mask) -> Tensor:
 # --- blocks -------------------------------------------------------------------
 
 
-def _block_view(shape: tuple[int, ...], scores: Tensor) -> tuple[list[int], list[int]]:
+def block_view(shape: tuple[int, ...], scores: Tensor) -> tuple[list[int], list[int]]:
     """The scores' shape split into (blocks, within a block) pairs, and the inner dims."""
     if len(shape) > scores.dim():
         raise ValueError(
@@ -89,7 +89,7 @@ def kept_blocks(mask: Tensor, shape: tuple[int, ...]) -> Tensor:
     A block counts as remaining while any of its entries is kept (what
     :func:`blocks` selects among, and what a BSR tensor stores).
     """
-    view, inner = _block_view(shape, mask)
+    view, inner = block_view(shape, mask)
     return mask.reshape(view).any(dim=inner)
 
 
@@ -101,7 +101,7 @@ def blocks(amount: Target, shape: tuple[int, ...], scores: Tensor, default_mask:
     entries is kept; ``amount`` and :class:`~._select.Sparsity` count blocks.
     Ties go to the lower block index (row-major over the grid of blocks).
     """
-    view, inner = _block_view(shape, scores)
+    view, inner = block_view(shape, scores)
     default_mask = as_bool(default_mask)
     norms = torch.linalg.vector_norm(scores.reshape(view), dim=inner)
     eligible = None if default_mask is None else kept_blocks(default_mask, shape)
