@@ -44,7 +44,6 @@ from ._multiply import as_multiplier, masked_multiply
 from ._names import check_masks, check_params, unknown_name
 from ._types import Params, Tensor
 
-
 __all__ = [
     "Multipliers",
     "to_multipliers",

@@ -14,7 +14,7 @@ from typing import ClassVar, final
 
 import torch
 
-from . import _dtensor_masks as dtensor
+from . import _dtensor as dtensor
 from ._masks import compute_joint_masks
 from ._names import select_names
 from ._plan import AbstractPlan, as_spec, naming, scores_for, spec_repr

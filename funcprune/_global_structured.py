@@ -29,17 +29,20 @@ from typing import ClassVar, Literal, NamedTuple, Optional, Union, final
 import torch
 import torch.distributed as dist
 
-from ._dtensor import layout_of, wrap
-from ._dtensor_kernels import (
-    Block,
+from ._dtensor import (
     Channels,
+    LocalBlock,
     agree_on_failures,
     all_reduced,
     channels,
+    check_group,
     check_layout,
+    layout_of,
+    parameter_block,
+    random_unstructured,
+    shards_of,
+    wrap,
 )
-from ._dtensor_masks import check_group, parameter_block, shards_of
-from ._dtensor_random import random_unstructured
 from ._masks import compute_mask
 from ._names import select_names
 from ._plan import AbstractPlan, naming, scores_for
@@ -172,7 +175,7 @@ def _dtensor_masks(
     shards = shards_of([p.layout for p in parts])
     with naming(fn, what, spec):
         if isinstance(spec, RandomStructured):
-            vectors = [Block(k, p.eligible, p.layout) for k, p in zip(keys, parts, strict=True)]
+            vectors = [LocalBlock(k, p.eligible, p.layout) for k, p in zip(keys, parts, strict=True)]
             kept = random_unstructured(spec.target, vectors, shards, generator)
         else:
             kept = l1_unstructured_jointly(spec.target, keys, [p.eligible for p in parts], shards=shards)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import _dtensor_masks as dtensor
+from . import _dtensor as dtensor
 from ._dtensor import check_like
 from ._specs import Spec, checked_mask
 from ._types import Mask, Tensor, is_dtensor

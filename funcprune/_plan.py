@@ -26,7 +26,6 @@ from typing import ClassVar, Union, final
 import torch
 
 from . import _dtensor as dtensor
-from . import _dtensor_masks as dtensor_masks
 from ._names import (
     check_masks,
     check_not_hook_mode,
@@ -35,7 +34,7 @@ from ._names import (
     match_names,
 )
 from ._specs import Chain, Identity, L1Unstructured, Spec, chain, fold
-from ._types import Mask, Masks, Params, Scores, Tensor
+from ._types import Mask, Masks, Params, Scores, Tensor, is_dtensor
 from ._validate import check_generator
 
 __all__ = ["AbstractPlan", "Plan", "ComposedPlan", "Rule", "compose"]
@@ -297,8 +296,8 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
                     return scores_for(param, mask, given)
 
                 with naming(self._FN, repr(name), spec):
-                    if dtensor.is_dtensor(param):  # block by block, nothing gathered
-                        step = dtensor_masks.fold_step(self._FN, name, param, steps)
+                    if is_dtensor(param):  # block by block, nothing gathered
+                        step = dtensor.fold_step(self._FN, name, param, steps)
                         out[name] = fold(steps or (Identity(),), scores_of, out.get(name), generator, step=step)
                     else:
                         out[name] = fold(steps, scores_of, out.get(name), generator)
@@ -310,7 +309,7 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
         """A rule of one ``L1Unstructured`` over DTensor parameters: their selections in lockstep.
 
         Each mask is what the fold gives the parameter alone; the all-reduces
-        of the rule's selections are shared (:func:`._dtensor_masks.l1_each`).
+        of the rule's selections are shared (:func:`._dtensor.l1_each`).
         """
         if len(steps) != 1 or not isinstance(steps[0], L1Unstructured):
             return {}
@@ -318,11 +317,11 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
         items = [
             (name, params[name], spec, scores_for(params[name], masks.get(name), scores.get(name)), masks.get(name))
             for name in selected
-            if dtensor.is_dtensor(params[name])
+            if is_dtensor(params[name])
         ]
         if not items:
             return {}
-        return dtensor_masks.l1_each(self._FN, items, lambda name, step: naming(self._FN, repr(name), step))
+        return dtensor.l1_each(self._FN, items, lambda name, step: naming(self._FN, repr(name), step))
 
 
 @final

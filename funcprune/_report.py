@@ -27,8 +27,7 @@ from torch import nn
 
 from ._dtensor import all_reduce, check_layouts, layout_of
 from ._names import check_masks, check_params, unknown_name
-from ._types import is_dtensor
-from ._types import Params
+from ._types import Params, is_dtensor
 from ._validate import non_binary
 
 if TYPE_CHECKING:

@@ -39,10 +39,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._types import is_dtensor
 from ._dtensor import layout_of, wrap
 from ._names import check_params, unknown_name
-from ._types import Params, Tensor
+from ._types import Params, Tensor, is_dtensor
 from ._validate import check_fits
 
 if TYPE_CHECKING:

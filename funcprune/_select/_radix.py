@@ -1,6 +1,6 @@
 """The radix select's local side: one process's candidates, counted per bin and narrowed round by round.
 
-A :class:`Search` never communicates: ``_sharded`` sums its histograms
+A :class:`Search` never communicates: ``_sharded.py`` sums its histograms
 across processes (``README.md``).
 """
 

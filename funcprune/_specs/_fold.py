@@ -46,7 +46,7 @@ def fold(
         mask: the earlier mask (``torch.bool``), or ``None``.
         generator: for the random specs.
         step: computes one step's mask (:func:`checked_mask`; DTensors'
-            block by block, :func:`._dtensor_masks.fold_step`).
+            block by block, ``funcprune._dtensor.fold_step``).
 
     Returns:
         The last step's mask (a new tensor).

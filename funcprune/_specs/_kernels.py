@@ -139,7 +139,7 @@ def l1_unstructured_jointly(
     With ``shards`` (one per tensor), each tensor is this process's block of
     a larger one, the rest held by other processes that call this too: the
     amount counts the whole tensors' units, and the ``k`` entries pruned are
-    those of the whole group (eager only; :mod:`._sharded`).
+    those of the whole group (eager only; ``funcprune._select``).
     """
     dtype = functools.reduce(torch.promote_types, (s.dtype for s in scores))
     defaults = [as_bool(d) for d in default_masks]

@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 
 import funcprune as fp
 from _distributed import World
-from funcprune import _dtensor_masks
-from funcprune._dtensor_random import uniform
+from funcprune._dtensor import _dispatch
+from funcprune._dtensor._random import uniform
 from funcprune._select._radix import BINS
 from test_dtensor import CommBytes, EveryOther, collectives, comm_mode, distribute, dt
 
@@ -114,7 +114,7 @@ def test_random_keys_are_splitmix64_outputs_in_the_unit_interval(seed: int, star
 def _random_mask(spec: fp.Spec, w: torch.Tensor, before: torch.Tensor | None, seed: int) -> torch.Tensor:
     """``spec``'s DTensor mask drawn from a generator seeded ``seed`` (the explicit-generator entry)."""
     g = torch.Generator().manual_seed(seed)
-    return dt(_dtensor_masks.compute_mask("compute_mask", spec, w, before, generator=g)).full_tensor()
+    return dt(_dispatch.compute_mask("compute_mask", spec, w, before, generator=g)).full_tensor()
 
 
 _RANDOM_SPECS = st.sampled_from([
@@ -183,17 +183,17 @@ def test_the_generator_is_put_back_when_nothing_is_drawn_and_moved_on_otherwise(
     for spec in (fp.RandomUnstructured(0), fp.RandomStructured(0, dim=0), fp.RandomUnstructured(sparsity=0.0)):
         g = torch.Generator().manual_seed(3)
         state = g.get_state()
-        assert dt(_dtensor_masks.compute_mask("compute_mask", spec, w, None, generator=g)).full_tensor().all()
+        assert dt(_dispatch.compute_mask("compute_mask", spec, w, None, generator=g)).full_tensor().all()
         assert torch.equal(g.get_state(), state)
     for spec in (fp.RandomUnstructured(25), fp.RandomStructured(5, dim=0)):
         g = torch.Generator().manual_seed(3)
         state = g.get_state()
         with pytest.raises(ValueError, match=r"amount=\d+ should be smaller than the number of parameters to prune"):
-            _dtensor_masks.compute_mask("compute_mask", spec, w, None, generator=g)
+            _dispatch.compute_mask("compute_mask", spec, w, None, generator=g)
         assert torch.equal(g.get_state(), state)
     g = torch.Generator().manual_seed(3)
-    first = _dtensor_masks.compute_mask("compute_mask", fp.RandomUnstructured(0.5), w, None, generator=g)
-    second = _dtensor_masks.compute_mask("compute_mask", fp.RandomUnstructured(0.5), w, None, generator=g)
+    first = _dispatch.compute_mask("compute_mask", fp.RandomUnstructured(0.5), w, None, generator=g)
+    second = _dispatch.compute_mask("compute_mask", fp.RandomUnstructured(0.5), w, None, generator=g)
     assert not torch.equal(dt(first).full_tensor(), dt(second).full_tensor())  # the generator moved on
     torch.manual_seed(3)
     before = torch.random.get_rng_state()
@@ -298,7 +298,7 @@ def _on_ranks(rank: int, size: int, cases: list[Case]) -> list[dict[str, Any]]:
         mask, error = None, ""
         with comm_mode() as comm:
             try:
-                mask = dt(_dtensor_masks.compute_mask("compute_mask", spec, w, before, generator=g))
+                mask = dt(_dispatch.compute_mask("compute_mask", spec, w, before, generator=g))
             except (ValueError, IndexError, RuntimeError) as e:
                 error = f"{type(e).__name__}: {e}"
         answers.append({

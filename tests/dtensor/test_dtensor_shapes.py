@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 import funcprune as fp
 from _distributed import World
-from funcprune._dtensor_shapes import block_norms
+from funcprune._dtensor._shapes import block_norms
 from test_dtensor import EveryOther, collectives, comm_mode, distribute, dt
 
 pytestmark = pytest.mark.skipif(

@@ -1,49 +1,10 @@
 """DTensor kernels for the mask shapes: ``NM``, ``Block`` and ``PerSlice``, block by block.
 
-:mod:`._dtensor_masks` dispatches these specs here with each process's block
-(:class:`~._dtensor_kernels.Block`). Each works where the layout lets every
-group of the spec be computed from blocks as they lie, without moving a
-weight; other layouts are refused by :func:`check_cut` before any work, on
-every process alike (it reads :meth:`~._dtensor.Layout.boxes`, every
-process's block, never this process's alone). Gathered with
-``.full_tensor()``, the masks equal one process's bit for bit.
-
-- **NM** ``(n, m, dim)``: where every process's block starts and ends on
-  multiples of ``m`` along ``dim`` (any cut of another dim), each process
-  runs the one-process kernel on its block: whole groups, nothing
-  communicated.
-- **PerSlice** ``(spec, dim)``: where no block cuts a dim other than
-  ``dim`` (each process holds whole slices), each process runs it on its
-  block (a single slice beside a copy of itself, so that torch sums it as
-  among the others: :func:`per_slice`); nothing is communicated but one
-  number saying whether a process failed (an ``int`` amount too large for
-  what an earlier mask left in one of its slices, an SVD of non-finite
-  values), so that all fail together. The inner spec must be deterministic
-  (:func:`check_slice_spec`): random draws would differ from one
-  process's, so ``RandomUnstructured``, ``RandomStructured`` and user specs
-  are refused inside it, whatever the layout.
-- **Block** ``(amount, shape)``: where every block starts and ends on
-  multiples of ``shape`` along the dims the blocks tile, each block of
-  ``shape`` lies whole on one process, so its norm is computed there; the
-  norms of this process form a block of the grid of all norms, ranked
-  across processes by the exact select over shards (:mod:`._sharded`; ties
-  to the lower block index, NaN last). Communicated: the count of blocks
-  still unpruned (one int64, only with an earlier mask), then the select's
-  histograms (3 rounds of 32 KiB for float32 scores, 2 for 16-bit, 6 for
-  float64). A replicated tensor runs the one-process kernel, nothing sent.
-  **Exactness of the norms**: torch's ``vector_norm`` sums a block in an
-  order that depends on how the tensor around it is laid out (a block
-  whose dims coalesce into one contiguous run is summed with vector lanes,
-  and a reduction with one output is split across threads). So the local
-  norms are taken on the block laid out as the whole tensor would make
-  torch sum it (:func:`block_norms`), giving one process's norms bit for bit.
-
-Errors are one process's: the whole shape is checked first (an ``NM``
-length that ``m`` does not divide, a ``Block`` shape that does not tile,
-a ``dim`` out of range), then the layout. An ``int`` amount larger than
-what an earlier mask left in a slice of ``PerSlice`` (or any failure of
-one slice) raises one process's error where that slice lies, and on the
-other processes an error saying so (:func:`per_slice`).
+Each works where the layout lets every group be computed from blocks as
+they lie; other layouts are refused by :func:`check_cut` before any work,
+on every process alike. Block norms are summed in torch's order for the
+whole tensor (:func:`block_norms`), so masks equal one process's bit for
+bit (``README.md``).
 """
 
 from __future__ import annotations
@@ -53,11 +14,10 @@ import math
 
 import torch
 
-from ._dtensor import Layout, agree_on_failure
-from ._dtensor_kernels import Block
-from ._select import LocalShard, keep, resolve_count, sum_over_shards
-from ._specs import (
+from .._select import LocalShard, keep, resolve_count, sum_over_shards
+from .._specs import (
     NM,
+    Block,
     Chain,
     CustomFromMask,
     Identity,
@@ -71,16 +31,16 @@ from ._specs import (
     keep_all,
     kept_blocks,
 )
-from ._specs import Block as BlockSpec
-from ._specs import blocks as one_process_blocks
-from ._specs import n_m as one_process_n_m
-from ._types import Tensor
-from ._validate import validate_dim_range
+from .._specs import blocks as one_process_blocks
+from .._specs import n_m as one_process_n_m
+from .._types import Tensor
+from .._validate import validate_dim_range
+from ._layout import Layout, LocalBlock, agree_on_failure
 
 __all__ = ["block_norms", "blocks", "check_cut", "check_slice_spec", "n_m", "per_slice"]
 
 #: The specs PerSlice runs on DTensors' slices: the deterministic built-in ones.
-_PER_SLICE = (L1Unstructured, LnStructured, Identity, CustomFromMask, NM, BlockSpec, PerSlice)
+_PER_SLICE = (L1Unstructured, LnStructured, Identity, CustomFromMask, NM, Block, PerSlice)
 _PER_SLICE_NAMES = "L1Unstructured, LnStructured, Identity, CustomFromMask, NM, Block, PerSlice and chains of them"
 
 
@@ -126,7 +86,7 @@ def check_cut(fn: str, what: str, spec: Spec, layout: Layout) -> None:
     ndim = len(layout.shape)
     if isinstance(spec, NM) and -ndim <= spec.dim < ndim and not layout.shape[spec.dim] % spec.m:
         _check_aligned(fn, what, spec, layout, {spec.dim % ndim: spec.m})
-    elif isinstance(spec, BlockSpec) and len(spec.shape) <= ndim:
+    elif isinstance(spec, Block) and len(spec.shape) <= ndim:
         tiled = dict(enumerate(spec.shape, start=ndim - len(spec.shape)))
         if not any(layout.shape[d] % size for d, size in tiled.items()):
             _check_aligned(fn, what, spec, layout, tiled)
@@ -139,7 +99,7 @@ def _held(layout: Layout) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     return [(offsets, size) for offsets, size in layout.boxes() if math.prod(size)]
 
 
-def _check_aligned(fn: str, what: str, spec: NM | BlockSpec, layout: Layout, units: dict[int, int]) -> None:
+def _check_aligned(fn: str, what: str, spec: NM | Block, layout: Layout, units: dict[int, int]) -> None:
     """Refuse unless every block starts and ends on multiples of ``units[d]`` along each dim ``d``."""
     for d, unit in units.items():
         cuts = sorted({(o[d], o[d] + s[d]) for o, s in _held(layout) if o[d] % unit or s[d] % unit})
@@ -174,7 +134,7 @@ def _check_whole_slices(fn: str, what: str, spec: PerSlice, layout: Layout) -> N
 # --- NM and PerSlice: each process on its own ------------------------------------------------
 
 
-def n_m(spec: NM, block: Block) -> Tensor:
+def n_m(spec: NM, block: LocalBlock) -> Tensor:
     """This process's block of the mask of ``spec``: the one-process kernel on the block (checked cut)."""
     scores, mask, layout = block
     one_process_n_m(spec.m, spec.m, spec.dim, block.whole(), None)  # its errors on the whole shape
@@ -183,7 +143,7 @@ def n_m(spec: NM, block: Block) -> Tensor:
     return one_process_n_m(spec.n, spec.m, spec.dim, scores, mask)
 
 
-def per_slice(spec: PerSlice, block: Block, generator: torch.Generator | None) -> Tensor:
+def per_slice(spec: PerSlice, block: LocalBlock, generator: torch.Generator | None) -> Tensor:
     """This process's block of the mask of ``spec``: the one-process kernel on the block (whole slices).
 
     A process holding no slice of a tensor that has some runs the inner
@@ -221,7 +181,7 @@ def _failed_elsewhere(spec: PerSlice) -> ValueError:
     )
 
 
-def _slices(spec: PerSlice, block: Block, generator: torch.Generator | None) -> Tensor:
+def _slices(spec: PerSlice, block: LocalBlock, generator: torch.Generator | None) -> Tensor:
     """:func:`per_slice` on this process's block, nothing communicated."""
     scores, mask, layout = block
     d = spec.dim % scores.dim()
@@ -239,7 +199,7 @@ def _slices(spec: PerSlice, block: Block, generator: torch.Generator | None) -> 
 # --- Block: blocks ranked across processes ----------------------------------------------------
 
 
-def blocks(spec: BlockSpec, block: Block) -> Tensor:
+def blocks(spec: Block, block: LocalBlock) -> Tensor:
     """This process's block of the mask of ``spec`` (checked cut): its blocks ranked across processes."""
     scores, mask, layout = block
     block_view(spec.shape, block.whole())  # one process's errors on the whole shape

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import funcprune as fp
 from _distributed import World
-from funcprune._dtensor_cuts import box
+from funcprune._dtensor._cuts import box
 from funcprune._select._radix import BINS
 from test_dtensor import CommBytes, _prune_and_train_fsdp, collectives, comm_mode, draw_l1, dt
 

@@ -1,16 +1,8 @@
 """Where DTensor puts a process's block: placements cut a tensor, mesh dim by mesh dim.
 
-A DTensor's placements are applied in the order of the mesh's dims, each to
-the block the ones before it left. ``Shard(d)`` cuts that block along ``d``
-as ``torch.chunk`` cuts it (5 entries in 4: 2, 2, 1, 0) and the process
-takes the piece of its coordinate. ``_StridedShard(d, split_factor=f)``
-(what FSDP2 gives a parameter that tensor parallelism already cut along
-``d``) first cuts the block into ``f`` pieces, cuts each of those as
-``Shard`` does, and concatenates the process's piece of each. The entries
-a process holds along a dim are thus a list of index ranges;
-:func:`box` follows them exactly and says where the block starts and how
-long it is, or ``None`` where the ranges do not join into one (a lone
-``_StridedShard``), which funcprune does not support.
+:func:`box` follows ``Shard`` and ``_StridedShard`` cuts as index ranges and
+says where the block starts and how long it is, or ``None`` where the
+ranges do not join into one box (``README.md``).
 """
 
 from __future__ import annotations

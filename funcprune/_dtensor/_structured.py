@@ -1,65 +1,9 @@
-"""DTensor kernels for the specs that need more than magnitudes: Ln-structured and random specs.
+"""DTensor kernels for ``LnStructured`` and ``RandomStructured``, and the channels of ``global_structured``.
 
-:mod:`._dtensor_masks` dispatches ``LnStructured``, ``RandomStructured`` and
-``RandomUnstructured`` here with each process's blocks (:class:`Block`). What
-crosses processes is a few ``all_reduce`` calls of fixed size per call,
-whatever ``k`` and the tensors' sizes along the sharded dim; nothing is
-gathered, and every process gets the same decision. On a mesh of several
-dims each reduction is one ``all_reduce`` per mesh dim it spans
-(:func:`~._dtensor.all_reduce`); below, "processes" are those of the mesh
-dims that cut the tensor, and a channel's dim ``d`` may be cut by some
-mesh dims and its other dims by others: its norms are then reduced over
-the latter, and the channels ranked over the former.
-
-**LnStructured**, by where the channels' dim ``d`` lies:
-
-- ``d`` is the sharded dim (``Shard(d)``: each process holds whole
-  channels): each block's channel norms are ``torch.norm`` of the block,
-  as one process computes them, and the channels are ranked across
-  processes by the exact radix select (:mod:`._sharded`; ties to the lower
-  channel index, NaN last). Communicated: the count of channels still
-  unpruned with a flag saying whether a process failed to compute its
-  norms (2 int64), then the select's fixed-size histograms (3 rounds of
-  32 KiB for float32 norms, 2 for 16-bit ones, 6 for float64). The mask
-  equals one process's bit for bit wherever torch's norm of a channel
-  does not depend on the block it is computed in: always for ``n`` =
-  ``inf``, ``-inf``, ``0`` and for exact sums, and otherwise but where
-  torch reduces a block of one or two channels, or of fewer channels than
-  threads, in an order of its own (last-bit differences: channels whose
-  norms are within an ulp or two of each other may then swap).
-- ``Replicate()``: every process runs the one-process kernel on its whole
-  copy, bit for bit as one process, nothing communicated.
-- another dim is sharded: each channel's norm needs every process. Each
-  process reduces its block per channel in float64 (the sum of
-  ``|x|**n``; the count of nonzero entries for ``n=0``; the largest or
-  smallest ``|x|`` for ``n=inf`` or ``-inf``, NaN kept), and ONE
-  ``all_reduce`` of ``C`` numbers (``2C`` with an earlier mask, whose
-  per-channel counts ride along; ``C`` channels) combines them. The norm is
-  then formed as ``torch.linalg.vector_norm`` would form it with exact
-  arithmetic: the sum rounded once to torch's accumulation dtype
-  (``float32`` for float16, bfloat16 and float32 scores, ``float64`` for
-  float64; so an overflow or underflow torch's float32 sum would hit
-  happens here too), the root taken, the result rounded to the scores'
-  dtype. Every process ranks the same norm vector alone, so all agree.
-  **Exactness:** ``n`` = ``inf``, ``-inf`` and ``0`` are computed exactly,
-  so those masks equal one process's bit for bit; for other ``n`` torch
-  rounds its float32 sum in an order of its own, so the mask equals one
-  process's whenever no channel that is pruned has a norm within torch's
-  rounding error (a few float32 ulps for usual channel sizes) of one that
-  is kept, and in particular whenever the sums are exact (small integers,
-  dyadic values); in every case all processes compute the same mask.
-  ``n='nuc'`` (a matrix norm) cannot be formed from per-process parts and
-  is refused there.
-
-**Random specs** (``RandomUnstructured``, ``RandomStructured``): keys are
-counter-based hashes of one agreed seed and each unit's global index,
-see :mod:`._dtensor_random`.
-
-**global_structured** (:func:`channels`): each tensor's channel vector is
-keyed as above (norms where the channels lie, or reduced across the
-processes that share them), laid out as the channels are (cut by the mesh
-dims that cut ``d``, copied along the others), and the group's vectors are
-ranked jointly by the exact selection over shards.
+Channel norms are taken where the channels lie whole, else reduced across
+the processes that share them (exact for ``n`` = ``inf``, ``-inf``, ``0``);
+channels are then ranked over shards. What is exact and what crosses
+processes, case by case: ``README.md``.
 """
 
 from __future__ import annotations
@@ -71,11 +15,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ._dtensor import Layout, agree_on_failure, all_reduce
-from ._dtensor_cuts import box, cut_dim, moved
-from ._dtensor_random import Seed, agreed, count_of, uniform
-from ._select import WHOLE, Group, keep
-from ._specs import (
+from .._select import WHOLE, Group, keep
+from .._specs import (
     LnStructured,
     RandomStructured,
     check_matrix_norm,
@@ -83,22 +24,13 @@ from ._specs import (
     ln_structured,
     unpruned_units,
 )
-from ._types import Mask, NormOrder, Tensor
-from ._validate import validate_dim_range, validate_structured
+from .._types import Mask, NormOrder, Tensor
+from .._validate import validate_dim_range, validate_structured
+from ._cuts import box, cut_dim, moved
+from ._layout import Layout, LocalBlock, agree_on_failure, all_reduce
+from ._random import Seed, agreed, count_of, uniform
 
 __all__ = ["Block", "Channels", "agree_on_failures", "all_reduced", "channels", "check_layout", "structured"]
-
-
-class Block(NamedTuple):
-    """One tensor of a group as this process holds it."""
-
-    scores: Tensor  # this process's block of the scores
-    mask: Mask  # and of the earlier mask (torch.bool), or None
-    layout: Layout
-
-    def whole(self) -> Tensor:
-        """The whole tensor's shape and dtype, no values (``meta``): for one process's checks."""
-        return torch.empty(self.layout.shape, dtype=self.scores.dtype, device="meta")
 
 
 # --- where the channels lie ------------------------------------------------------------
@@ -149,7 +81,7 @@ def check_layout(fn: str, what: str, spec: object, layout: Layout) -> None:
 # --- LnStructured and RandomStructured ----------------------------------------------------
 
 
-def structured(spec: LnStructured | RandomStructured, block: Block, generator: torch.Generator | None) -> Tensor:
+def structured(spec: LnStructured | RandomStructured, block: LocalBlock, generator: torch.Generator | None) -> Tensor:
     """This process's block of the mask ``spec`` gives for the DTensor ``block`` (see the module)."""
     scores, mask, layout = block
     whole = block.whole()  # torch's checks, on the whole shape
@@ -175,7 +107,7 @@ def structured(spec: LnStructured | RandomStructured, block: Block, generator: t
     return kept.expand(scores.shape).contiguous() if mask is None else kept & mask
 
 
-def _empty(spec: LnStructured | RandomStructured, block: Block) -> Tensor:
+def _empty(spec: LnStructured | RandomStructured, block: LocalBlock) -> Tensor:
     """A whole tensor of no entries: one process's kernel on an empty tensor (its errors), nothing sent."""
     scores, mask, layout = block
     empty = torch.zeros(layout.shape, dtype=scores.dtype, device=scores.device)
@@ -188,7 +120,7 @@ def _others(scores: Tensor, d: int) -> list[int]:
     return [i for i in range(scores.dim()) if i != d]
 
 
-def _ln_channels(spec: LnStructured, block: Block, d: int, vector: Layout) -> Tensor | None:
+def _ln_channels(spec: LnStructured, block: LocalBlock, d: int, vector: Layout) -> Tensor | None:
     """Kept flags of this process's channels (``vector``'s block); ``None``: none pruned.
 
     Norms are taken where the channels lie whole, else reduced across the
@@ -229,7 +161,7 @@ def _unpruned_channels(vector: Layout, eligible: Mask, failure: bool, device: to
 
 
 def _random_channels(
-    spec: RandomStructured, block: Block, d: int, vector: Layout, generator: torch.Generator | None
+    spec: RandomStructured, block: LocalBlock, d: int, vector: Layout, generator: torch.Generator | None
 ) -> Tensor | None:
     """Kept flags of this process's channels (``vector``'s block) drawn at random; ``None``: none pruned.
 
@@ -271,7 +203,7 @@ _NAN_ABOVE = 0x7FF8000000000000  # a quiet NaN's bits: above +inf's (0x7FF0...)
 _NAN_BELOW = -1
 
 
-def _norms_across(n: NormOrder, block: Block, d: int, across: tuple[int, ...]) -> tuple[Tensor, Mask]:
+def _norms_across(n: NormOrder, block: LocalBlock, d: int, across: tuple[int, ...]) -> tuple[Tensor, Mask]:
     """The L``n`` norm of each of this process's channels and (with a mask) whether it is unpruned.
 
     A channel's entries lie across the processes along the mesh dims
@@ -350,7 +282,7 @@ def _channel_layout(layout: Layout, d: int) -> Layout:
     return Layout(layout.mesh, placements, shape, cut[0], cut[1], layout.coordinate, along)
 
 
-def channels(spec: LnStructured | RandomStructured, block: Block, d: int) -> Channels:
+def channels(spec: LnStructured | RandomStructured, block: LocalBlock, d: int) -> Channels:
     """The channel keys of one DTensor of a global structured group (its shape checked by the caller).
 
     Channels whole on each process (no mesh dim cuts another dim than

@@ -1,16 +1,11 @@
 """DTensor masks: the specs funcprune computes on DTensors, block by block (the dispatch).
 
-:mod:`._dtensor` says where a DTensor's block sits (:class:`~._dtensor.Layout`)
-and checks layouts; this module runs a spec on each process's blocks,
-through the kernels with a :class:`~._sharded.Shard` per block, and wraps
-the masks back as DTensors. Supported: ``L1Unstructured``,
-``RandomUnstructured``, ``LnStructured``, ``RandomStructured``,
-``Identity``, ``CustomFromMask``, ``NM``, ``Block`` and ``PerSlice``
-(where the layout lets each group be computed from blocks as they lie:
-:mod:`._dtensor_shapes`) and chains of them; anything else is refused by
-:func:`check_supported` before any work. The Ln-structured and
-random kernels, and what they promise (exactness of norms that cross
-processes, how random keys are drawn), are in :mod:`._dtensor_kernels`.
+:func:`compute_mask` and :func:`compute_joint_masks` check a DTensor's
+layout, run the spec's block kernel on each process's blocks and wrap the
+masks back as DTensors; :func:`fold_step` is the plan fold's step over a
+DTensor parameter, and :func:`l1_each` runs a plan rule's L1 selections in
+lockstep. Anything unsupported is refused by :func:`check_supported` before
+any work.
 """
 
 from __future__ import annotations
@@ -22,11 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ._dtensor import Layout, block_of, layout_of, wrap
-from ._dtensor_kernels import Block, check_layout, structured
-from ._dtensor_random import random_unstructured
-from ._dtensor_shapes import blocks, check_cut, check_slice_spec, n_m, per_slice
-from ._select import (
+from .._select import (
     SHARDED_BRACKET_MIN_KEYS,
     LocalShard,
     Selection,
@@ -34,8 +25,9 @@ from ._select import (
     processes,
     resolve_count,
 )
-from ._specs import (
+from .._specs import (
     NM,
+    Block,
     Chain,
     CustomFromMask,
     Identity,
@@ -51,15 +43,18 @@ from ._specs import (
     l1_part,
     l1_unstructured_jointly,
 )
-from ._specs import Block as BlockSpec
-from ._types import Mask, Tensor, is_dtensor
-from ._validate import check_same_shape
+from .._types import Mask, Tensor, is_dtensor
+from .._validate import check_same_shape
+from ._layout import Layout, LocalBlock, block_of, layout_of, wrap
+from ._random import random_unstructured
+from ._shapes import blocks, check_cut, check_slice_spec, n_m, per_slice
+from ._structured import check_layout, structured
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
 
-    from ._specs import Step
+    from .._specs import Step
 
 __all__ = ["check_group", "check_supported", "compute_joint_masks", "compute_mask", "fold_step", "l1_each", "parameter_block", "shards_of"]
 
@@ -69,7 +64,7 @@ _SUPPORTED_SPECS = (
     "NM, Block, PerSlice and chains of them"
 )
 _SUPPORTED = (
-    L1Unstructured, RandomUnstructured, LnStructured, RandomStructured, Identity, CustomFromMask, NM, BlockSpec,
+    L1Unstructured, RandomUnstructured, LnStructured, RandomStructured, Identity, CustomFromMask, NM, Block,
     PerSlice,
 )
 
@@ -81,11 +76,11 @@ def check_supported(fn: str, what: str, spec: Spec, layout: Layout | None = None
     """Refuse a spec (or a chain's step) that cannot prune DTensors block by block.
 
     A ``PerSlice`` must run a deterministic spec in its slices
-    (:func:`~._dtensor_shapes.check_slice_spec`). With ``layout``
+    (:func:`~._shapes.check_slice_spec`). With ``layout``
     (``what``'s), also what that layout cannot give: a nuclear norm across
-    processes (:func:`~._dtensor_kernels.check_layout`), the groups of
+    processes (:func:`~._structured.check_layout`), the groups of
     ``NM``, ``Block`` or ``PerSlice`` cut across processes
-    (:func:`~._dtensor_shapes.check_cut`).
+    (:func:`~._shapes.check_cut`).
 
     Raises:
         NotImplementedError: naming the spec and what is supported.
@@ -105,7 +100,7 @@ def check_supported(fn: str, what: str, spec: Spec, layout: Layout | None = None
             check_cut(fn, what, step, layout)
 
 
-def _masks_of(spec: Spec, parts: Sequence[Block], generator: torch.Generator | None = None) -> list[Tensor]:
+def _masks_of(spec: Spec, parts: Sequence[LocalBlock], generator: torch.Generator | None = None) -> list[Tensor]:
     """This process's blocks of the masks ``spec`` gives for the group ``parts`` (checked spec).
 
     Structured specs and mask shapes come with one part (a group ranked jointly is unstructured).
@@ -120,7 +115,7 @@ def _masks_of(spec: Spec, parts: Sequence[Block], generator: torch.Generator | N
             return [structured(spec, p, generator) for p in parts]
         case NM():
             return [n_m(spec, p) for p in parts]
-        case BlockSpec():
+        case Block():
             return [blocks(spec, p) for p in parts]
         case PerSlice():
             return [per_slice(spec, p, generator) for p in parts]
@@ -133,11 +128,11 @@ def _masks_of(spec: Spec, parts: Sequence[Block], generator: torch.Generator | N
     raise AssertionError(f"unchecked spec {spec!r}")  # check_supported refused it
 
 
-def _chained(steps: Sequence[Spec], parts: Sequence[Block], generator: torch.Generator | None) -> list[Tensor]:
+def _chained(steps: Sequence[Spec], parts: Sequence[LocalBlock], generator: torch.Generator | None) -> list[Tensor]:
     """A chain's fold: step ``i > 0`` scores the tensor as pruned so far, as :class:`Chain` does."""
     kept = _masks_of(steps[0], parts, generator)
     for step in steps[1:]:
-        now = [Block(p.scores * m.to(p.scores.dtype), m, p.layout) for p, m in zip(parts, kept, strict=True)]
+        now = [LocalBlock(p.scores * m.to(p.scores.dtype), m, p.layout) for p, m in zip(parts, kept, strict=True)]
         kept = _masks_of(step, now, generator)
     return kept
 
@@ -195,7 +190,7 @@ def compute_mask(
     layout = layout_of(fn, names[0], scores)
     check_supported(fn, names[0], spec, layout)
     mask = None if default_mask is None else as_bool(block_of(fn, names[1], default_mask, names[0], layout))
-    (kept,) = _masks_of(spec, [Block(scores.to_local(), mask, layout)], generator)
+    (kept,) = _masks_of(spec, [LocalBlock(scores.to_local(), mask, layout)], generator)
     return wrap(kept, layout)
 
 
@@ -252,7 +247,7 @@ def compute_joint_masks(
         assert is_dtensor(s)  # checked by check_group
         layout = layout_of(fn, names[i], s)
         mask = None if d is None else as_bool(block_of(fn, f"default_masks[{i}]", d, names[i], layout))
-        parts.append(Block(s.to_local(), mask, layout))
+        parts.append(LocalBlock(s.to_local(), mask, layout))
     return [wrap(kept, p.layout) for kept, p in zip(_masks_of(spec, parts, generator), parts, strict=True)]
 
 
@@ -343,12 +338,12 @@ def _chunks(batch: list[_Pending], span: tuple[int, ...], mesh: DeviceMesh) -> l
     return chunks
 
 
-def parameter_block(fn: str, name: str, layout: Layout, scores: Tensor, mask: Mask) -> Block:
+def parameter_block(fn: str, name: str, layout: Layout, scores: Tensor, mask: Mask) -> LocalBlock:
     """This process's blocks of a plan's DTensor parameter ``name`` (laid out as ``layout``): its scores
     and earlier mask, which must be laid out as it."""
     what = f"the parameter {name!r}"
     kept = None if mask is None else as_bool(block_of(fn, f"the mask for {name!r}", mask, what, layout))
-    return Block(block_of(fn, f"the scores for {name!r}", scores, what, layout), kept, layout)
+    return LocalBlock(block_of(fn, f"the scores for {name!r}", scores, what, layout), kept, layout)
 
 
 def _count_of(spec: L1Unstructured, total: int, name: str, naming: Naming) -> Callable[[int], int]:

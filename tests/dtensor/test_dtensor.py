@@ -35,8 +35,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import funcprune as fp
-from funcprune._dtensor import layout_of
-from funcprune._dtensor_cuts import chunk
+from funcprune._dtensor._layout import layout_of
+from funcprune._dtensor._cuts import chunk
 from funcprune._select._radix import BINS
 
 pytestmark = pytest.mark.skipif(
@@ -548,14 +548,14 @@ def _per_tensor(rank: int, size: int, spec: fp.Spec, earlier: bool, max_keys: in
 
     ``max_keys``: the keys per process a lockstep batch may hold, for this call.
     """
-    from funcprune import _dtensor_masks
+    from funcprune._dtensor import _dispatch
 
-    budget = _dtensor_masks.LOCKSTEP_MAX_KEYS
-    _dtensor_masks.LOCKSTEP_MAX_KEYS = budget if max_keys is None else max_keys
+    budget = _dispatch.LOCKSTEP_MAX_KEYS
+    _dispatch.LOCKSTEP_MAX_KEYS = budget if max_keys is None else max_keys
     try:
         return _per_tensor_plan(size, spec, earlier)
     finally:
-        _dtensor_masks.LOCKSTEP_MAX_KEYS = budget
+        _dispatch.LOCKSTEP_MAX_KEYS = budget
 
 
 def _per_tensor_plan(size: int, spec: fp.Spec, earlier: bool) -> dict[str, Any]:

@@ -1,67 +1,25 @@
-"""DTensor inputs: masks computed block by block where the tensors lie, never gathered.
+"""Where a DTensor's block sits in the whole tensor (:class:`Layout`), and the collectives over its mesh.
 
-A parameter sharded by FSDP2 (``fully_shard``) or laid out by hand as a
-:class:`~torch.distributed.tensor.DTensor` is pruned in place: each process
-runs the kernels on its own block (``to_local()``), described by a
-:class:`~funcprune._sharded.Shard` (where the block sits in the whole
-tensor), and gets its block of the mask, wrapped as a DTensor with the
-scores' mesh and placements. Only counts cross processes: one number for the
-unpruned total, and the radix select's fixed-size histograms. No process
-gathers a parameter, its scores or a mask, and the masks equal, bit for bit,
-what one process computes on the whole tensors (ties pruned in order of the
-global index, NaN last).
-
-What is supported (everything else is refused with an error naming the
-argument; nothing is ever gathered or redistributed behind your back):
-
-- layouts: a device mesh of any number of dims, each placing the tensor
-  ``Shard(d)`` (any dim; uneven and empty blocks included, as
-  ``torch.chunk`` cuts them, a dim cut again by a later mesh dim as
-  DTensor cuts it) or ``Replicate()`` (HSDP's ``(Replicate(), Shard(0))``
-  included), or ``_StridedShard(d)`` where the cuts after it leave every
-  process one box (FSDP2 over tensor parallelism:
-  ``(_StridedShard(0, split_factor=2), Shard(0))``; see
-  :mod:`._dtensor_cuts`); an earlier mask or given scores laid out exactly
-  as their tensor;
-- specs: ``L1Unstructured``, ``RandomUnstructured``, ``LnStructured``,
-  ``RandomStructured`` (``amount`` or ``sparsity=``), ``Identity``,
-  ``CustomFromMask`` (its mask whole, each process taking its block, or a
-  DTensor of the scores' layout) and chains of them (see
-  :mod:`._dtensor_kernels` for what is exact and how random draws are
-  made); groups ranked jointly
-  (global plans) of DTensors on one mesh, each with its own placements;
-  earlier masks and given scores laid out as their parameter, DTensor
-  masks ``torch.bool`` where funcprune would read their values.
-
-Counts are reduced over the mesh dims that cut the group's tensors only,
-one ``all_reduce`` per such mesh dim (:func:`all_reduce`): processes that
-differ along the other mesh dims hold the same blocks and decide alike on
-their own (HSDP's replicas send nothing to one another), and a group with
-no ``Shard`` at all is computed by every process on its own. Where copies
-of a block lie along a mesh dim that is reduced over (a group mixing
-layouts), one copy counts it (:attr:`Layout.counted`).
-
-``torch.distributed.tensor`` is only imported once a DTensor exists:
-:func:`is_dtensor` looks it up in ``sys.modules`` first. This module says
-where a DTensor's block sits and checks layouts; :mod:`._dtensor_masks`
-runs the specs on the blocks.
+:func:`layout_of` reads a DTensor's layout (refusing what funcprune does not
+support), :func:`block_of` takes this process's block of a tensor laid out
+alike, :func:`wrap` turns a block back into a DTensor, and
+:func:`all_reduce` reduces over the mesh dims that cut a group. What is
+supported, and what crosses processes: ``README.md`` in this folder.
 """
 
 from __future__ import annotations
 
 import itertools
-import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, NamedTuple, final
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from ._dtensor_cuts import box, cut_dim, strided
-from ._select import LocalShard, reduced_over
-from ._types import Tensor, is_dtensor
+from .._select import LocalShard, reduced_over
+from .._types import Mask, Tensor, is_dtensor
+from ._cuts import box, cut_dim, strided
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -73,19 +31,9 @@ ReduceOp = dist.ReduceOp.RedOpType
 SUM = dist.ReduceOp.SUM
 
 __all__ = [
-    "Layout",
-    "agree_on_failure",
-    "all_reduce",
-    "block_of",
-    "check_layouts",
-    "check_like",
-    "check_not_fsdp",
-    "groups",
-    "refuse_in",
-    "is_dtensor",
-    "layout_of",
+    "Layout", "LocalBlock", "ReduceOp", "agree_on_failure", "all_reduce", "block_of", "groups", "layout_of", "shown",
     "wrap",
-]
+]  # fmt: skip
 
 #: What the refusals say is supported.
 _SUPPORTED_LAYOUTS = "Shard(dim), Replicate() or FSDP2's _StridedShard(dim) on each dim of a device mesh"
@@ -99,7 +47,7 @@ class Layout:
     Attributes:
         mesh: the DTensor's device mesh (of any number of dims).
         placements: its placements, one per mesh dim: ``Shard(d)``,
-            ``Replicate()`` or ``_StridedShard(d)`` (see :mod:`._dtensor_cuts`).
+            ``Replicate()`` or ``_StridedShard(d)`` (see ``_cuts.py``).
         shape: the whole tensor's shape.
         offsets: where the block starts, along each dim.
         size: the block's shape.
@@ -142,7 +90,7 @@ class Layout:
         return t.device_mesh == self.mesh and tuple(t.placements) == self.placements
 
     def shard(self, dims: Sequence[int], mesh: DeviceMesh | None = None) -> LocalShard:
-        """The block as :mod:`._sharded` describes it, selected over the mesh dims ``dims``.
+        """The block as ``funcprune._select`` describes it, selected over the mesh dims ``dims``.
 
         The process groups are ``mesh``'s (one equal to the layout's), or the layout's own.
         """
@@ -160,18 +108,18 @@ class Layout:
         return [b for b in every if b is not None]
 
     def __str__(self) -> str:
-        return _shown(self.placements, self.mesh)
+        return shown(self.placements, self.mesh)
 
 
 def _every_box(
     shape: tuple[int, ...], mesh: DeviceMesh, placements: Sequence[Placement]
 ) -> list[tuple[tuple[int, ...], tuple[int, ...]] | None]:
-    """:func:`~._dtensor_cuts.box` of every process of ``mesh``, in the mesh's order."""
+    """:func:`~._cuts.box` of every process of ``mesh``, in the mesh's order."""
     coordinates = itertools.product(*(range(n) for n in mesh.shape))
     return [box(shape, tuple(mesh.shape), c, placements) for c in coordinates]
 
 
-def _shown(placements: Sequence[Placement], mesh: DeviceMesh) -> str:
+def shown(placements: Sequence[Placement], mesh: DeviceMesh) -> str:
     return f"{list(placements)} on {mesh}"
 
 
@@ -229,7 +177,7 @@ def layout_of(fn: str, what: str, t: DTensor) -> Layout:
     cuts = [cut_dim(p, len(shape)) if shape else None for p in placements]
     if not all(c is not None or type(p) is Replicate for c, p in zip(cuts, placements, strict=True)):
         raise NotImplementedError(
-            f"{fn}: {what} is a DTensor laid out as {_shown(placements, mesh)}; funcprune computes "
+            f"{fn}: {what} is a DTensor laid out as {shown(placements, mesh)}; funcprune computes "
             f"masks of DTensors laid out as {_SUPPORTED_LAYOUTS} only (not yet Partial); "
             "redistribute it yourself with .redistribute(mesh, placements) if you mean to pay for "
             "that communication"
@@ -243,7 +191,7 @@ def layout_of(fn: str, what: str, t: DTensor) -> Layout:
     mine = box(shape, tuple(mesh.shape), coordinate, placements)
     if mine is None or (any(strided(p) for p in placements) and None in _every_box(shape, mesh, placements)):
         raise NotImplementedError(
-            f"{fn}: {what} is a DTensor laid out as {_shown(placements, mesh)}, which leaves some "
+            f"{fn}: {what} is a DTensor laid out as {shown(placements, mesh)}, which leaves some "
             f"process of the mesh entries of shape {shape} that are no box (a _StridedShard not "
             "undone by a Shard after it, as FSDP2 over tensor parallelism gives); funcprune computes "
             "masks of blocks that are boxes only"
@@ -282,7 +230,7 @@ def block_of(fn: str, what: str, t: Tensor, like: str, layout: Layout) -> Tensor
         )
     if not layout.describes(t):
         raise ValueError(
-            f"{fn}: {what} is laid out as {_shown(t.placements, t.device_mesh)} but {like} as "
+            f"{fn}: {what} is laid out as {shown(t.placements, t.device_mesh)} but {like} as "
             f"{layout}; they must have the same mesh and placements (funcprune never "
             "redistributes: call .redistribute(mesh, placements) yourself if you mean to pay for it)"
         )
@@ -296,96 +244,13 @@ def block_of(fn: str, what: str, t: Tensor, like: str, layout: Layout) -> Tensor
     return local
 
 
-# --- checks before any work ----------------------------------------------------------
+class LocalBlock(NamedTuple):
+    """One tensor of a group as this process holds it."""
 
+    scores: Tensor  # this process's block of the scores
+    mask: Mask  # and of the earlier mask (torch.bool), or None
+    layout: Layout
 
-def check_layouts(
-    fn: str, params: Mapping[str, Tensor], masks: object, scores: object = None, *, bool_masks: bool = True
-) -> None:
-    """Refuse masks and scores laid out otherwise than their parameters.
-
-    A DTensor parameter takes masks and scores that are DTensors of its mesh
-    and placements; a plain one takes plain ones. With ``bool_masks``, a
-    DTensor mask must be ``torch.bool``: checking that numbers are 0 and 1
-    would read this process's block only (a ``Partial`` reduction), and
-    processes that decide differently hang. Entries that are not tensors,
-    or name no parameter, are left to the other checks.
-
-    Raises:
-        TypeError: if a DTensor meets a plain tensor, or a DTensor mask is not ``torch.bool``.
-        ValueError: if a DTensor's mesh or placements differ from its parameter's.
-    """
-    for kind, given in (("mask for", masks), ("scores for", scores)):
-        if not isinstance(given, Mapping):
-            continue
-        for name, t in given.items():
-            param = params.get(name) if isinstance(name, str) else None
-            if isinstance(t, torch.Tensor) and isinstance(param, torch.Tensor):
-                check_like(fn, f"the {kind} {name!r}", t, "the parameter", param)
-                if kind == "mask for" and bool_masks and is_dtensor(t) and t.dtype != torch.bool:
-                    raise TypeError(
-                        f"{fn}: the mask for {name!r} is a DTensor of dtype {t.dtype}; DTensor masks "
-                        "must be torch.bool (funcprune's are): checking that numbers are 0 and 1 "
-                        "would read one process's block only; convert it with `mask != 0`"
-                    )
-
-
-def check_like(fn: str, what: str, t: Tensor, like: str, other: Tensor) -> None:
-    """Refuse ``t`` unless it is laid out as ``other``: both plain, or DTensors of one mesh and placements.
-
-    Raises:
-        TypeError: if one is a DTensor and the other not.
-        ValueError: if their meshes or placements differ.
-    """
-    if is_dtensor(other) and is_dtensor(t):
-        if t.device_mesh != other.device_mesh or tuple(t.placements) != tuple(other.placements):
-            raise ValueError(
-                f"{fn}: {what} is laid out as {_shown(t.placements, t.device_mesh)} but {like} as "
-                f"{_shown(other.placements, other.device_mesh)}; they must have the same mesh and "
-                "placements (funcprune never redistributes: call .redistribute(mesh, placements) "
-                "yourself if you mean to pay for it)"
-            )
-    elif is_dtensor(other) or is_dtensor(t):
-        kinds = ("a DTensor", "a plain torch.Tensor") if is_dtensor(t) else ("a plain torch.Tensor", "a DTensor")
-        raise TypeError(
-            f"{fn}: {what} is {kinds[0]} but {like} is {kinds[1]}; give both as DTensors with the "
-            "same mesh and placements (as funcprune returns masks), or neither"
-        )
-
-
-def check_not_fsdp(fn: str, module: nn.Module) -> None:
-    """Refuse a module tree holding an FSDP2 module: ``functional_call`` cannot replace its parameters.
-
-    FSDP2's pre-forward hook all-gathers the module's own sharded parameters
-    into place, so the tensors that :func:`torch.func.functional_call`
-    passes are silently ignored.
-    """
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    kind = getattr(fsdp, "FSDPModule", None)
-    if kind is None:
-        return  # never imported: no module can be one
-    for name, sub in module.named_modules():
-        if isinstance(sub, kind):
-            where = "module" if not name else f"module.{name}"
-            raise TypeError(
-                f"{fn}: {where} is an FSDP2 module (fully_shard): its forward gathers its own "
-                "parameters and ignores those functional_call passes, so the masks would silently "
-                "not apply; train it in place instead: fp.mask_gradients_(params, masks) after "
-                "backward(), optimizer.step(), then fp.apply_masks_(params, masks)"
-            )
-
-
-def refuse_in(fn: str, tensors: Mapping[str, object] | None, what: str = "parameter") -> None:
-    """Refuse DTensors where a function rebuilds whole tensors (payoff: bake, shrink, to_sparse).
-
-    Rebuilt into a module or a sparse tensor, a DTensor would be gathered,
-    or be that process's block only. Not supported yet, so refused.
-    """
-    for name, t in (tensors or {}).items():
-        if is_dtensor(t):
-            raise NotImplementedError(
-                f"{fn}: the {what} {name!r} is a DTensor ({_shown(t.placements, t.device_mesh)}); "
-                f"{fn} does not support DTensors yet (it would rebuild this process's "
-                "block only); DTensors are supported by compute_mask, the plans, the "
-                "apply functions and sparsity_report"
-            )
+    def whole(self) -> Tensor:
+        """The whole tensor's shape and dtype, no values (``meta``): for one process's checks."""
+        return torch.empty(self.layout.shape, dtype=self.scores.dtype, device="meta")

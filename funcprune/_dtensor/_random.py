@@ -1,47 +1,21 @@
 """Random specs on DTensors: one agreed seed, and keys hashed from it and each unit's global index.
 
-**Random specs** (``RandomUnstructured``, ``RandomStructured``) do not draw
-as torch does: each draws ONE 64-bit seed from ``generator`` (or torch's
-default CPU generator), agrees on the seed of the mesh's first process (it
-rides along the call's first ``all_reduce``, over every mesh dim, so
-processes whose generators differ still agree, replicas included), and keys
-every unit by a counter-based hash of the seed and the unit's global index
-(splitmix64: the output numbered ``index + 1`` from the state ``seed``, its
-top 53 bits a float64 in ``[0, 1)``); the units of lowest keys among those
-still unpruned are pruned, exactly the amount asked (ties, about never, to
-the lower index). So a mask depends only on the seed, the whole tensor's
-shape and the earlier mask: the same for any world size and placement (and
-equal to what a 1-process mesh gives), identical on re-run from the same
-generator state, never equal to one process's ``torch.rand`` draws. When
-nothing is pruned (``k == 0``) or the amount is refused, the generator is
-put back as it was (torch draws nothing then either). Communicated, in
-int64: ``RandomUnstructured`` over shards and ``RandomStructured`` with
-sharded channels send the count of units still unpruned with the seed (one
-``all_reduce`` of 2 numbers), then the radix select's rounds over 64-bit
-keys (6 rounds of 32 KiB); replicas send the seed alone and rank locally,
-and so does ``RandomStructured`` sharded along another dim, with the ``C``
-per-channel counts beside the seed where there is an earlier mask.
-
-:func:`random_unstructured` runs ``RandomUnstructured`` over a group of
-blocks; :mod:`._dtensor_kernels` draws ``RandomStructured``'s channels with
-the same :class:`Seed`, :func:`agreed` and :func:`uniform`.
+A mask depends only on the seed, the whole tensor's shape and the earlier
+mask: the same for any world size and placement, never one process's
+``torch.rand`` draws (``README.md``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
-from ._dtensor import Layout, all_reduce
-from ._select import KeyPart, LocalShard, Target, keep_jointly, resolve_count
-from ._specs import keep_all
-from ._types import Tensor
-
-if TYPE_CHECKING:
-    from ._dtensor_kernels import Block
+from .._select import KeyPart, LocalShard, Target, keep_jointly, resolve_count
+from .._specs import keep_all
+from .._types import Tensor
+from ._layout import Layout, LocalBlock, all_reduce
 
 __all__ = ["Seed", "agreed", "count_of", "random_unstructured", "uniform"]
 
@@ -131,7 +105,7 @@ def count_of(target: Target, unpruned: int, total: int, seed: Seed | None) -> in
 
 
 def random_unstructured(
-    target: Target, blocks: Sequence[Block], shards: Sequence[LocalShard] | None, generator: torch.Generator | None
+    target: Target, blocks: Sequence[LocalBlock], shards: Sequence[LocalShard] | None, generator: torch.Generator | None
 ) -> list[Tensor]:
     """This process's blocks of the masks of ``RandomUnstructured(target)`` over the group ``blocks``.
 
