@@ -29,10 +29,18 @@ from torch import nn
 from ._allocate import erk_sparsity, uniform_sparsity
 from ._apply import apply_masks
 from ._bake import bake
-from ._digits import Adam, Data, DigitsCNN, accuracy, adam_step, load_data, loss_of, params_of, train_steps
-from ._global import global_unstructured
-from ._global_structured import global_structured
-from ._plan import Plan
+from ._digits import (
+    Adam,
+    Data,
+    DigitsCNN,
+    accuracy,
+    adam_step,
+    load_data,
+    loss_of,
+    params_of,
+    train_steps,
+)
+from ._plans import Plan, global_structured, global_unstructured
 from ._prunable import prunable
 from ._report import sparsity_report
 from ._schedules import Iterative, Polynomial

@@ -39,14 +39,18 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._select": frozenset({"funcprune._torch_private", "funcprune._types", "funcprune._validate", "funcprune._native"}),
     "funcprune._specs": frozenset({"funcprune._types", "funcprune._validate", "funcprune._select"}),
     "funcprune._dtensor": frozenset({"funcprune._types", "funcprune._validate", "funcprune._select", "funcprune._specs"}),
+    "funcprune._plans": frozenset({
+        "funcprune._types", "funcprune._validate", "funcprune._names", "funcprune._specs", "funcprune._dtensor",
+    }),
     "funcprune._graph": frozenset({"funcprune._types"}),
-    "funcprune.compat": frozenset({"funcprune._types", "funcprune._validate", "funcprune._names", "funcprune._specs"}),
+    "funcprune.compat": frozenset({
+        "funcprune._types", "funcprune._validate", "funcprune._names", "funcprune._specs", "funcprune._plans",
+    }),
 }
 #: The modules of the flat layout not yet in a room (each later commit empties this).
 FLAT = frozenset({
     "funcprune._activations", "funcprune._allocate", "funcprune._apply", "funcprune._bake", "funcprune._demo",
-    "funcprune._digits", "funcprune._global", "funcprune._global_structured", "funcprune._masks",
-    "funcprune._multiply", "funcprune._plan", "funcprune._prunable", "funcprune._report", "funcprune._schedules",
+    "funcprune._digits", "funcprune._multiply", "funcprune._prunable", "funcprune._report", "funcprune._schedules",
     "funcprune._scores", "funcprune._shrink", "funcprune._sparse", "funcprune._tutorial",
 })  # fmt: skip
 #: Above every room: the public facade and ``python -m funcprune`` may import any door.

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .._masks import compute_mask as fold_mask
+from .._plans import compute_mask as fold_mask
 from .._specs import Spec, unpruned_units
 from .._validate import non_binary
 

@@ -28,7 +28,7 @@ import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 from .. import _specs as specs
-from .._masks import compute_mask as fold_mask
+from .._plans import compute_mask as fold_mask
 from .._specs import Spec
 from .._types import Amount
 from ._base import BasePruningMethod

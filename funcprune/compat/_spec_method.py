@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._masks import compute_mask as fold_mask
+from .._plans import compute_mask as fold_mask
 from .._specs import Spec
 from ._base import BasePruningMethod
 from ._state import TorchBase

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 
 import torch
 
-from . import _dtensor as dtensor
-from ._dtensor import check_like
-from ._specs import Spec, checked_mask
-from ._types import Mask, Tensor, is_dtensor
-from ._validate import check_fits, check_generator, check_same_shape
+from .. import _dtensor as dtensor
+from .._dtensor import check_like
+from .._specs import Spec, checked_mask
+from .._types import Mask, Tensor, is_dtensor
+from .._validate import check_fits, check_generator, check_same_shape
 
 __all__ = ["compute_joint_masks", "compute_mask", "prune"]
 

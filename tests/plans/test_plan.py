@@ -1,4 +1,4 @@
-"""Plans (funcprune._plan): rules, composition, parity with torch, copies, transforms."""
+"""Plans (funcprune._plans): rules, composition, parity with torch, copies, transforms."""
 
 from __future__ import annotations
 

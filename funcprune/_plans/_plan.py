@@ -25,17 +25,17 @@ from typing import ClassVar, Union, final
 
 import torch
 
-from . import _dtensor as dtensor
-from ._names import (
+from .. import _dtensor as dtensor
+from .._names import (
     check_masks,
     check_not_hook_mode,
     check_params,
     check_scores,
     match_names,
 )
-from ._specs import Chain, Identity, L1Unstructured, Spec, chain, fold
-from ._types import Mask, Masks, Params, Scores, Tensor, is_dtensor
-from ._validate import check_generator
+from .._specs import Chain, Identity, L1Unstructured, Spec, chain, fold
+from .._types import Mask, Masks, Params, Scores, Tensor, is_dtensor
+from .._validate import check_generator
 
 __all__ = ["AbstractPlan", "Plan", "ComposedPlan", "Rule", "compose"]
 
@@ -141,11 +141,11 @@ class AbstractPlan(abc.ABC):
         current = check_masks(fn, params, masks)
         given = masks if isinstance(masks, Mapping) else {}
         by_name = check_scores(fn, params, scores)
-        out = self._fold(params, current, by_name, generator)
+        out = self.masks_for(params, current, by_name, generator)
         return {name: _own(out[name], given.get(name)) for name in params if name in out}
 
     @abc.abstractmethod
-    def _fold(
+    def masks_for(
         self,
         params: Params,
         masks: dict[str, Tensor],
@@ -271,7 +271,7 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
         body = ", ".join(f"{key!r}: {spec_repr(spec)}" for key, spec in self._rules)
         return f"Plan({{{body}}})"
 
-    def _fold(
+    def masks_for(
         self,
         params: Params,
         masks: dict[str, Tensor],
@@ -346,7 +346,7 @@ class ComposedPlan(AbstractPlan):
     def __repr__(self) -> str:
         return "compose(" + ", ".join(map(repr, self.plans)) + ")"
 
-    def _fold(
+    def masks_for(
         self,
         params: Params,
         masks: dict[str, Tensor],
@@ -354,7 +354,7 @@ class ComposedPlan(AbstractPlan):
         generator: torch.Generator | None,
     ) -> dict[str, Tensor]:
         for plan in self.plans:
-            masks = plan._fold(params, masks, scores, generator)
+            masks = plan.masks_for(params, masks, scores, generator)
         return masks
 
 

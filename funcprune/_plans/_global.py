@@ -14,12 +14,12 @@ from typing import ClassVar, final
 
 import torch
 
-from . import _dtensor as dtensor
-from ._masks import compute_joint_masks
-from ._names import select_names
+from .. import _dtensor as dtensor
+from .._names import select_names
+from .._specs import Spec
+from .._types import Params, Scores, Tensor, is_dtensor
+from ._compute import compute_joint_masks
 from ._plan import AbstractPlan, as_spec, naming, scores_for, spec_repr
-from ._specs import Spec
-from ._types import Params, Scores, Tensor, is_dtensor
 
 __all__ = ["GlobalPlan", "global_unstructured"]
 
@@ -63,7 +63,7 @@ class GlobalPlan(AbstractPlan):
     def __repr__(self) -> str:
         return f"global_unstructured({list(self.names)!r}, {spec_repr(self.spec)})"
 
-    def _fold(
+    def masks_for(
         self,
         params: Params,
         masks: dict[str, Tensor],

@@ -1,4 +1,4 @@
-"""Global groups: joint pruning of several tensors (funcprune._global), parity with torch."""
+"""Global groups: joint pruning of several tensors (funcprune._plans._global), parity with torch."""
 
 from __future__ import annotations
 

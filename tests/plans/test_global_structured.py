@@ -1,4 +1,4 @@
-"""Global structured groups (funcprune._global_structured): channels of several tensors ranked together."""
+"""Global structured groups (funcprune._plans._global_structured): channels of several tensors ranked together."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import given
 
 import funcprune as fp
 from funcprune import GlobalStructuredPlan, global_structured
-from funcprune._global_structured import Normalize
+from funcprune._plans._global_structured import Normalize
 
 Tensor = torch.Tensor
 

@@ -29,7 +29,7 @@ from typing import ClassVar, Literal, NamedTuple, Optional, Union, final
 import torch
 import torch.distributed as dist
 
-from ._dtensor import (
+from .._dtensor import (
     Channels,
     LocalBlock,
     agree_on_failures,
@@ -43,10 +43,8 @@ from ._dtensor import (
     shards_of,
     wrap,
 )
-from ._masks import compute_mask
-from ._names import select_names
-from ._plan import AbstractPlan, naming, scores_for
-from ._specs import (
+from .._names import select_names
+from .._specs import (
     L1Unstructured,
     LnStructured,
     RandomStructured,
@@ -56,8 +54,10 @@ from ._specs import (
     l1_unstructured_jointly,
     unpruned_units,
 )
-from ._types import Mask, Params, Scores, Tensor, is_dtensor
-from ._validate import validate_dim_range, validate_structured
+from .._types import Mask, Params, Scores, Tensor, is_dtensor
+from .._validate import validate_dim_range, validate_structured
+from ._compute import compute_mask
+from ._plan import AbstractPlan, naming, scores_for
 
 __all__ = ["GlobalStructuredPlan", "Normalize", "global_structured"]
 
@@ -111,7 +111,7 @@ class GlobalStructuredPlan(AbstractPlan):
         extra = "" if self.normalize is None else f", normalize={self.normalize!r}"
         return f"global_structured({list(self.names)!r}, {self.spec!r}{extra})"
 
-    def _fold(
+    def masks_for(
         self,
         params: Params,
         masks: dict[str, Tensor],

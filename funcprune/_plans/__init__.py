@@ -1,0 +1,22 @@
+"""From tensors and dicts to masks: the checked entry points and the plans (the door).
+
+``_compute.py`` holds the public mask functions, where plain and DTensor
+inputs part ways; ``_plan.py`` the plan protocol (``AbstractPlan``), ``Plan``
+and ``compose``; ``_global.py`` and ``_global_structured.py`` the global
+plans. Plans fold specs through ``funcprune._specs`` and hand DTensors to
+``funcprune._dtensor``; they never reach below the fold.
+"""
+
+from ._compute import compute_joint_masks as compute_joint_masks
+from ._compute import compute_mask as compute_mask
+from ._compute import prune as prune
+from ._global import GlobalPlan as GlobalPlan
+from ._global import global_unstructured as global_unstructured
+from ._global_structured import GlobalStructuredPlan as GlobalStructuredPlan
+from ._global_structured import Normalize as Normalize
+from ._global_structured import global_structured as global_structured
+from ._plan import AbstractPlan as AbstractPlan
+from ._plan import ComposedPlan as ComposedPlan
+from ._plan import Plan as Plan
+from ._plan import Rule as Rule
+from ._plan import compose as compose
