@@ -54,8 +54,6 @@ with _warnings.catch_warnings():  # the first torch import, without NumPy instal
     import torch as _torch  # noqa: F401
 
 from ._activations import input_norms as input_norms
-from ._allocate import erk_sparsity as erk_sparsity
-from ._allocate import uniform_sparsity as uniform_sparsity
 from ._apply import Multipliers as Multipliers
 from ._apply import apply_masks as apply_masks
 from ._apply import apply_masks_ as apply_masks_
@@ -79,14 +77,9 @@ from ._plans import compute_mask as compute_mask
 from ._plans import global_structured as global_structured
 from ._plans import global_unstructured as global_unstructured
 from ._plans import prune as prune
-from ._prunable import prunable as prunable
 from ._report import SparsityReport as SparsityReport
 from ._report import SparsityRow as SparsityRow
 from ._report import sparsity_report as sparsity_report
-from ._schedules import Iterative as Iterative
-from ._schedules import OneShot as OneShot
-from ._schedules import Polynomial as Polynomial
-from ._schedules import Schedule as Schedule
 from ._scores import saliency as saliency
 from ._scores import taylor as taylor
 from ._scores import wanda as wanda
@@ -110,6 +103,13 @@ from ._specs import RandomStructured as RandomStructured
 from ._specs import RandomUnstructured as RandomUnstructured
 from ._specs import Spec as Spec
 from ._specs import chain as chain
+from ._targets import Iterative as Iterative
+from ._targets import OneShot as OneShot
+from ._targets import Polynomial as Polynomial
+from ._targets import Schedule as Schedule
+from ._targets import erk_sparsity as erk_sparsity
+from ._targets import prunable as prunable
+from ._targets import uniform_sparsity as uniform_sparsity
 from ._types import Amount as Amount
 from ._types import Masks as Masks
 from ._types import NormOrder as NormOrder

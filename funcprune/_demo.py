@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ._allocate import erk_sparsity, uniform_sparsity
 from ._apply import apply_masks
 from ._bake import bake
 from ._digits import (
@@ -41,11 +40,10 @@ from ._digits import (
     train_steps,
 )
 from ._plans import Plan, global_structured, global_unstructured
-from ._prunable import prunable
 from ._report import sparsity_report
-from ._schedules import Iterative, Polynomial
 from ._shrink import propagate, shrink
 from ._specs import L1Unstructured, LnStructured, RandomUnstructured
+from ._targets import Iterative, Polynomial, erk_sparsity, prunable, uniform_sparsity
 from ._tutorial import tutorial
 from ._types import Masks, Params
 

@@ -42,6 +42,7 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._plans": frozenset({
         "funcprune._types", "funcprune._validate", "funcprune._names", "funcprune._specs", "funcprune._dtensor",
     }),
+    "funcprune._targets": frozenset({"funcprune._types", "funcprune._validate", "funcprune._names"}),
     "funcprune._graph": frozenset({"funcprune._types"}),
     "funcprune.compat": frozenset({
         "funcprune._types", "funcprune._validate", "funcprune._names", "funcprune._specs", "funcprune._plans",
@@ -49,8 +50,8 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
 }
 #: The modules of the flat layout not yet in a room (each later commit empties this).
 FLAT = frozenset({
-    "funcprune._activations", "funcprune._allocate", "funcprune._apply", "funcprune._bake", "funcprune._demo",
-    "funcprune._digits", "funcprune._multiply", "funcprune._prunable", "funcprune._report", "funcprune._schedules",
+    "funcprune._activations", "funcprune._apply", "funcprune._bake", "funcprune._demo",
+    "funcprune._digits", "funcprune._multiply", "funcprune._report",
     "funcprune._scores", "funcprune._shrink", "funcprune._sparse", "funcprune._tutorial",
 })  # fmt: skip
 #: Above every room: the public facade and ``python -m funcprune`` may import any door.

@@ -23,7 +23,7 @@ import numbers
 from dataclasses import KW_ONLY, dataclass
 from typing import final
 
-from ._validate import check_count, check_sparsity
+from .._validate import check_count, check_sparsity
 
 __all__ = ["Schedule", "OneShot", "Polynomial", "Iterative"]
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from ._names import check_not_hook_mode
+from .._names import check_not_hook_mode
 
 __all__ = ["prunable"]
 

@@ -1,4 +1,4 @@
-"""Which weights to prune (funcprune._prunable): names, ties, custom types, errors, plans."""
+"""Which weights to prune (funcprune._targets._prunable): names, ties, custom types, errors, plans."""
 
 from __future__ import annotations
 

@@ -29,9 +29,9 @@ import math
 import numbers
 from collections.abc import Collection, Iterable
 
-from ._names import check_params, match_names
-from ._types import Params
-from ._validate import check_sparsity
+from .._names import check_params, match_names
+from .._types import Params
+from .._validate import check_sparsity
 
 __all__ = ["uniform_sparsity", "erk_sparsity"]
 
