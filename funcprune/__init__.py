@@ -53,7 +53,6 @@ with _warnings.catch_warnings():  # the first torch import, without NumPy instal
     _warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     import torch as _torch  # noqa: F401
 
-from ._activations import input_norms as input_norms
 from ._apply import Multipliers as Multipliers
 from ._apply import apply_masks as apply_masks
 from ._apply import apply_masks_ as apply_masks_
@@ -62,6 +61,10 @@ from ._apply import mask_gradients as mask_gradients
 from ._apply import mask_gradients_ as mask_gradients_
 from ._apply import to_multipliers as to_multipliers
 from ._bake import bake as bake
+from ._criteria import input_norms as input_norms
+from ._criteria import saliency as saliency
+from ._criteria import taylor as taylor
+from ._criteria import wanda as wanda
 from ._names import UnknownNameError as UnknownNameError
 from ._native import NativeStatus as NativeStatus
 from ._native import status as native_status
@@ -80,9 +83,6 @@ from ._plans import prune as prune
 from ._report import SparsityReport as SparsityReport
 from ._report import SparsityRow as SparsityRow
 from ._report import sparsity_report as sparsity_report
-from ._scores import saliency as saliency
-from ._scores import taylor as taylor
-from ._scores import wanda as wanda
 from ._shrink import KeptChannelsWarning as KeptChannelsWarning
 from ._shrink import propagate as propagate
 from ._shrink import shrink as shrink

@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._dtensor import layout_of, wrap
-from ._names import check_params, unknown_name
-from ._types import Params, Tensor, is_dtensor
-from ._validate import check_fits
+from .._dtensor import layout_of, wrap
+from .._names import check_params, unknown_name
+from .._types import Params, Tensor, is_dtensor
+from .._validate import check_fits
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor

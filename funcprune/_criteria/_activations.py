@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, final
 import torch
 from torch import nn
 
-from ._names import UnknownNameError, unknown_name
-from ._types import Tensor
+from .._names import UnknownNameError, unknown_name
+from .._types import Tensor
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

@@ -1,0 +1,12 @@
+"""Scores beyond magnitude: from gradients and from calibration data (the door).
+
+``_scores.py`` turns parameters and gradients (``saliency``, ``taylor``) or
+input norms (``wanda``) into a plan's ``scores=``; ``_activations.py``
+gathers the input norms of calibration batches (``input_norms``), summed
+across processes where asked.
+"""
+
+from ._activations import input_norms as input_norms
+from ._scores import saliency as saliency
+from ._scores import taylor as taylor
+from ._scores import wanda as wanda
