@@ -54,11 +54,14 @@ with _warnings.catch_warnings():  # the first torch import, without NumPy instal
     import torch as _torch  # noqa: F401
 
 from ._apply import Multipliers as Multipliers
+from ._apply import SparsityReport as SparsityReport
+from ._apply import SparsityRow as SparsityRow
 from ._apply import apply_masks as apply_masks
 from ._apply import apply_masks_ as apply_masks_
 from ._apply import functional_call_masked as functional_call_masked
 from ._apply import mask_gradients as mask_gradients
 from ._apply import mask_gradients_ as mask_gradients_
+from ._apply import sparsity_report as sparsity_report
 from ._apply import to_multipliers as to_multipliers
 from ._bake import bake as bake
 from ._criteria import input_norms as input_norms
@@ -80,9 +83,6 @@ from ._plans import compute_mask as compute_mask
 from ._plans import global_structured as global_structured
 from ._plans import global_unstructured as global_unstructured
 from ._plans import prune as prune
-from ._report import SparsityReport as SparsityReport
-from ._report import SparsityRow as SparsityRow
-from ._report import sparsity_report as sparsity_report
 from ._shrink import KeptChannelsWarning as KeptChannelsWarning
 from ._shrink import propagate as propagate
 from ._shrink import shrink as shrink

@@ -28,14 +28,13 @@ from collections.abc import Mapping
 from typing import TypeVar
 
 import torch
-import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 from ._dtensor import refuse_in
-from ._names import check_masks
+from ._names import check_masks, check_not_hooked
 from ._types import Masks, Tensor
 
-__all__ = ["bake", "check_mask_dtypes", "check_not_hooked", "first_names", "one_mask_per_parameter"]
+__all__ = ["bake", "check_mask_dtypes", "first_names", "one_mask_per_parameter"]
 
 _M = TypeVar("_M", bound=nn.Module)
 
@@ -128,26 +127,6 @@ def check_mask_dtypes(fn: str, masks: object) -> Mapping[str, Tensor]:
                 "(True = kept) or a floating-point 0/1 mask; convert it with `mask != 0`"
             )
     return masks
-
-
-def check_not_hooked(fn: str, module: nn.Module, *, then: str = "") -> None:
-    """Refuse a module pruned in hook mode: its ``weight`` is recomputed by a hook.
-
-    The message tells how to go on: ``then``, or ``{fn}(module, masks)`` by default.
-    """
-    then = then or f"{fn}(module, masks)"
-    for prefix, submodule in module.named_modules():
-        for hook in submodule._forward_pre_hooks.values():
-            if isinstance(hook, torch_prune.BasePruningMethod):
-                key = f"{prefix}.{hook._tensor_name}" if prefix else hook._tensor_name
-                raise ValueError(
-                    f"{fn}: module is pruned in hook mode (torch.nn.utils.prune or "
-                    f"funcprune.compat): {key!r} is recomputed by a forward pre-hook from "
-                    f"{key + '_orig'!r} and a mask buffer; call "
-                    "`masks = funcprune.compat.unprune_(module)` first, which turns it back "
-                    f"into plain parameters and returns its masks, then {then}; "
-                    "or make the pruning permanent with funcprune.compat.remove(submodule, name)"
-                )
 
 
 def first_names(module: nn.Module) -> dict[str, str]:

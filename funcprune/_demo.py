@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ._apply import apply_masks
+from ._apply import apply_masks, sparsity_report
 from ._bake import bake
 from ._digits import (
     Adam,
@@ -40,7 +40,6 @@ from ._digits import (
     train_steps,
 )
 from ._plans import Plan, global_structured, global_unstructured
-from ._report import sparsity_report
 from ._shrink import propagate, shrink
 from ._specs import L1Unstructured, LnStructured, RandomUnstructured
 from ._targets import Iterative, Polynomial, erk_sparsity, prunable, uniform_sparsity

@@ -15,10 +15,11 @@ import fnmatch
 from collections.abc import Mapping, Sequence
 
 import torch
+import torch.nn.utils.prune as torch_prune
+from torch import nn
 
 from ._types import Params, Tensor
 from ._validate import check_fits, is_concrete, non_binary
-
 
 __all__ = [
     "UnknownNameError",
@@ -26,6 +27,8 @@ __all__ = [
     "select_names",
     "check_params",
     "check_not_hook_mode",
+    "check_not_hooked",
+    "pruning_hook",
     "check_masks",
     "check_scores",
     "as_bool_mask",
@@ -95,6 +98,39 @@ def check_not_hook_mode(fn: str, params: Params) -> None:
             f"{fn}: params holds {hooked[0]!r} but no {hooked[0][: -len(_ORIG)]!r}: these are "
             f"the parameters of a module pruned in hook mode, which funcprune's rules do not "
             f"name; {_HOOK_MODE_HINT}, then pass dict(module.named_parameters())"
+        )
+
+
+def pruning_hook(module: nn.Module) -> tuple[str, torch_prune.BasePruningMethod] | None:
+    """The first tensor of ``module`` that a pruning hook (torch's or compat's) recomputes, and the hook.
+
+    The dotted name of the tensor, or ``None`` where no hook prunes: the one
+    place that reads a pruning hook's ``_tensor_name`` (torch's attribute).
+    """
+    for prefix, submodule in module.named_modules():
+        for hook in submodule._forward_pre_hooks.values():
+            if isinstance(hook, torch_prune.BasePruningMethod):
+                name = getattr(hook, "_tensor_name", "?")
+                return (f"{prefix}.{name}" if prefix else name), hook
+    return None
+
+
+def check_not_hooked(fn: str, module: nn.Module, *, then: str = "") -> None:
+    """Refuse a module pruned in hook mode: its ``weight`` is recomputed by a hook.
+
+    The message tells how to go on: ``then``, or ``{fn}(module, masks)`` by default.
+    """
+    then = then or f"{fn}(module, masks)"
+    hooked = pruning_hook(module)
+    if hooked is not None:
+        key = hooked[0]
+        raise ValueError(
+            f"{fn}: module is pruned in hook mode (torch.nn.utils.prune or "
+            f"funcprune.compat): {key!r} is recomputed by a forward pre-hook from "
+            f"{key + '_orig'!r} and a mask buffer; call "
+            "`masks = funcprune.compat.unprune_(module)` first, which turns it back "
+            f"into plain parameters and returns its masks, then {then}; "
+            "or make the pruning permanent with funcprune.compat.remove(submodule, name)"
         )
 
 

@@ -47,15 +47,10 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from ._bake import (
-    check_mask_dtypes,
-    check_not_hooked,
-    first_names,
-    one_mask_per_parameter,
-)
+from ._bake import check_mask_dtypes, first_names, one_mask_per_parameter
 from ._dtensor import refuse_in
 from ._graph import Cut, RoleKind, plan_removal, trace_channels
-from ._names import check_masks
+from ._names import check_masks, check_not_hooked
 from ._types import Masks, Tensor
 
 __all__ = ["KeptChannelsWarning", "propagate", "shrink"]

@@ -44,6 +44,9 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     }),
     "funcprune._targets": frozenset({"funcprune._types", "funcprune._validate", "funcprune._names"}),
     "funcprune._criteria": frozenset({"funcprune._types", "funcprune._validate", "funcprune._names", "funcprune._dtensor"}),
+    "funcprune._apply": frozenset({
+        "funcprune._types", "funcprune._validate", "funcprune._names", "funcprune._native", "funcprune._dtensor",
+    }),
     "funcprune._graph": frozenset({"funcprune._types"}),
     "funcprune.compat": frozenset({
         "funcprune._types", "funcprune._validate", "funcprune._names", "funcprune._specs", "funcprune._plans",
@@ -51,8 +54,8 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
 }
 #: The modules of the flat layout not yet in a room (each later commit empties this).
 FLAT = frozenset({
-    "funcprune._apply", "funcprune._bake", "funcprune._demo",
-    "funcprune._digits", "funcprune._multiply", "funcprune._report",
+    "funcprune._bake", "funcprune._demo",
+    "funcprune._digits",
     "funcprune._shrink", "funcprune._sparse", "funcprune._tutorial",
 })  # fmt: skip
 #: Above every room: the public facade and ``python -m funcprune`` may import any door.

@@ -1,33 +1,8 @@
 """``weight * mask`` for ``torch.bool`` masks, keeping 1 byte an entry for backward.
 
-``weight * mask.to(weight.dtype)`` makes a float copy of the mask, which
-autograd keeps for the backward (4 bytes an entry in float32), and torch's
-CPU ``bool -> float`` copy is not vectorized (through ``uint8``, the same
-bytes, it is about twice as fast). :func:`masked_multiply` gives the same
-values, bit for bit (``-0.0`` for a pruned negative weight, ``nan`` for a
-pruned ``inf`` or ``nan``, as ``x * 0.0`` gives), and the same gradient
-(``grad * mask``), but:
-
-- autograd keeps the bool mask itself: a float multiplier exists only while
-  the forward or the backward runs, if at all;
-- on the CPU, float32 and float64 weights go through the native kernel
-  (:mod:`funcprune._native`): one pass that reads 4 bytes of weight and 1 of mask
-  and writes the product, on torch's threads, where torch's hook mode reads
-  a 4-byte float mask. A masked CPU training step then runs at hook mode's
-  speed or slightly faster. Without the kernel (no C compiler, other
-  dtypes) the multiplier is made a chunk at a time (about 1 MB a thread,
-  so that it stays in cache) through ``uint8`` and multiplied into the
-  result at once; that conversion, done on every pass, leaves the step a
-  few percent slower than hook mode's, which
-  :func:`~funcprune.to_multipliers` removes.
-
-It is a :class:`torch.autograd.Function` with a generated vmap rule and a
-``jvp``: it works under ``torch.func.grad``, ``vjp``, ``jvp``, ``vmap`` and
-their compositions. The backward is made of differentiable operations when
-a graph of it is being recorded, so double backward (``create_graph=True``,
-``grad`` of ``grad``) is exact. Under ``torch.compile`` the plain product is
-traced instead (dynamo cannot trace a custom ``jvp``): the compiler fuses the
-conversion into the product and keeps the bool mask for backward itself.
+:func:`masked_multiply` gives ``weight * mask.to(weight.dtype)`` and its
+gradient bit for bit, natively on the CPU where the kernels load, under
+every ``torch.func`` transform (``README.md``).
 """
 
 from __future__ import annotations
@@ -36,8 +11,8 @@ from typing import Any
 
 import torch
 
-from . import _native
-from ._types import Tensor
+from .. import _native
+from .._types import Tensor
 
 __all__ = ["as_multiplier", "masked_multiply"]
 

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from torch import nn
 
 import funcprune as fp
-from funcprune import _multiply, _native
-from funcprune._multiply import masked_multiply
+from funcprune import _native
+from funcprune._apply import _multiply
+from funcprune._apply._multiply import masked_multiply
 
 Tensor = torch.Tensor
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]

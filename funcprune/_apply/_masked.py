@@ -1,34 +1,9 @@
 """Applying masks: masked parameters, a masked ``functional_call``, training.
 
-Everything here takes dicts keyed like ``named_parameters()`` and, except for
-the functions ending in ``_``, returns new dicts and never writes into its
-inputs. A missing mask means "not pruned". The pure functions work under
-``torch.func.vmap``, ``torch.func.grad`` and ``torch.compile``: a masked
-entry is ``param * mask`` as in torch's forward pre-hook, so its gradient is
-zero.
-
-Keeping pruned weights at zero while training:
-
-- in a functional loop, run the model on ``apply_masks(params, masks)`` (or
-  through :func:`functional_call_masked`): the gradients of pruned entries
-  are zero, and :func:`mask_gradients` makes sure of it for gradients that
-  come from elsewhere; re-apply the masks after the update if the update
-  adds anything else (weight decay, momentum from before pruning);
-- with a ``torch.optim`` optimizer, call :func:`mask_gradients_` after
-  ``backward()`` and :func:`apply_masks_` after ``step()``. This is the way
-  for an FSDP2 model (``fully_shard``): its parameters and masks are
-  DTensors of one layout, multiplied block by block with no communication;
-  :func:`functional_call_masked` refuses it, since FSDP2 gathers its own
-  parameters and would ignore the masked ones.
-
-A DTensor parameter takes a ``torch.bool`` DTensor mask of its mesh and
-placements (as funcprune's plans return them); a plain tensor a plain mask.
-
-A ``torch.bool`` mask is multiplied in without a float copy kept for the
-backward: autograd keeps the bool mask itself, 1 byte an entry (see
-``_multiply.py``). A loop that applies the same masks every step may convert
-them once with :func:`to_multipliers`: checked once, then used as they are,
-with no conversion per step, at 4x the memory in float32.
+Dicts keyed like ``named_parameters()`` in, new dicts out (the functions
+ending in ``_`` update in place); a missing mask means "not pruned"; the
+pure functions work under ``vmap``, ``grad`` and ``torch.compile``. How to
+keep pruned weights at zero while training: ``README.md``.
 """
 
 from __future__ import annotations
@@ -39,10 +14,10 @@ from typing import Any, Protocol, TypeVar, final
 import torch
 from torch import nn
 
-from ._dtensor import check_layouts, check_not_fsdp
+from .._dtensor import check_layouts, check_not_fsdp
+from .._names import check_masks, check_params, unknown_name
+from .._types import Params, Tensor
 from ._multiply import as_multiplier, masked_multiply
-from ._names import check_masks, check_params, unknown_name
-from ._types import Params, Tensor
 
 __all__ = [
     "Multipliers",

@@ -1,18 +1,8 @@
 """Sparsity reports: how much of each tensor, and of all of them, is pruned.
 
-:func:`sparsity_report` reads a dict of masks, or a module that
-``torch.nn.utils.prune`` (or ``funcprune.compat``) left in hook mode, and
-returns a frozen :class:`SparsityReport` whose ``str()`` is an aligned table
-like the figures of the pruning tutorial. It reads tensor values, so it runs
-in eager mode, outside ``torch.func`` transforms and ``torch.compile``.
-
-DTensor masks, and modules whose parameters are DTensors (FSDP2's
-``fully_shard``), are reported collectively: every process of the mesh calls
-:func:`sparsity_report` and gets the report of the whole tensors. Nothing is
-gathered: each process counts its own block (a replicated block on one
-process only), and the counts of all the DTensors on one mesh are summed in
-one ``all_reduce`` of an int64 vector per mesh dim, mesh by mesh in order of
-first appearance. Plain tensors beside them are counted where they are.
+:func:`sparsity_report` reads masks, or a module in hook mode, and returns a
+:class:`SparsityReport` (its ``str()`` is a table); DTensors are counted
+block by block and summed in one ``all_reduce`` per mesh dim (``README.md``).
 """
 
 from __future__ import annotations
@@ -22,13 +12,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, final
 
 import torch
-import torch.nn.utils.prune as torch_prune
 from torch import nn
 
-from ._dtensor import all_reduce, check_layouts, layout_of
-from ._names import check_masks, check_params, unknown_name
-from ._types import Params, is_dtensor
-from ._validate import non_binary
+from .._dtensor import all_reduce, check_layouts, layout_of
+from .._names import check_masks, check_params, pruning_hook, unknown_name
+from .._types import Params, is_dtensor
+from .._validate import non_binary
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -127,17 +116,15 @@ class SparsityReport:
 
 def _refuse_hook_mode(module: nn.Module) -> None:
     """Raise if a pruning hook (torch's or compat's) recomputes a tensor of ``module``."""
-    for prefix, submodule in module.named_modules():
-        for hook in submodule._forward_pre_hooks.values():
-            if isinstance(hook, torch_prune.BasePruningMethod):
-                name = getattr(hook, "_tensor_name", "?")
-                raise ValueError(
-                    f"sparsity_report: the module is in hook mode: "
-                    f"{f'{prefix}.{name}' if prefix else name!r} has a pruning hook "
-                    f"({type(hook).__name__}), so its parameters hold the unpruned values. "
-                    "Report its masks instead: "
-                    "fp.sparsity_report(funcprune.compat.masks_from_module(module))"
-                )
+    hooked = pruning_hook(module)
+    if hooked is not None:
+        name, hook = hooked
+        raise ValueError(
+            f"sparsity_report: the module is in hook mode: {name!r} has a pruning hook "
+            f"({type(hook).__name__}), so its parameters hold the unpruned values. "
+            "Report its masks instead: "
+            "fp.sparsity_report(funcprune.compat.masks_from_module(module))"
+        )
 
 
 #: A row to count: its name, its (whole) shape, what errors call its tensor, and the tensor
