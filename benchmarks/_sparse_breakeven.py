@@ -41,18 +41,19 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-import funcprune as fp
-from funcprune._sparse import Layout, to_sparse
 from _timing import Contender, calls_for, interleaved
 from payoff import SPARSITIES, break_even
+
+import funcprune as fp
+from funcprune._payoff._sparse import SparseLayout, to_sparse
+
 
 @dataclass(frozen=True)
 class Case:
     """One layout to measure: its name in the tables, ``to_sparse``'s layout and blocksize."""
 
     label: str
-    layout: Layout
+    layout: SparseLayout
     blocksize: tuple[int, int] | None = None
     #: Convert with torch's own ``Tensor.to_sparse_csr()`` (``int64`` indices), for comparison.
     torch_csr: bool = False

@@ -27,7 +27,6 @@ import torch
 from torch import nn
 
 from ._apply import apply_masks, sparsity_report
-from ._bake import bake
 from ._digits import (
     Adam,
     Data,
@@ -39,8 +38,8 @@ from ._digits import (
     params_of,
     train_steps,
 )
+from ._payoff import bake, propagate, shrink
 from ._plans import Plan, global_structured, global_unstructured
-from ._shrink import propagate, shrink
 from ._specs import L1Unstructured, LnStructured, RandomUnstructured
 from ._targets import Iterative, Polynomial, erk_sparsity, prunable, uniform_sparsity
 from ._tutorial import tutorial

@@ -16,7 +16,7 @@ from torch import nn
 
 import funcprune as fp
 from funcprune import BSR_BREAK_EVEN, CSR_BREAK_EVEN, SlowSparseWarning, to_sparse
-from funcprune._sparse import Layout
+from funcprune._payoff._sparse import SparseLayout
 
 Tensor = torch.Tensor
 NO_AUTOGRAD: list[Callable[[], AbstractContextManager[object]]] = [torch.no_grad, torch.inference_mode]
@@ -36,13 +36,13 @@ def params_of(module: nn.Module) -> dict[str, Tensor]:
     return dict(module.named_parameters())
 
 
-def masks_for(params: dict[str, Tensor], layout: Layout, sparsity: float = 0.99) -> dict[str, Tensor]:
+def masks_for(params: dict[str, Tensor], layout: SparseLayout, sparsity: float = 0.99) -> dict[str, Tensor]:
     """Masks above break-even: unstructured for CSR, whole 16x16 blocks for BSR."""
     spec = fp.L1Unstructured(sparsity=sparsity) if layout == "csr" else fp.Block(sparsity=sparsity, shape=(16, 16))
     return fp.Plan({"*.weight": spec})(params)
 
 
-def blocksize(layout: Layout) -> tuple[int, int] | None:
+def blocksize(layout: SparseLayout) -> tuple[int, int] | None:
     return (16, 16) if layout == "bsr" else None
 
 
@@ -59,7 +59,7 @@ def dense_equal(sparse: Tensor, dense: Tensor) -> bool:
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("mode", NO_AUTOGRAD, ids=lambda m: m.__name__)
 def test_functional_call_on_sparse_weights_equals_the_masked_dense_model(
-    layout: Layout, shape: tuple[int, ...], bias: bool,
+    layout: SparseLayout, shape: tuple[int, ...], bias: bool,
     mode: Callable[[], AbstractContextManager[object]],
 ) -> None:  # fmt: skip
     model = mlp(bias=bias)
@@ -75,7 +75,7 @@ def test_functional_call_on_sparse_weights_equals_the_masked_dense_model(
 
 
 @pytest.mark.parametrize("layout", ["csr", "bsr"])
-def test_sparse_weights_hold_the_masked_values_and_the_rest_passes_through(layout: Layout) -> None:
+def test_sparse_weights_hold_the_masked_values_and_the_rest_passes_through(layout: SparseLayout) -> None:
     params = params_of(mlp())
     masks = masks_for(params, layout)
     sparse = to_sparse(params, masks, layout=layout, blocksize=blocksize(layout))
@@ -145,7 +145,7 @@ def test_gradients_reach_the_input_through_csr_not_the_weights() -> None:
 
 
 @pytest.mark.parametrize("layout", ["csr", "bsr"])
-def test_below_break_even_warns_raises_or_passes_as_asked(layout: Layout) -> None:
+def test_below_break_even_warns_raises_or_passes_as_asked(layout: SparseLayout) -> None:
     params = params_of(mlp())
     measured = CSR_BREAK_EVEN if layout == "csr" else BSR_BREAK_EVEN
     low = masks_for(params, layout, measured.sparsity - 0.15)
@@ -287,7 +287,7 @@ def test_semi_structured_refuses_what_it_cannot_hold_on_cuda() -> None:
 
 @needs_cuda
 @pytest.mark.parametrize("layout", ["csr", "bsr"])
-def test_csr_and_bsr_run_on_cuda(layout: Layout) -> None:
+def test_csr_and_bsr_run_on_cuda(layout: SparseLayout) -> None:
     model = mlp().cuda()
     params = params_of(model)
     masks = masks_for(params, layout)

@@ -1,24 +1,8 @@
 """Baking masks into a module: a new module whose weights hold the pruned values.
 
-:func:`bake` is the way out of the functional API: after ``masks =
-plan(params)``, it returns a copy of the module with every masked parameter
-replaced by its masked values, its buffers (BatchNorm's running statistics)
-and everything else kept. The copy runs, saves and loads as an ordinary
-module, with no masks, hooks or extra parameters. ``model.load_state_dict(
-apply_masks(params, masks))`` cannot do this for a model with buffers: the
-dict of parameters lacks them, and strict loading refuses it.
-
->>> import torch, funcprune as fp
->>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
->>> with torch.no_grad():
-...     _ = net[0].weight.copy_(torch.tensor([[1.0, -2.0], [3.0, 4.0]]))
->>> baked = fp.bake(net, {"0.weight": torch.tensor([[True, False], [False, True]])})
->>> baked[0].weight
-Parameter containing:
-tensor([[1., 0.],
-        [0., 4.]], requires_grad=True)
->>> net[0].weight[0, 1].item(), sorted(dict(baked.named_buffers()))
-(-2.0, ['1.num_batches_tracked', '1.running_mean', '1.running_var'])
+:func:`bake` is the way out of the functional API: a copy of the module
+with every masked parameter replaced by its masked values, buffers kept; it
+runs, saves and loads as an ordinary module (``README.md``).
 """
 
 from __future__ import annotations
@@ -30,11 +14,12 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from ._dtensor import refuse_in
-from ._names import check_masks, check_not_hooked
-from ._types import Masks, Tensor
+from .._dtensor import refuse_in
+from .._names import check_masks, check_not_hooked
+from .._types import Tensor
+from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
 
-__all__ = ["bake", "check_mask_dtypes", "first_names", "one_mask_per_parameter"]
+__all__ = ["bake"]
 
 _M = TypeVar("_M", bound=nn.Module)
 
@@ -107,51 +92,3 @@ def bake(module: _M, masks: Mapping[str, Tensor]) -> _M:
         for name, mask in by_param.items():
             new_params[name].masked_fill_(~mask, 0.0)
     return baked
-
-
-def check_mask_dtypes(fn: str, masks: object) -> Mapping[str, Tensor]:
-    """``masks``, after refusing any mask that is neither ``torch.bool`` nor floating-point.
-
-    Names, shapes and values are checked after, by :func:`~funcprune._names.check_masks`.
-    """
-    if not isinstance(masks, Mapping):
-        raise TypeError(
-            f"{fn}: masks must be a mapping of names to masks, got {type(masks).__name__}"
-        )
-    for name, mask in masks.items():
-        if isinstance(mask, torch.Tensor) and not (
-            mask.dtype == torch.bool or mask.is_floating_point()
-        ):
-            raise TypeError(
-                f"{fn}: the mask for {name!r} has dtype {mask.dtype}; expected torch.bool "
-                "(True = kept) or a floating-point 0/1 mask; convert it with `mask != 0`"
-            )
-    return masks
-
-
-def first_names(module: nn.Module) -> dict[str, str]:
-    """Each name of each parameter, to its first (its ``named_parameters()`` name)."""
-    first: dict[int, str] = {}
-    return {
-        name: first.setdefault(id(p), name)
-        for name, p in module.named_parameters(remove_duplicate=False)
-    }
-
-
-def one_mask_per_parameter(fn: str, names: Mapping[str, str], masks: Masks) -> dict[str, Tensor]:
-    """``masks`` keyed by first names (:func:`first_names`), in parameter order.
-
-    The names of a tied Parameter must carry equal masks (or only one has one).
-    """
-    by_first: dict[str, Tensor] = {}
-    given: dict[str, str] = {}  # the name under which each Parameter's mask came first
-    for name, mask in masks.items():
-        first = names[name]
-        if first in by_first and not torch.equal(by_first[first], mask):
-            raise ValueError(
-                f"{fn}: {given[first]!r} and {name!r} are one tied Parameter, but their masks "
-                "differ; a tied weight has one set of values: give one mask, under either "
-                "name, or equal masks under both"
-            )
-        by_first[first], given[first] = mask, given.get(first, name)
-    return {name: by_first[name] for name in dict.fromkeys(names.values()) if name in by_first}

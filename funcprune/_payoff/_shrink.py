@@ -1,40 +1,9 @@
 """Masks that pay off: channels the masks remove entirely, removed for real.
 
-:func:`shrink` returns a new, physically smaller copy of a model: every
-output channel of a Linear or a Conv that the masks prune entirely (its
-whole weight row or filter) goes, together with everything that only serves
-it: its bias entry, the entries of a following BatchNorm (affine parameters
-and running statistics), the weights of a following depthwise convolution,
-and the matching input columns of every layer that reads it (the next
-Linear's input features, the next Conv's input channels, a flattened Conv
-channel's block of Linear columns).
-
-:func:`propagate` is its functional counterpart: the *closure* of the masks,
-where those entries count as pruned too. The shrunk model computes what the
-dense model computes on the closure's masked parameters, in eval mode, to
-float tolerance::
-
-    shrink(model, masks, x)(x) == functional_call_masked(model, params,
-                                      propagate(model, masks, x), x)
-
-Dependencies come from the model's ``torch.fx`` graph
-(:mod:`funcprune._graph`), not from the order of its modules. Channels that
-are *coupled* (the two sides of a residual ``add``, the parts of a ``cat``)
-go only where every layer that makes them prunes them. Some channels stay,
-however pruned: those of the model's inputs and outputs, those read by a
-norm whose statistics span them (LayerNorm, GroupNorm), by a grouped
-convolution, by a ``view``/``reshape`` that spells sizes out, by a divisor
-or an op infinite at zero (``log``, ``rsqrt``), or by code that reads the
-channel count (``x.shape[1]``). An op the analysis cannot
-reason about (``permute``, ``matmul``, a custom leaf module...) is refused
-with an error naming its node, when it reads channels that would go; the
-masks that keep those channels are accepted. Each layer keeps at least one
-channel on each side (torch cannot run a Conv with none): when the masks
-prune them all, the first one stays. Whenever channels that the masks prune
-entirely stay, both functions say which and why, in one
-:class:`KeptChannelsWarning`. Which groups go is decided by
-:mod:`funcprune._graph`; this module checks the arguments, then
-builds the closure and the smaller copy.
+:func:`shrink` returns a physically smaller copy of a model, and
+:func:`propagate` the closure of the masks it removes; which channel groups
+go is decided by ``funcprune._graph``, and this module checks the
+arguments, then builds the closure and the smaller copy (``README.md``).
 """
 
 from __future__ import annotations
@@ -47,11 +16,11 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from ._bake import check_mask_dtypes, first_names, one_mask_per_parameter
-from ._dtensor import refuse_in
-from ._graph import Cut, RoleKind, plan_removal, trace_channels
-from ._names import check_masks, check_not_hooked
-from ._types import Masks, Tensor
+from .._dtensor import refuse_in
+from .._graph import Cut, RoleKind, plan_removal, trace_channels
+from .._names import check_masks, check_not_hooked
+from .._types import Masks, Tensor
+from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
 
 __all__ = ["KeptChannelsWarning", "propagate", "shrink"]
 
@@ -129,7 +98,7 @@ def propagate(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: ob
     tensor([[ True, False,  True],
             [ True, False,  True]])
     """
-    checked, cuts = _plan("propagate", module, masks, example_inputs)
+    checked, cuts = _removal("propagate", module, masks, example_inputs)
     return _closure(module, checked, cuts)
 
 
@@ -213,16 +182,16 @@ def shrink(module: _M, masks: Mapping[str, Tensor], example_inputs: object) -> _
       (2): Linear(in_features=4, out_features=2, bias=True)
     )
     """
-    checked, cuts = _plan("shrink", module, masks, example_inputs)
+    checked, cuts = _removal("shrink", module, masks, example_inputs)
     closure = _closure(module, checked, cuts)
     result = copy.deepcopy(module)
-    _bake(result, closure)
+    _zero_pruned_(result, closure)
     for name, cut in cuts.items():
         _cut_module(result.get_submodule(name), cut)
     return result
 
 
-def _plan(
+def _removal(
     fn: str, module: object, masks: object, example_inputs: object
 ) -> tuple[dict[str, Tensor], Mapping[str, Cut]]:
     """The masks as ``torch.bool``, and what each module keeps: every check, no change.
@@ -281,7 +250,7 @@ def _closure(module: nn.Module, masks: dict[str, Tensor], cuts: Mapping[str, Cut
 
 
 @torch.no_grad()
-def _bake(module: nn.Module, masks: Masks) -> None:
+def _zero_pruned_(module: nn.Module, masks: Masks) -> None:
     """Write ``+0.0`` into the pruned entries of ``module`` (a copy: nobody else holds it).
 
     As :func:`~funcprune.bake` does: ``+0.0`` even where a weight is ``nan`` or ``inf``.

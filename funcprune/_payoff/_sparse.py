@@ -1,47 +1,8 @@
 """Sparse weights: masked Linear weights as CSR, BSR or 2:4 tensors that ``F.linear`` runs.
 
-:func:`to_sparse` returns a new dict of parameters in which every masked
-weight is a sparse tensor; ``torch.func.functional_call(module, sparse, x)``
-runs the module on it as it is, since ``F.linear`` accepts a sparse weight.
-Sparse is faster than dense only far enough from 50%: below the measured
-break-even sparsity a layout is slower than the dense masked weight, and
-:func:`to_sparse` says so (a :class:`SlowSparseWarning`, or an error with
-``below_break_even="raise"``).
-
-What torch 2.13 runs (found on its CPU build; the tests check all but vmap and compile):
-
-- ``F.linear(x, W, b)`` with a CSR or BSR ``W``: 1-D, 2-D and 3-D ``x``
-  (``(batch, seq, features)``), with and without bias, on the CPU in
-  float32 and float64 (torch's CPU sparse matmul has no float16 or
-  bfloat16 kernel), under ``torch.func.vmap`` over ``x`` and in a
-  ``torch.compile``-d ``functional_call``;
-- ``functional_call`` with sparse tensors in the dict: Linear-like layers
-  only (``F.linear``; a convolution needs a dense weight);
-- the sparse weights are made as inference tensors (under
-  :func:`torch.inference_mode`): an ordinary sparse weight fails inside
-  ``inference_mode`` (torch raises "Cannot set version_counter for
-  inference tensor" when ``F.linear`` transposes it, pytorch#98004), an
-  inference one runs
-  under ``inference_mode``, ``no_grad`` and with autograd on;
-- gradients: none reach the dense parameters (the sparse weights carry no
-  autograd history and cannot require grad); gradients with respect to the
-  input ``x`` flow through CSR weights, not through BSR ones on the CPU
-  (torch: "addmm: computation on CPU is not implemented for Strided +
-  Strided @ SparseBsr"). Inference is what this is for.
-
->>> import torch, funcprune as fp
->>> lin = torch.nn.Linear(4, 2)
->>> params = dict(lin.named_parameters())
->>> masks = {"weight": torch.tensor([[True, False, False, False], [False, False, True, False]])}
->>> sparse = fp.to_sparse(params, masks, layout="csr", below_break_even="allow")
->>> sparse["weight"].layout, sparse["bias"] is params["bias"]
-(torch.sparse_csr, True)
->>> x = torch.randn(3, 4)
->>> with torch.inference_mode():
-...     out = torch.func.functional_call(lin, sparse, (x,))
-...     dense = fp.functional_call_masked(lin, params, masks, (x,))
->>> torch.allclose(out, dense)
-True
+:func:`to_sparse` returns new parameters with every masked weight sparse,
+warning (or raising) below the measured break-even sparsity; what torch
+runs on them, case by case: ``README.md``.
 """
 
 from __future__ import annotations
@@ -52,11 +13,11 @@ from typing import Literal, NamedTuple, final
 
 import torch
 
-from ._bake import check_mask_dtypes
-from ._dtensor import refuse_in
-from ._names import check_masks, check_params
-from ._specs import kept_blocks
-from ._types import Masks, Params, Tensor
+from .._dtensor import refuse_in
+from .._names import check_masks, check_params
+from .._specs import kept_blocks
+from .._types import Masks, Params, Tensor
+from ._checks import check_mask_dtypes
 
 __all__ = [
     "BSR_BREAK_EVEN",
@@ -67,11 +28,11 @@ __all__ = [
 ]
 
 #: A sparse layout that :func:`to_sparse` makes.
-Layout = Literal["csr", "bsr", "semi_structured"]
+SparseLayout = Literal["csr", "bsr", "semi_structured"]
 #: What :func:`to_sparse` does with a weight below its layout's break-even sparsity.
 BelowBreakEven = Literal["warn", "raise", "allow"]
 
-_LAYOUTS: tuple[Layout, ...] = ("csr", "bsr", "semi_structured")
+_LAYOUTS: tuple[SparseLayout, ...] = ("csr", "bsr", "semi_structured")
 _ACTIONS: tuple[BelowBreakEven, ...] = ("warn", "raise", "allow")
 _SEMI_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -131,7 +92,7 @@ def to_sparse(
     params: Params,
     masks: Mapping[str, Tensor],
     *,
-    layout: Layout,
+    layout: SparseLayout,
     blocksize: tuple[int, int] | None = None,
     below_break_even: BelowBreakEven = "warn",
 ) -> dict[str, Tensor]:
@@ -248,7 +209,7 @@ def _check_options(fn: str, layout: object, blocksize: object, below_break_even:
 
 
 def _check_weight(
-    fn: str, name: str, weight: Tensor, mask: Tensor, layout: Layout, block: tuple[int, int]
+    fn: str, name: str, weight: Tensor, mask: Tensor, layout: SparseLayout, block: tuple[int, int]
 ) -> None:
     """Refuse a weight that ``layout`` cannot hold or ``F.linear`` cannot run."""
     if weight.dim() != 2:
@@ -309,7 +270,7 @@ def _sparsity(mask: Tensor, block: tuple[int, int]) -> float:
 
 
 def _check_break_even(
-    fn: str, masks: Masks, layout: Layout, block: tuple[int, int], action: BelowBreakEven
+    fn: str, masks: Masks, layout: SparseLayout, block: tuple[int, int], action: BelowBreakEven
 ) -> None:
     """Warn, raise or pass for the weights below ``layout``'s break-even sparsity.
 
@@ -348,7 +309,7 @@ def _check_break_even(
 
 
 def _convert(
-    fn: str, name: str, weight: Tensor, mask: Tensor, layout: Layout, block: tuple[int, int]
+    fn: str, name: str, weight: Tensor, mask: Tensor, layout: SparseLayout, block: tuple[int, int]
 ) -> Tensor:
     """``weight`` masked, in ``layout``: a new inference tensor with no autograd history.
 

@@ -1,0 +1,18 @@
+"""Masks that pay off: baked, shrunk and sparse models (the door).
+
+``_bake.py`` zeroes pruned weights in a copy of a module; ``_shrink.py``
+removes the channels the masks prune entirely, following the channel
+analysis of ``funcprune._graph``; ``_sparse.py`` turns masked Linear weights
+into CSR, BSR or 2:4 sparse tensors; ``_checks.py`` holds the checks they
+share. ``README.md`` has the design.
+"""
+
+from ._bake import bake as bake
+from ._shrink import KeptChannelsWarning as KeptChannelsWarning
+from ._shrink import propagate as propagate
+from ._shrink import shrink as shrink
+from ._sparse import BSR_BREAK_EVEN as BSR_BREAK_EVEN
+from ._sparse import CSR_BREAK_EVEN as CSR_BREAK_EVEN
+from ._sparse import BreakEven as BreakEven
+from ._sparse import SlowSparseWarning as SlowSparseWarning
+from ._sparse import to_sparse as to_sparse
