@@ -1,4 +1,4 @@
-"""``python -m funcprune``: the demo (see funcprune._demo); ``--help`` says what it does."""
+"""``python -m funcprune``: the demo (funcprune/_demo); ``--help`` says what it does."""
 
 from __future__ import annotations
 

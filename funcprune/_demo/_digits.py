@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._apply import apply_masks, functional_call_masked
-from ._types import Masks, Params, Tensor
+from .._apply import apply_masks, functional_call_masked
+from .._types import Masks, Params, Tensor
 
 Data = tuple[Tensor, Tensor]
 

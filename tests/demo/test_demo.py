@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from _background import Job
-from funcprune._demo import Curves, save_png
-from funcprune._digits import load_data
+
+from funcprune._demo._digits import load_data
+from funcprune._demo._run import Curves, save_png
 
 ROOT = Path(__file__).resolve().parents[1]
 NUMPY_WARNING = "ignore:Failed to initialize NumPy:UserWarning"

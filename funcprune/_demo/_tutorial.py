@@ -15,11 +15,11 @@ import torch.nn.functional as F
 import torch.nn.utils.prune as torch_prune
 from torch import nn
 
-from . import compat
-from ._apply import sparsity_report
-from ._plans import Plan, global_unstructured
-from ._specs import CustomFromMask, L1Unstructured, LnStructured, RandomUnstructured
-from ._types import Masks, Tensor
+from .. import compat
+from .._apply import sparsity_report
+from .._plans import Plan, global_unstructured
+from .._specs import CustomFromMask, L1Unstructured, LnStructured, RandomUnstructured
+from .._types import Masks, Tensor
 
 __all__ = ["LeNet", "tutorial"]
 

@@ -26,7 +26,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ._apply import apply_masks, sparsity_report
+from .._apply import apply_masks, sparsity_report
+from .._payoff import bake, propagate, shrink
+from .._plans import Plan, global_structured, global_unstructured
+from .._specs import L1Unstructured, LnStructured, RandomUnstructured
+from .._targets import Iterative, Polynomial, erk_sparsity, prunable, uniform_sparsity
+from .._types import Masks, Params
 from ._digits import (
     Adam,
     Data,
@@ -38,12 +43,7 @@ from ._digits import (
     params_of,
     train_steps,
 )
-from ._payoff import bake, propagate, shrink
-from ._plans import Plan, global_structured, global_unstructured
-from ._specs import L1Unstructured, LnStructured, RandomUnstructured
-from ._targets import Iterative, Polynomial, erk_sparsity, prunable, uniform_sparsity
 from ._tutorial import tutorial
-from ._types import Masks, Params
 
 Allocate = Callable[[Params, float], dict[str, float]]
 FINAL = 0.95  # the target sparsity of the prunable weights
