@@ -1,30 +1,24 @@
-"""DTensor masks: the specs funcprune computes on DTensors, block by block (the dispatch).
+"""DTensor masks: the one registry of what funcprune computes on DTensors, block by block.
 
+:data:`ON_BLOCKS` maps each spec type funcprune runs on DTensors to its
+kernel over a group's blocks and the refusals its layout may force; chains
+go through the one fold (:func:`funcprune._specs.fold`) step by step.
 :func:`compute_mask` and :func:`compute_joint_masks` check a DTensor's
-layout, run the spec's block kernel on each process's blocks and wrap the
-masks back as DTensors; :func:`fold_step` is the plan fold's step over a
-DTensor parameter, and :func:`l1_each` runs a plan rule's L1 selections in
-lockstep. Anything unsupported is refused by :func:`check_supported` before
-any work.
+layout, run the kernel on each process's blocks and wrap the masks back as
+DTensors. Anything the registry does not hold is refused by
+:func:`check_supported` before any work, naming what it holds
+(:func:`supported`: the docs' list is generated from it too).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, TypeVar, cast, final
 
 import torch
 
-from .._select import (
-    SHARDED_BRACKET_MIN_KEYS,
-    LocalShard,
-    Selection,
-    keep_over_shards_each,
-    processes,
-    resolve_count,
-)
 from .._specs import (
     NM,
     Block,
@@ -39,121 +33,109 @@ from .._specs import (
     Spec,
     as_bool,
     custom_from_mask,
+    fold,
     keep_all,
-    l1_part,
     l1_unstructured_jointly,
 )
 from .._types import Mask, Tensor, is_dtensor
 from .._validate import check_same_shape
-from ._layout import Layout, LocalBlock, block_of, layout_of, wrap
+from ._layout import Layout, LocalBlock, block_of, layout_of, shards_of, wrap
 from ._random import random_unstructured
-from ._shapes import blocks, check_cut, check_slice_spec, n_m, per_slice
+from ._shapes import (
+    blocks,
+    check_blocks_cut,
+    check_n_m_cut,
+    check_slices_whole,
+    n_m,
+    per_slice,
+)
 from ._structured import check_layout, structured
 
-if TYPE_CHECKING:
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import DTensor
+__all__ = [
+    "ON_BLOCKS", "OnBlocks", "check_group", "check_supported", "compute_joint_masks", "compute_mask",
+    "masks_on_blocks", "supported",
+]  # fmt: skip
 
-    from .._specs import Step
-
-__all__ = ["check_group", "check_supported", "compute_joint_masks", "compute_mask", "fold_step", "l1_each", "parameter_block", "shards_of"]
-
-#: What the refusals say is supported.
-_SUPPORTED_SPECS = (
-    "L1Unstructured, RandomUnstructured, LnStructured, RandomStructured, Identity, CustomFromMask, "
-    "NM, Block, PerSlice and chains of them"
-)
-_SUPPORTED = (
-    L1Unstructured, RandomUnstructured, LnStructured, RandomStructured, Identity, CustomFromMask, NM, Block,
-    PerSlice,
-)
+_S = TypeVar("_S", bound=Spec)
+#: A spec's masks over a group of blocks: one block, but for unstructured specs ranked jointly.
+BlockMasks = Callable[[Any, Sequence[LocalBlock], "torch.Generator | None"], list[Tensor]]
+#: What a layout cannot give a spec, refused before any work (``fn``, ``what``, the spec, the layout).
+LayoutCheck = Callable[[str, str, Any, Layout], None]
 
 
-# --- specs ---------------------------------------------------------------------
+@final
+@dataclass(frozen=True, slots=True)
+class OnBlocks:
+    """How funcprune computes one spec type on DTensor blocks.
 
-
-def check_supported(fn: str, what: str, spec: Spec, layout: Layout | None = None) -> None:
-    """Refuse a spec (or a chain's step) that cannot prune DTensors block by block.
-
-    A ``PerSlice`` must run a deterministic spec in its slices
-    (:func:`~._shapes.check_slice_spec`). With ``layout``
-    (``what``'s), also what that layout cannot give: a nuclear norm across
-    processes (:func:`~._structured.check_layout`), the groups of
-    ``NM``, ``Block`` or ``PerSlice`` cut across processes
-    (:func:`~._shapes.check_cut`).
-
-    Raises:
-        NotImplementedError: naming the spec and what is supported.
+    Attributes:
+        masks: the spec's masks over a group's blocks on this process.
+        check: what a layout cannot give the spec, refused before any work
+            on every process alike (``None``: any supported layout works).
+        draws: whether the spec draws random numbers; on DTensors it then
+            draws from one agreed seed, so ``PerSlice``, whose slices each
+            process computes on its own, cannot run it.
     """
-    steps = spec.specs if isinstance(spec, Chain) else (spec,)
-    for step in steps:
-        if not isinstance(step, _SUPPORTED):
-            raise NotImplementedError(
-                f"{fn}: {what} is a DTensor, and {step!r} cannot prune DTensors yet; on DTensors "
-                f"funcprune runs {_SUPPORTED_SPECS} (block by block, nothing gathered). To use "
-                "another spec on one process, gather the tensor yourself with .full_tensor()"
-            )
-        if isinstance(step, PerSlice):
-            check_slice_spec(fn, what, step)
-        if layout is not None:
-            check_layout(fn, what, step, layout)
-            check_cut(fn, what, step, layout)
+
+    masks: BlockMasks
+    check: LayoutCheck | None = None
+    draws: bool = False
 
 
-def _masks_of(spec: Spec, parts: Sequence[LocalBlock], generator: torch.Generator | None = None) -> list[Tensor]:
-    """This process's blocks of the masks ``spec`` gives for the group ``parts`` (checked spec).
-
-    Structured specs and mask shapes come with one part (a group ranked jointly is unstructured).
-    """
-    match spec:
-        case L1Unstructured():
-            scores = [p.scores for p in parts]
-            return l1_unstructured_jointly(spec.target, scores, [p.mask for p in parts], shards=shards_of([p.layout for p in parts]))
-        case RandomUnstructured():
-            return random_unstructured(spec.target, parts, shards_of([p.layout for p in parts]), generator)
-        case LnStructured() | RandomStructured():
-            return [structured(spec, p, generator) for p in parts]
-        case NM():
-            return [n_m(spec, p) for p in parts]
-        case Block():
-            return [blocks(spec, p) for p in parts]
-        case PerSlice():
-            return [per_slice(spec, p, generator) for p in parts]
-        case Identity() | Chain(specs=()):
-            return [keep_all(p.scores, p.mask) for p in parts]
-        case CustomFromMask():
-            return [custom_from_mask(_customblock_of(spec.mask, p.layout), p.scores, p.mask) for p in parts]
-        case Chain():
-            return _chained(spec.specs, parts, generator)
-    raise AssertionError(f"unchecked spec {spec!r}")  # check_supported refused it
+def _on(
+    kind: type[_S],
+    masks: Callable[[_S, Sequence[LocalBlock], torch.Generator | None], list[Tensor]],
+    check: Callable[[str, str, _S, Layout], None] | None = None,
+    *,
+    draws: bool = False,
+) -> tuple[type[Spec], OnBlocks]:
+    """A registry entry: ``masks`` and ``check`` take the spec ``kind`` they are registered for."""
+    return kind, OnBlocks(cast(BlockMasks, masks), cast("LayoutCheck | None", check), draws)
 
 
-def _chained(steps: Sequence[Spec], parts: Sequence[LocalBlock], generator: torch.Generator | None) -> list[Tensor]:
-    """A chain's fold: step ``i > 0`` scores the tensor as pruned so far, as :class:`Chain` does."""
-    kept = _masks_of(steps[0], parts, generator)
-    for step in steps[1:]:
-        now = [LocalBlock(p.scores * m.to(p.scores.dtype), m, p.layout) for p, m in zip(parts, kept, strict=True)]
-        kept = _masks_of(step, now, generator)
-    return kept
+# --- each spec's kernel over a group's blocks ---------------------------------------------------
 
 
-def shards_of(layouts: Sequence[Layout]) -> list[LocalShard] | None:
-    """The blocks' shards, ranked over the mesh dims that shard any of them; ``None`` if none does.
-
-    Processes that differ only along the other mesh dims hold the same
-    blocks of every part, so they compute the same masks on their own. The
-    layouts' meshes are equal (checked); their process groups are taken
-    from the first's for all: a DTensor made by an operation may carry
-    another, equal, mesh object, cached by DTensor from an earlier call,
-    whose groups are other objects.
-    """
-    span = sorted({i for layout in layouts for i in layout.span})
-    if not span:
-        return None  # replicated: each process computes the same masks on its own
-    return [layout.shard(span, layouts[0].mesh) for layout in layouts]
+def _l1_unstructured(spec: L1Unstructured, parts: Sequence[LocalBlock], generator: torch.Generator | None) -> list[Tensor]:
+    scores, masks = [p.scores for p in parts], [p.mask for p in parts]
+    return l1_unstructured_jointly(spec.target, scores, masks, shards=shards_of([p.layout for p in parts]))
 
 
-def _customblock_of(mask: Tensor, layout: Layout) -> Tensor:
+def _random_unstructured(
+    spec: RandomUnstructured, parts: Sequence[LocalBlock], generator: torch.Generator | None
+) -> list[Tensor]:
+    return random_unstructured(spec.target, parts, shards_of([p.layout for p in parts]), generator)
+
+
+def _structured(
+    spec: LnStructured | RandomStructured, parts: Sequence[LocalBlock], generator: torch.Generator | None
+) -> list[Tensor]:
+    return [structured(spec, p, generator) for p in parts]
+
+
+def _n_m(spec: NM, parts: Sequence[LocalBlock], generator: torch.Generator | None) -> list[Tensor]:
+    return [n_m(spec, p) for p in parts]
+
+
+def _blocks(spec: Block, parts: Sequence[LocalBlock], generator: torch.Generator | None) -> list[Tensor]:
+    return [blocks(spec, p) for p in parts]
+
+
+def _per_slice(spec: PerSlice, parts: Sequence[LocalBlock], generator: torch.Generator | None) -> list[Tensor]:
+    return [per_slice(spec, p, generator) for p in parts]
+
+
+def _identity(spec: Identity, parts: Sequence[LocalBlock], generator: torch.Generator | None) -> list[Tensor]:
+    return [keep_all(p.scores, p.mask) for p in parts]
+
+
+def _custom_from_mask(
+    spec: CustomFromMask, parts: Sequence[LocalBlock], generator: torch.Generator | None
+) -> list[Tensor]:
+    return [custom_from_mask(_custom_block(spec.mask, p.layout), p.scores, p.mask) for p in parts]
+
+
+def _custom_block(mask: Tensor, layout: Layout) -> Tensor:
     """This process's block of a :class:`CustomFromMask`'s mask (whole, or a DTensor of the scores' layout)."""
     if is_dtensor(mask):
         return block_of("CustomFromMask", "the spec's mask", mask, "the scores", layout)
@@ -163,35 +145,91 @@ def _customblock_of(mask: Tensor, layout: Layout) -> Tensor:
     return mask[box]
 
 
-# --- entry points ----------------------------------------------------------------
+
+def _check_per_slice(fn: str, what: str, spec: PerSlice, layout: Layout) -> None:
+    """Refuse a ``PerSlice`` whose slices the layout cuts (its inner spec was checked without one)."""
+    check_slices_whole(fn, what, spec, layout)
 
 
-def compute_mask(
-    fn: str,
-    spec: Spec,
-    scores: Tensor,
-    default_mask: Mask,
-    names: tuple[str, str] = ("scores", "default_mask"),
-    *,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """:func:`funcprune.compute_mask` where ``scores`` or ``default_mask`` is a DTensor.
+#: The one registry: every spec type funcprune computes on DTensors, in the order messages and docs
+#: list them. A spec not here is refused on DTensors; a new one is added here, and only here.
+ON_BLOCKS: Mapping[type[Spec], OnBlocks] = MappingProxyType(dict([
+    _on(L1Unstructured, _l1_unstructured),
+    _on(RandomUnstructured, _random_unstructured, draws=True),
+    _on(LnStructured, _structured, check_layout),
+    _on(RandomStructured, _structured, draws=True),
+    _on(Identity, _identity),
+    _on(CustomFromMask, _custom_from_mask),
+    _on(NM, _n_m, check_n_m_cut),
+    _on(Block, _blocks, check_blocks_cut),
+    _on(PerSlice, _per_slice, _check_per_slice),
+]))  # fmt: skip
 
-    ``names`` name the two in messages; ``generator`` seeds the random specs
-    (torch's default CPU generator if ``None``). Returns a DTensor of the
-    scores' layout.
+
+def supported(*, draws: bool = True) -> list[str]:
+    """The names of the spec types funcprune computes on DTensors (``draws=False``: those that draw no random numbers)."""
+    return [kind.__name__ for kind, on in ON_BLOCKS.items() if draws or not on.draws]
+
+
+def _listed(names: Sequence[str]) -> str:
+    return ", ".join(names) + " and chains of them"
+
+
+# --- checks before any work --------------------------------------------------------------------
+
+
+def check_supported(fn: str, what: str, spec: Spec, layout: Layout | None = None) -> None:
+    """Refuse a spec (or a chain's step) that cannot prune DTensors block by block.
+
+    A ``PerSlice`` must run a spec in its slices that draws no random
+    numbers (:func:`check_slice_spec`). With ``layout`` (``what``'s), also
+    what that layout cannot give the spec (its :attr:`OnBlocks.check`).
+
+    Raises:
+        NotImplementedError: naming the spec and what is supported.
     """
-    if not is_dtensor(scores):
-        raise TypeError(
-            f"{fn}: {names[1]} is a DTensor but {names[0]} is a plain torch.Tensor; give both as "
-            "DTensors with the same mesh and placements, or neither"
-        )
-    check_supported(fn, names[0], spec)
-    layout = layout_of(fn, names[0], scores)
-    check_supported(fn, names[0], spec, layout)
-    mask = None if default_mask is None else as_bool(block_of(fn, names[1], default_mask, names[0], layout))
-    (kept,) = _masks_of(spec, [LocalBlock(scores.to_local(), mask, layout)], generator)
-    return wrap(kept, layout)
+    for step in spec.specs if isinstance(spec, Chain) else (spec,):
+        on = ON_BLOCKS.get(type(step))
+        if on is None:
+            raise NotImplementedError(
+                f"{fn}: {what} is a DTensor, and {step!r} cannot prune DTensors yet; on DTensors "
+                f"funcprune runs {_listed(supported())} (block by block, nothing gathered). To use "
+                "another spec on one process, gather the tensor yourself with .full_tensor()"
+            )
+        if isinstance(step, PerSlice):
+            check_slice_spec(fn, what, step)
+        if layout is not None and on.check is not None:
+            on.check(fn, what, step, layout)
+
+
+def check_slice_spec(fn: str, what: str, spec: PerSlice) -> None:
+    """Refuse a :class:`PerSlice` whose inner spec may draw random numbers (any layout).
+
+    Each process runs the inner spec on its own slices: a spec that draws
+    would draw its own numbers, not what one process draws, and a spec the
+    registry does not hold (a user's) may draw.
+
+    Raises:
+        NotImplementedError: naming the inner spec and what PerSlice runs on DTensors.
+    """
+    for step in spec.spec.specs if isinstance(spec.spec, Chain) else (spec.spec,):
+        on = ON_BLOCKS.get(type(step))
+        if isinstance(step, PerSlice):
+            check_slice_spec(fn, what, step)
+        elif on is not None and on.draws:
+            raise NotImplementedError(
+                f"{fn}: {what} is a DTensor, and {spec!r} draws random numbers in each slice "
+                f"({step!r}): each process would draw its own, not what one process draws; on "
+                f"DTensors PerSlice runs {_listed(supported(draws=False))}. To draw per slice on one "
+                "process, gather the tensor yourself with .full_tensor()"
+            )
+        elif on is None:
+            raise NotImplementedError(
+                f"{fn}: {what} is a DTensor, and {spec!r} runs {step!r} in each slice, which "
+                f"funcprune cannot run on DTensors (it may draw random numbers); on DTensors "
+                f"PerSlice runs {_listed(supported(draws=False))}. To use it on one process, gather "
+                "the tensor yourself with .full_tensor()"
+            )
 
 
 def check_group(fn: str, names: Sequence[str], tensors: Sequence[Tensor], spec: Spec) -> None:
@@ -222,6 +260,61 @@ def check_group(fn: str, names: Sequence[str], tensors: Sequence[Tensor], spec: 
     check_supported(fn, names[first], spec)
 
 
+
+# --- the masks -------------------------------------------------------------------------------
+
+
+def masks_on_blocks(spec: Spec, parts: Sequence[LocalBlock], generator: torch.Generator | None = None) -> list[Tensor]:
+    """This process's blocks of the masks ``spec`` gives for the group ``parts`` (a checked spec).
+
+    Structured specs and mask shapes come with one part (a group ranked
+    jointly is unstructured). A chain runs the one fold, step ``i > 0``
+    scoring the blocks as pruned so far, as :class:`~funcprune.Chain` does.
+    """
+    if not isinstance(spec, Chain):
+        return ON_BLOCKS[type(spec)].masks(spec, parts, generator)
+
+    def scores_of(i: int, kept: list[Tensor] | None) -> list[LocalBlock]:
+        if kept is None:
+            return list(parts)
+        return [LocalBlock(p.scores * m.to(p.scores.dtype), m, p.layout) for p, m in zip(parts, kept, strict=True)]
+
+    def step(
+        each: Spec, blocks: list[LocalBlock], kept: list[Tensor] | None, generator: torch.Generator | None
+    ) -> list[Tensor]:
+        return ON_BLOCKS[type(each)].masks(each, blocks, generator)
+
+    return fold(spec.specs, scores_of, None, generator, step=step)
+
+
+def compute_mask(
+    fn: str,
+    spec: Spec,
+    scores: Tensor,
+    default_mask: Mask,
+    names: tuple[str, str] = ("scores", "default_mask"),
+    *,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """:func:`funcprune.compute_mask` where ``scores`` or ``default_mask`` is a DTensor.
+
+    ``names`` name the two in messages; ``generator`` seeds the random specs
+    (torch's default CPU generator if ``None``). Returns a DTensor of the
+    scores' layout.
+    """
+    if not is_dtensor(scores):
+        raise TypeError(
+            f"{fn}: {names[1]} is a DTensor but {names[0]} is a plain torch.Tensor; give both as "
+            "DTensors with the same mesh and placements, or neither"
+        )
+    check_supported(fn, names[0], spec)
+    layout = layout_of(fn, names[0], scores)
+    check_supported(fn, names[0], spec, layout)
+    mask = None if default_mask is None else as_bool(block_of(fn, names[1], default_mask, names[0], layout))
+    (kept,) = masks_on_blocks(spec, [LocalBlock(scores.to_local(), mask, layout)], generator)
+    return wrap(kept, layout)
+
+
 def compute_joint_masks(
     fn: str,
     spec: Spec,
@@ -248,111 +341,4 @@ def compute_joint_masks(
         layout = layout_of(fn, names[i], s)
         mask = None if d is None else as_bool(block_of(fn, f"default_masks[{i}]", d, names[i], layout))
         parts.append(LocalBlock(s.to_local(), mask, layout))
-    return [wrap(kept, p.layout) for kept, p in zip(_masks_of(spec, parts, generator), parts, strict=True)]
-
-
-def fold_step(fn: str, name: str, param: DTensor, steps: Sequence[Spec]) -> Step:
-    """How a plan's fold (:func:`._fold.fold`) computes each step over the DTensor parameter ``name``.
-
-    Every step is checked first, before any work (each process refuses
-    alike, none is left waiting); then each step's mask is computed block
-    by block (:func:`compute_mask`), its scores DTensors of the parameter's
-    layout. (An empty fold runs ``Identity()``: nothing pruned.)
-    """
-    names = (f"the parameter {name!r}", f"the mask for {name!r}")
-    layout = layout_of(fn, names[0], param)
-    for spec in steps:
-        check_supported(fn, names[0], spec, layout)
-
-    def step(spec: Spec, scores: Tensor, mask: Mask, generator: torch.Generator | None) -> Tensor:
-        return compute_mask(fn, spec, scores, mask, names, generator=generator)
-
-    return step
-
-
-#: A parameter of a plan's rule with one ``L1Unstructured`` step: its name, the DTensor, the
-#: spec, its scores and its earlier mask (both laid out as the parameter).
-Item = tuple[str, Tensor, L1Unstructured, Tensor, Mask]
-#: The context that names a parameter and its spec in the errors raised within it.
-Naming = Callable[[str, Spec], AbstractContextManager[None]]
-#: A parameter waiting for its lockstep batch: name, spec, scores' and earlier mask's blocks, layout.
-_Pending = tuple[str, L1Unstructured, Tensor, Mask, Layout]
-
-
-def l1_each(fn: str, items: Sequence[Item], naming: Naming) -> dict[str, Tensor]:
-    """Each parameter's ``L1Unstructured`` mask, the selections over shards run in lockstep.
-
-    Every mask is the one :func:`compute_mask` gives the parameter alone;
-    the selections over the same mesh dims share their all-reduces (one per
-    round for all, :func:`~._sharded.keep_over_shards_each`), so a plan's
-    rule over ``n`` sharded tensors costs the rounds of one, not ``n``
-    times them. Replicated parameters are computed where they lie.
-    """
-    out: dict[str, Tensor] = {}
-    batches: dict[tuple[DeviceMesh, tuple[int, ...]], list[_Pending]] = {}
-    for name, param, spec, scores, mask in items:
-        assert is_dtensor(param)  # the caller's choice
-        with naming(name, spec):
-            layout = layout_of(fn, f"the parameter {name!r}", param)
-            local, kept, _ = parameter_block(fn, name, layout, scores, mask)
-            shard = layout.shard(layout.span)
-            if not layout.sharded or shard.numel >= SHARDED_BRACKET_MIN_KEYS * processes([shard]):
-                # a whole copy on every process (one process's kernel), or large enough to bracket alone
-                shards = [shard] if layout.sharded else None
-                out[name] = wrap(l1_unstructured_jointly(spec.target, [local], [kept], shards=shards)[0], layout)
-                continue
-        batches.setdefault((layout.mesh, layout.span), []).append((name, spec, local, kept, layout))
-    for (mesh, span), batch in batches.items():
-        for chunk in _chunks(batch, span, mesh):
-            selections = []
-            for name, spec, local, kept, layout in chunk:
-                shard = layout.shard(span, mesh)
-                part = l1_part(local, kept, local.dtype, shard)
-                selections.append(Selection([part.keys], [part.eligible], [shard], _count_of(spec, shard.numel, name, naming)))
-            for (name, _, local, _, layout), flags in zip(chunk, keep_over_shards_each(selections), strict=True):
-                out[name] = wrap(flags[0].reshape(local.shape), layout)
-    return out
-
-
-#: Keys per process that the selections run in lockstep hold at once (their keys and kept flags,
-#: about 5 bytes each): larger rules run in several lockstep batches, one after another.
-LOCKSTEP_MAX_KEYS = 1 << 24
-
-
-def _chunks(batch: list[_Pending], span: tuple[int, ...], mesh: DeviceMesh) -> list[list[_Pending]]:
-    """``batch`` cut, in order, into runs of at most :data:`LOCKSTEP_MAX_KEYS` keys per process.
-
-    Cut by the whole tensors' sizes over the processes the span holds, the
-    same on every process (a process's own blocks may be uneven).
-    """
-    budget = LOCKSTEP_MAX_KEYS * math.prod(mesh.size(i) for i in span)
-    chunks: list[list[_Pending]] = [[]]
-    held = 0
-    for pending in batch:
-        size = math.prod(pending[4].shape)
-        if chunks[-1] and held + size > budget:
-            chunks.append([])
-            held = 0
-        chunks[-1].append(pending)
-        held += size
-    return chunks
-
-
-def parameter_block(fn: str, name: str, layout: Layout, scores: Tensor, mask: Mask) -> LocalBlock:
-    """This process's blocks of a plan's DTensor parameter ``name`` (laid out as ``layout``): its scores
-    and earlier mask, which must be laid out as it."""
-    what = f"the parameter {name!r}"
-    kept = None if mask is None else as_bool(block_of(fn, f"the mask for {name!r}", mask, what, layout))
-    return LocalBlock(block_of(fn, f"the scores for {name!r}", scores, what, layout), kept, layout)
-
-
-def _count_of(spec: L1Unstructured, total: int, name: str, naming: Naming) -> Callable[[int], int]:
-    """How many of ``name``'s ``total`` entries ``spec`` prunes, from how many are unpruned (errors named)."""
-
-    def count(unpruned: int) -> int:
-        with naming(name, spec):
-            k = resolve_count(spec.target, unpruned, total)
-        assert isinstance(k, int)  # of Python ints
-        return k
-
-    return count
+    return [wrap(kept, p.layout) for kept, p in zip(masks_on_blocks(spec, parts, generator), parts, strict=True)]

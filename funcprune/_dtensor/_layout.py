@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .._select import LocalShard, reduced_over
+from .._specs import as_bool
 from .._types import Mask, Tensor, is_dtensor
 from ._cuts import box, cut_dim, strided
 
@@ -31,8 +32,8 @@ ReduceOp = dist.ReduceOp.RedOpType
 SUM = dist.ReduceOp.SUM
 
 __all__ = [
-    "Layout", "LocalBlock", "ReduceOp", "agree_on_failure", "all_reduce", "block_of", "groups", "layout_of", "shown",
-    "wrap",
+    "Layout", "LocalBlock", "ReduceOp", "agree_on_failure", "all_reduce", "block_of", "groups", "layout_of",
+    "parameter_block", "shards_of", "shown", "wrap",
 ]  # fmt: skip
 
 #: What the refusals say is supported.
@@ -254,3 +255,27 @@ class LocalBlock(NamedTuple):
     def whole(self) -> Tensor:
         """The whole tensor's shape and dtype, no values (``meta``): for one process's checks."""
         return torch.empty(self.layout.shape, dtype=self.scores.dtype, device="meta")
+
+
+def parameter_block(fn: str, name: str, layout: Layout, scores: Tensor, mask: Mask) -> LocalBlock:
+    """This process's blocks of a plan's DTensor parameter ``name`` (laid out as ``layout``): its scores
+    and earlier mask, which must be laid out as it."""
+    what = f"the parameter {name!r}"
+    kept = None if mask is None else as_bool(block_of(fn, f"the mask for {name!r}", mask, what, layout))
+    return LocalBlock(block_of(fn, f"the scores for {name!r}", scores, what, layout), kept, layout)
+
+
+def shards_of(layouts: Sequence[Layout]) -> list[LocalShard] | None:
+    """The blocks' shards, ranked over the mesh dims that shard any of them; ``None`` if none does.
+
+    Processes that differ only along the other mesh dims hold the same
+    blocks of every part, so they compute the same masks on their own. The
+    layouts' meshes are equal (checked); their process groups are taken
+    from the first's for all: a DTensor made by an operation may carry
+    another, equal, mesh object, cached by DTensor from an earlier call,
+    whose groups are other objects.
+    """
+    span = sorted({i for layout in layouts for i in layout.span})
+    if not span:
+        return None  # replicated: each process computes the same masks on its own
+    return [layout.shard(span, layouts[0].mesh) for layout in layouts]

@@ -1,7 +1,7 @@
 """DTensor kernels for the mask shapes: ``NM``, ``Block`` and ``PerSlice``, block by block.
 
 Each works where the layout lets every group be computed from blocks as
-they lie; other layouts are refused by :func:`check_cut` before any work,
+they lie; other layouts are refused before any work (``check_*``),
 on every process alike. Block norms are summed in torch's order for the
 whole tensor (:func:`block_norms`), so masks equal one process's bit for
 bit (``README.md``).
@@ -15,82 +15,55 @@ import math
 import torch
 
 from .._select import LocalShard, keep, resolve_count, sum_over_shards
-from .._specs import (
-    NM,
-    Block,
-    Chain,
-    CustomFromMask,
-    Identity,
-    L1Unstructured,
-    LnStructured,
-    PerSlice,
-    RandomStructured,
-    RandomUnstructured,
-    Spec,
-    block_view,
-    keep_all,
-    kept_blocks,
-)
+from .._specs import NM, Block, PerSlice, block_view, keep_all, kept_blocks
 from .._specs import blocks as one_process_blocks
 from .._specs import n_m as one_process_n_m
 from .._types import Tensor
 from .._validate import validate_dim_range
 from ._layout import Layout, LocalBlock, agree_on_failure
 
-__all__ = ["block_norms", "blocks", "check_cut", "check_slice_spec", "n_m", "per_slice"]
-
-#: The specs PerSlice runs on DTensors' slices: the deterministic built-in ones.
-_PER_SLICE = (L1Unstructured, LnStructured, Identity, CustomFromMask, NM, Block, PerSlice)
-_PER_SLICE_NAMES = "L1Unstructured, LnStructured, Identity, CustomFromMask, NM, Block, PerSlice and chains of them"
+__all__ = ["block_norms", "blocks", "check_blocks_cut", "check_n_m_cut", "check_slices_whole", "n_m", "per_slice"]
 
 
-# --- checks before any work ------------------------------------------------------------
+# --- checks before any work: groups the layout would cut ----------------------------------------
+#
+# Decided from every process's block (Layout.boxes), so all processes decide alike. A shape the
+# spec refuses on one process (a dim out of range, a length m or the block does not divide) is
+# left to the kernel, which raises one process's error.
 
 
-def check_slice_spec(fn: str, what: str, spec: PerSlice) -> None:
-    """Refuse a :class:`PerSlice` whose inner spec may draw random numbers (any layout).
-
-    Raises:
-        NotImplementedError: naming the inner spec and what PerSlice runs on DTensors.
-    """
-    for step in spec.spec.specs if isinstance(spec.spec, Chain) else (spec.spec,):
-        if isinstance(step, PerSlice):
-            check_slice_spec(fn, what, step)
-        elif isinstance(step, (RandomUnstructured, RandomStructured)):
-            raise NotImplementedError(
-                f"{fn}: {what} is a DTensor, and {spec!r} draws random numbers in each slice "
-                f"({step!r}): each process would draw its own, not what one process draws; on "
-                f"DTensors PerSlice runs {_PER_SLICE_NAMES}. To draw per slice on one process, "
-                "gather the tensor yourself with .full_tensor()"
-            )
-        elif not isinstance(step, _PER_SLICE):
-            raise NotImplementedError(
-                f"{fn}: {what} is a DTensor, and {spec!r} runs {step!r} in each slice, which "
-                f"funcprune cannot run on DTensors (it may draw random numbers); on DTensors "
-                f"PerSlice runs {_PER_SLICE_NAMES}. To use it on one process, gather the tensor "
-                "yourself with .full_tensor()"
-            )
-
-
-def check_cut(fn: str, what: str, spec: Spec, layout: Layout) -> None:
-    """Refuse, before any work, an ``NM``, ``Block`` or ``PerSlice`` whose groups the layout cuts.
-
-    Decided from every process's block (:meth:`Layout.boxes`), so all
-    processes decide alike. A shape the spec refuses on one process (a
-    ``dim`` out of range, a length ``m`` or the block does not divide) is
-    left to the kernel, which raises one process's error.
+def check_n_m_cut(fn: str, what: str, spec: NM, layout: Layout) -> None:
+    """Refuse an ``NM`` whose groups of ``m`` the layout cuts across processes.
 
     Raises:
         NotImplementedError: naming the spec, the layout and what works.
     """
     ndim = len(layout.shape)
-    if isinstance(spec, NM) and -ndim <= spec.dim < ndim and not layout.shape[spec.dim] % spec.m:
+    if -ndim <= spec.dim < ndim and not layout.shape[spec.dim] % spec.m:
         _check_aligned(fn, what, spec, layout, {spec.dim % ndim: spec.m})
-    elif isinstance(spec, Block) and len(spec.shape) <= ndim:
+
+
+def check_blocks_cut(fn: str, what: str, spec: Block, layout: Layout) -> None:
+    """Refuse a ``Block`` whose blocks the layout cuts across processes.
+
+    Raises:
+        NotImplementedError: naming the spec, the layout and what works.
+    """
+    ndim = len(layout.shape)
+    if len(spec.shape) <= ndim:
         tiled = dict(enumerate(spec.shape, start=ndim - len(spec.shape)))
         if not any(layout.shape[d] % size for d, size in tiled.items()):
             _check_aligned(fn, what, spec, layout, tiled)
-    elif isinstance(spec, PerSlice) and -ndim <= spec.dim < ndim:
+
+
+def check_slices_whole(fn: str, what: str, spec: PerSlice, layout: Layout) -> None:
+    """Refuse a ``PerSlice`` whose slices the layout cuts across processes.
+
+    Raises:
+        NotImplementedError: naming the spec, the layout and what works.
+    """
+    ndim = len(layout.shape)
+    if -ndim <= spec.dim < ndim:
         _check_whole_slices(fn, what, spec, layout)
 
 

@@ -1,81 +1,38 @@
-"""Global structured groups: the channels of several tensors ranked together.
+"""Global structured groups: the channels of several tensors ranked together (``global_structured``).
 
-``torch.nn.utils.prune`` refuses global structured pruning (its
-``global_unstructured`` takes unstructured methods only; pytorch#39765).
-:func:`global_structured` does it: every selected tensor is scored per
-channel (the L``n`` norm of each slice along ``dim``, optionally normalized
-per tensor), the channel scores of all tensors are concatenated into one
-vector, in listed order, and one exact unstructured selection runs on that
-vector through :func:`~funcprune.compute_mask`, with the channels still
-unpruned as its default mask. The kept channels are then expanded back to
-each tensor's shape, so every mask prunes whole channels, as
-:func:`~funcprune.shrink` expects.
-
-DTensors (one mesh, ``Shard(d)`` or ``Replicate()`` on each mesh dim) are ranked
-across processes, nothing gathered (:func:`_dtensor_masks`): channels
-whole on each process are normed where they lie and ranked by the exact
-selection over shards, bit for bit as one process; channels cut across
-processes get the norms of :mod:`._dtensor_kernels` (one ``all_reduce``
-per tensor and mesh dim they lie across; exact for ``n`` = ``inf``,
-``-inf``, ``0``).
+``torch.nn.utils.prune`` refuses global structured pruning
+(pytorch#39765). This plan selects the names, checks ``normalize`` and
+scores each tensor as the plans do; the channels are ranked by the kernel
+``funcprune._specs.keep_channels`` on one process, or across processes by
+``funcprune._dtensor.keep_channels_across`` for DTensors (nothing gathered).
+:func:`global_structured` documents the semantics.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal, NamedTuple, Optional, Union, final
+from typing import ClassVar, final
 
 import torch
-import torch.distributed as dist
 
-from .._dtensor import (
-    Channels,
-    LocalBlock,
-    agree_on_failures,
-    all_reduced,
-    channels,
-    check_group,
-    check_layout,
-    layout_of,
-    parameter_block,
-    random_unstructured,
-    shards_of,
-    wrap,
-)
+from .. import _dtensor as dtensor
 from .._names import select_names
 from .._specs import (
-    L1Unstructured,
     LnStructured,
+    Normalize,
     RandomStructured,
-    RandomUnstructured,
     Spec,
-    check_matrix_norm,
-    l1_unstructured_jointly,
-    unpruned_units,
+    StructuredSpec,
+    channel_keys,
+    keep_channels,
 )
-from .._types import Mask, Params, Scores, Tensor, is_dtensor
-from .._validate import validate_dim_range, validate_structured
-from ._compute import compute_mask
+from .._types import Params, Scores, Tensor, is_dtensor
 from ._plan import AbstractPlan, naming, scores_for
 
 __all__ = ["GlobalStructuredPlan", "Normalize", "global_structured"]
 
-#: How each tensor's channel norms are scaled before they compete (``None``: raw).
-Normalize = Optional[Literal["mean", "max"]]
-#: The specs whose channels can be ranked across tensors.
-StructuredSpec = Union[LnStructured, RandomStructured]
 _NORMALIZE = (None, "mean", "max")
-
-
-class _Channels(NamedTuple):
-    """One tensor of the group, seen channel by channel."""
-
-    keys: Tensor  # one score per channel (zeros for RandomStructured)
-    eligible: Mask  # the channels not entirely pruned earlier; None: all
-    dim: int  # the channels' dim, non-negative
-    shape: torch.Size  # the tensor's shape
-    mask: Mask  # its earlier mask
 
 
 @final
@@ -118,119 +75,27 @@ class GlobalStructuredPlan(AbstractPlan):
         scores: Scores,
         generator: torch.Generator | None,
     ) -> dict[str, Tensor]:
-        selected = select_names(self._FN, self.names, tuple(params))
+        fn, spec = self._FN, self.spec
+        selected = select_names(fn, self.names, tuple(params))
+
+        def scores_of(name: str) -> Tensor:
+            return scores_for(params[name], masks.get(name), scores.get(name))
+
         if any(is_dtensor(params[name]) for name in selected):
-            kept = _dtensor_masks(self, selected, params, masks, scores, generator)
+            kept = dtensor.keep_channels_across(
+                fn, spec, selected, params, masks, scores_of, self.normalize, generator,
+                lambda what, step: naming(fn, what, step),
+            )  # fmt: skip
             return {**masks, **dict(zip(selected, kept, strict=True))}
         parts = []
         for name in selected:
-            with naming(self._FN, repr(name), self.spec):
-                each = scores_for(params[name], masks.get(name), scores.get(name))
-                parts.append(_channels(self.spec, each, masks.get(name), self.normalize))
+            with naming(fn, repr(name), spec):
+                parts.append(channel_keys(spec, scores_of(name), masks.get(name), self.normalize))
         total = sum(part.keys.shape[0] for part in parts)
         what = f"the {total} channels of [" + ", ".join(map(repr, selected)) + "] jointly"
-        with naming(self._FN, what, self.spec):
-            kept = _select(self.spec, parts, generator)
+        with naming(fn, what, spec):
+            kept = keep_channels(spec, parts, generator)
         return {**masks, **dict(zip(selected, kept, strict=True))}
-
-
-def _dtensor_masks(
-    plan: GlobalStructuredPlan,
-    selected: Sequence[str],
-    params: Params,
-    masks: dict[str, Tensor],
-    scores: Scores,
-    generator: torch.Generator | None,
-) -> list[Tensor]:
-    """The group's masks where its tensors are DTensors: ranked across processes, nothing gathered.
-
-    Each tensor's channels are keyed where they lie (:func:`._dtensor_kernels.channels`),
-    normalized with sums and maxima reduced across processes, and the
-    group's channel vector is ranked by the exact selection over shards
-    (``LnStructured``) or by random keys (``RandomStructured``).
-    """
-    fn, spec = plan._FN, plan.spec
-    labels = [f"the parameter {name!r}" for name in selected]
-    check_group(fn, labels, [params[name] for name in selected], spec)
-    blocks = []
-    for name, label in zip(selected, labels, strict=True):
-        param = params[name]
-        assert is_dtensor(param)  # checked by check_group
-        layout = layout_of(fn, label, param)
-        check_layout(fn, label, spec, layout)
-        each = scores_for(param, masks.get(name), scores.get(name))
-        blocks.append(parameter_block(fn, name, layout, each, masks.get(name)))
-    for name, block in zip(selected, blocks, strict=True):  # one process's checks, before any communication
-        with naming(fn, repr(name), spec):
-            _check_channels(spec, block.whole())
-    parts = [channels(spec, block, spec.dim % len(block.layout.shape)) for block in blocks]
-    if isinstance(spec, LnStructured) and spec.n == "nuc" and any(p.layout.sharded for p in parts):
-        agree_on_failures(spec, parts)  # an SVD may fail on one process only: then all raise
-    for part in parts:
-        if part.failure is not None:  # every process holds the same values: all fail alike
-            raise part.failure
-    keys = _normalized_across(parts, plan.normalize)
-    total = sum(p.layout.shape[0] for p in parts)
-    what = f"the {total} channels of [" + ", ".join(map(repr, selected)) + "] jointly"
-    shards = shards_of([p.layout for p in parts])
-    with naming(fn, what, spec):
-        if isinstance(spec, RandomStructured):
-            vectors = [LocalBlock(k, p.eligible, p.layout) for k, p in zip(keys, parts, strict=True)]
-            kept = random_unstructured(spec.target, vectors, shards, generator)
-        else:
-            kept = l1_unstructured_jointly(spec.target, keys, [p.eligible for p in parts], shards=shards)
-    out = []
-    for flags, part, block in zip(kept, parts, blocks, strict=True):
-        local = _expand(flags, _Channels(flags, None, part.dim, block.scores.shape, block.mask))
-        out.append(wrap(local, block.layout))
-    return out
-
-
-def _normalized_across(parts: Sequence[Channels], normalize: Normalize) -> list[Tensor]:
-    """Each tensor's channel keys scaled as :func:`_normalized` scales them, over all its processes.
-
-    Channels whole on every process are normalized there, exactly as one
-    process does. A tensor whose channels are cut across processes sums
-    (``"mean"``: in float64, rounded once to the norms' dtype, so within an
-    ulp of one process's float32 sum) or maximizes (``"max"``: exact) its
-    part of each tensor's numbers: one ``all_reduce`` per mesh dim for the
-    whole group. Where copies of a block of channels lie along some mesh
-    dims, one of them adds its numbers (three copies would triple a sum,
-    not always exactly).
-    """
-    if normalize is None:
-        return [p.keys for p in parts]
-    cut = [i for i, p in enumerate(parts) if p.layout.sharded]
-    numbers: list[float] = []
-    for i in cut:
-        norms, eligible = parts[i].keys, parts[i].eligible
-        if not parts[i].layout.counted:  # a copy of channels another process counts
-            numbers += [0.0, 0.0] if normalize == "mean" else [0.0]
-            continue
-        counted = norms.isfinite() if eligible is None else norms.isfinite() & eligible
-        values = torch.where(counted, norms, torch.zeros_like(norms))
-        if normalize == "mean":
-            numbers += [float(values.sum(dtype=torch.float64)), float(counted.sum())]
-        else:
-            numbers.append(float(values.amax()) if values.numel() else 0.0)
-    reduced: list[float] = []
-    if cut:
-        op = dist.ReduceOp.SUM if normalize == "mean" else dist.ReduceOp.MAX
-        reduced = all_reduced(numbers, parts[cut[0]].layout, op, parts[cut[0]].keys.device)
-    out = []
-    for i, part in enumerate(parts):
-        norms = part.keys
-        if i not in cut:
-            out.append(_normalized(norms, part.eligible, normalize))
-            continue
-        j = cut.index(i)
-        if normalize == "mean":
-            total = torch.tensor(reduced[2 * j], dtype=torch.float64, device=norms.device).to(norms.dtype)
-            scale = total / torch.tensor(max(reduced[2 * j + 1], 1.0), device=norms.device).to(norms.dtype)
-        else:
-            scale = torch.tensor(reduced[j], device=norms.device).to(norms.dtype)
-        out.append(norms / torch.where(scale > 0, scale, torch.ones_like(scale)))
-    return out
 
 
 def _check_normalize(normalize: object, spec: Spec) -> None:
@@ -246,78 +111,6 @@ def _check_normalize(normalize: object, spec: Spec) -> None:
             f"global_structured: normalize={normalize!r} scales channel norms, but {spec!r} "
             "draws channels at random without norms; leave normalize=None"
         )
-
-
-def _check_channels(spec: StructuredSpec, scores: Tensor) -> None:
-    """One tensor's checks (torch's first): floating scores, 2 dims or more, ``dim`` in range, the norm."""
-    if not scores.is_floating_point():
-        raise TypeError(
-            f"scores must be a floating-point tensor, got dtype {scores.dtype}; convert them with .float()"
-        )
-    validate_structured(scores)
-    validate_dim_range(scores, spec.dim)
-    if isinstance(spec, LnStructured):
-        check_matrix_norm(spec.n, scores)
-
-
-def _channels(spec: StructuredSpec, scores: Tensor, mask: Mask, normalize: Normalize) -> _Channels:
-    """The channel scores of one tensor and its still-unpruned channels (torch's checks first)."""
-    _check_channels(spec, scores)
-    d = spec.dim % scores.dim()
-    eligible = None if mask is None else unpruned_units("structured", mask, d)
-    if isinstance(spec, RandomStructured):
-        keys = torch.zeros(scores.shape[d], device=scores.device)
-    else:
-        others = [i for i in range(scores.dim()) if i != d]
-        keys = _normalized(torch.norm(scores, p=spec.n, dim=others), eligible, normalize)
-    return _Channels(keys, eligible, d, scores.shape, mask)
-
-
-def _normalized(norms: Tensor, eligible: Mask, normalize: Normalize) -> Tensor:
-    """``norms`` divided by the mean or max of the finite ones of unpruned channels.
-
-    Where that is not positive (all zero, or no such channel) they stay as they are.
-    """
-    if normalize is None or norms.numel() == 0:
-        return norms
-    counted = norms.isfinite() if eligible is None else norms.isfinite() & eligible
-    values = torch.where(counted, norms, torch.zeros_like(norms))
-    if normalize == "mean":
-        scale = values.sum() / counted.sum().clamp(min=1).to(norms.dtype)
-    else:
-        scale = values.amax()
-    return norms / torch.where(scale > 0, scale, torch.ones_like(scale))
-
-
-def _select(
-    spec: StructuredSpec, parts: Sequence[_Channels], generator: torch.Generator | None
-) -> list[Tensor]:
-    """One exact selection over the group's channel vector, expanded back per tensor."""
-    keys = torch.cat([part.keys for part in parts])
-    eligible = None
-    if any(part.eligible is not None for part in parts):
-        eligible = torch.cat([
-            torch.ones(part.keys.shape, dtype=torch.bool, device=part.keys.device)
-            if part.eligible is None else part.eligible for part in parts
-        ])  # fmt: skip
-    # Channel norms are >= 0 (or NaN), so L1's ranking is theirs: exact count,
-    # ties to the lower channel of the group, NaN pruned last.
-    flat: Spec
-    if isinstance(spec, RandomStructured):
-        flat = RandomUnstructured(spec.amount, sparsity=spec.sparsity)
-    else:
-        flat = L1Unstructured(spec.amount, sparsity=spec.sparsity)
-    kept = compute_mask(flat, keys, eligible, generator=generator)
-    pieces = torch.split(kept, [part.keys.shape[0] for part in parts])
-    return [_expand(piece, part) for piece, part in zip(pieces, parts, strict=True)]
-
-
-def _expand(kept: Tensor, part: _Channels) -> Tensor:
-    """Kept channels as a mask of the tensor's shape, on top of its earlier mask."""
-    shape = [1] * len(part.shape)
-    shape[part.dim] = part.shape[part.dim]
-    full = kept.reshape(shape).expand(part.shape)
-    return full.contiguous() if part.mask is None else full & part.mask
 
 
 def global_structured(

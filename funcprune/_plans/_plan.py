@@ -33,7 +33,7 @@ from .._names import (
     check_scores,
     match_names,
 )
-from .._specs import Chain, Identity, L1Unstructured, Spec, chain, fold
+from .._specs import Chain, ScoresOf, Spec, chain, checked_mask, fold
 from .._types import Mask, Masks, Params, Scores, Tensor, is_dtensor
 from .._validate import check_generator
 
@@ -284,44 +284,30 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
         for spec, selected in matched:
             # A chain's steps run one by one, each scored like a new torch call:
             # as the tensor currently is, or by the given scores as they are.
+            items = [
+                dtensor.RuleItem(name, params[name], _scores_of(params[name], scores.get(name)), out.get(name))
+                for name in selected
+            ]
+            if any(is_dtensor(item.param) for item in items):  # block by block, nothing gathered
+                out.update(dtensor.fold_rule(self._FN, spec, items, generator, self._naming))
+                continue
             steps = spec.specs if isinstance(spec, Chain) else (spec,)
-            lockstep = self._l1_each(params, selected, steps, out, scores)
-            for name in selected:
-                if name in lockstep:
-                    out[name] = lockstep[name]
-                    continue
-                param, given = params[name], scores.get(name)
-
-                def scores_of(i: int, mask: Mask) -> Tensor:
-                    return scores_for(param, mask, given)
-
-                with naming(self._FN, repr(name), spec):
-                    if is_dtensor(param):  # block by block, nothing gathered
-                        step = dtensor.fold_step(self._FN, name, param, steps)
-                        out[name] = fold(steps or (Identity(),), scores_of, out.get(name), generator, step=step)
-                    else:
-                        out[name] = fold(steps, scores_of, out.get(name), generator)
+            for item in items:
+                with naming(self._FN, repr(item.name), spec):
+                    out[item.name] = fold(steps, item.scores_of, item.mask, generator, step=checked_mask)
         return out
 
-    def _l1_each(
-        self, params: Params, selected: Sequence[str], steps: Sequence[Spec], masks: Masks, scores: Scores
-    ) -> dict[str, Tensor]:
-        """A rule of one ``L1Unstructured`` over DTensor parameters: their selections in lockstep.
+    def _naming(self, what: str, spec: Spec) -> contextlib.AbstractContextManager[None]:
+        return naming(self._FN, what, spec)
 
-        Each mask is what the fold gives the parameter alone; the all-reduces
-        of the rule's selections are shared (:func:`._dtensor.l1_each`).
-        """
-        if len(steps) != 1 or not isinstance(steps[0], L1Unstructured):
-            return {}
-        spec = steps[0]
-        items = [
-            (name, params[name], spec, scores_for(params[name], masks.get(name), scores.get(name)), masks.get(name))
-            for name in selected
-            if is_dtensor(params[name])
-        ]
-        if not items:
-            return {}
-        return dtensor.l1_each(self._FN, items, lambda name, step: naming(self._FN, repr(name), step))
+
+def _scores_of(param: Tensor, given: Tensor | None) -> ScoresOf:
+    """A parameter's scores for each step of a rule: as it currently is, or as given."""
+
+    def scores_of(i: int, mask: Mask) -> Tensor:
+        return scores_for(param, mask, given)
+
+    return scores_of
 
 
 @final

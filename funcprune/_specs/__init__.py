@@ -5,9 +5,19 @@
 holds torch's methods as specs, ``_shape_specs.py`` the mask shapes (N:M,
 blocks, per slice); each spec's ``compute_mask`` calls its kernel
 (``_kernels.py``, ``_shape_kernels.py``), which ranks through
-``funcprune._select``. Other layers use the kernels listed here.
+``funcprune._select``; ``_channels.py`` ranks the channels of several
+tensors together (``global_structured``). Other layers use the kernels
+listed here.
 """
 
+from ._channels import ChannelKeys as ChannelKeys
+from ._channels import Normalize as Normalize
+from ._channels import StructuredSpec as StructuredSpec
+from ._channels import channel_keys as channel_keys
+from ._channels import check_channels as check_channels
+from ._channels import expand_channels as expand_channels
+from ._channels import keep_channels as keep_channels
+from ._channels import normalized as normalized
 from ._fold import Chain as Chain
 from ._fold import ScoresOf as ScoresOf
 from ._fold import Step as Step

@@ -14,48 +14,54 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import final
+from typing import TypeVar, final
 
 import torch
 
 from .._types import Mask, PruningType, Tensor
-from ._kernels import as_bool, keep_all
+from ._kernels import as_bool
 from ._spec import Spec, checked_mask
+from ._torch_specs import Identity
 
 __all__ = ["Chain", "ScoresOf", "Step", "chain", "fold"]
 
 #: Scores for step ``i`` given the mask the steps before it left.
 ScoresOf = Callable[[int, Mask], Tensor]
 #: One step's mask from its spec, scores, the mask so far and the generator (:func:`checked_mask`'s signature).
-Step = Callable[["Spec", Tensor, Mask, "torch.Generator | None"], Tensor]
+Step = Callable[[Spec, Tensor, Mask, "torch.Generator | None"], Tensor]
+
+#: What a step scores, and the mask it leaves: a tensor and its mask (or, for a group of DTensor
+#: blocks, the blocks and their masks).
+S = TypeVar("S")
+M = TypeVar("M")
+_NOTHING = Identity()
 
 
 def fold(
     steps: Sequence[Spec],
-    scores_of: ScoresOf,
-    mask: Mask,
+    scores_of: Callable[[int, M | None], S],
+    mask: M | None,
     generator: torch.Generator | None,
     *,
-    step: Step = checked_mask,
-) -> Tensor:
+    step: Callable[[Spec, S, M | None, torch.Generator | None], M],
+) -> M:
     """Apply ``steps`` in turn, each on the mask the steps before it left.
 
     Args:
-        steps: the specs, first to last; none prunes nothing.
-        scores_of: the scores of step ``i``, given the current mask.
-        mask: the earlier mask (``torch.bool``), or ``None``.
+        steps: the specs, first to last; none runs :class:`~funcprune.Identity`
+            (nothing pruned).
+        scores_of: what step ``i`` scores, given the current mask.
+        mask: the earlier mask, or ``None``.
         generator: for the random specs.
-        step: computes one step's mask (:func:`checked_mask`; DTensors'
-            block by block, ``funcprune._dtensor.fold_step``).
+        step: computes one step's mask: :func:`checked_mask` for a tensor;
+            for DTensors, ``funcprune._dtensor``'s step, block by block.
 
     Returns:
-        The last step's mask (a new tensor).
+        The last step's mask (a new one).
     """
-    if not steps:
-        return keep_all(scores_of(0, mask), mask)
-    for i, spec in enumerate(steps):
+    for i, spec in enumerate(steps or (_NOTHING,)):
         mask = step(spec, scores_of(i, mask), mask, generator)
-    assert mask is not None
+    assert mask is not None  # one step at least
     return mask
 
 
@@ -107,7 +113,7 @@ class Chain(Spec):
         def scores_of(i: int, mask: Mask) -> Tensor:
             return scores if i == 0 or mask is None else scores * mask.to(scores.dtype)
 
-        return fold(self.specs, scores_of, default_mask, generator)
+        return fold(self.specs, scores_of, default_mask, generator, step=checked_mask)
 
 
 def chain(*specs: Spec) -> Chain:

@@ -548,14 +548,14 @@ def _per_tensor(rank: int, size: int, spec: fp.Spec, earlier: bool, max_keys: in
 
     ``max_keys``: the keys per process a lockstep batch may hold, for this call.
     """
-    from funcprune._dtensor import _dispatch
+    from funcprune._dtensor import _rules
 
-    budget = _dispatch.LOCKSTEP_MAX_KEYS
-    _dispatch.LOCKSTEP_MAX_KEYS = budget if max_keys is None else max_keys
+    budget = _rules.LOCKSTEP_MAX_KEYS
+    _rules.LOCKSTEP_MAX_KEYS = budget if max_keys is None else max_keys
     try:
         return _per_tensor_plan(size, spec, earlier)
     finally:
-        _dispatch.LOCKSTEP_MAX_KEYS = budget
+        _rules.LOCKSTEP_MAX_KEYS = budget
 
 
 def _per_tensor_plan(size: int, spec: fp.Spec, earlier: bool) -> dict[str, Any]:

@@ -1,0 +1,121 @@
+"""Channels of several tensors ranked together: the one-process kernel of ``global_structured``.
+
+Each tensor is scored per channel (:func:`channel_keys`: the L``n`` norm of
+each slice along ``dim``, optionally normalized per tensor; zeros for the
+random spec), the channel scores of all tensors are ranked as one vector by
+one exact selection (:func:`keep_channels`: ``L1Unstructured`` on the norms,
+which are non-negative, or ``RandomUnstructured``), and the kept channels
+are expanded back to each tensor's shape on top of its earlier mask.
+``funcprune._dtensor`` ranks DTensors' channels across processes with the
+same checks, normalization and expansion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, NamedTuple, Optional, Union
+
+import torch
+
+from .._types import Mask, Tensor
+from .._validate import validate_dim_range, validate_structured
+from ._kernels import check_matrix_norm, unpruned_units
+from ._spec import Spec, checked_mask
+from ._torch_specs import (
+    L1Unstructured,
+    LnStructured,
+    RandomStructured,
+    RandomUnstructured,
+)
+
+__all__ = [
+    "ChannelKeys", "Normalize", "StructuredSpec", "channel_keys", "check_channels", "expand_channels",
+    "keep_channels", "normalized",
+]  # fmt: skip
+
+#: How each tensor's channel norms are scaled before they compete (``None``: raw).
+Normalize = Optional[Literal["mean", "max"]]
+#: The specs whose channels can be ranked across tensors.
+StructuredSpec = Union[LnStructured, RandomStructured]
+
+
+class ChannelKeys(NamedTuple):
+    """One tensor of the group, seen channel by channel."""
+
+    keys: Tensor  # one score per channel (zeros for RandomStructured)
+    eligible: Mask  # the channels not entirely pruned earlier; None: all
+    dim: int  # the channels' dim, non-negative
+    shape: torch.Size  # the tensor's shape
+    mask: Mask  # its earlier mask
+
+
+def check_channels(spec: StructuredSpec, scores: Tensor) -> None:
+    """One tensor's checks (torch's first): floating scores, 2 dims or more, ``dim`` in range, the norm."""
+    if not scores.is_floating_point():
+        raise TypeError(
+            f"scores must be a floating-point tensor, got dtype {scores.dtype}; convert them with .float()"
+        )
+    validate_structured(scores)
+    validate_dim_range(scores, spec.dim)
+    if isinstance(spec, LnStructured):
+        check_matrix_norm(spec.n, scores)
+
+
+def channel_keys(spec: StructuredSpec, scores: Tensor, mask: Mask, normalize: Normalize) -> ChannelKeys:
+    """The channel scores of one tensor and its still-unpruned channels (torch's checks first)."""
+    check_channels(spec, scores)
+    d = spec.dim % scores.dim()
+    eligible = None if mask is None else unpruned_units("structured", mask, d)
+    if isinstance(spec, RandomStructured):
+        keys = torch.zeros(scores.shape[d], device=scores.device)
+    else:
+        others = [i for i in range(scores.dim()) if i != d]
+        keys = normalized(torch.norm(scores, p=spec.n, dim=others), eligible, normalize)
+    return ChannelKeys(keys, eligible, d, scores.shape, mask)
+
+
+def normalized(norms: Tensor, eligible: Mask, normalize: Normalize) -> Tensor:
+    """``norms`` divided by the mean or max of the finite ones of unpruned channels.
+
+    Where that is not positive (all zero, or no such channel) they stay as they are.
+    """
+    if normalize is None or norms.numel() == 0:
+        return norms
+    counted = norms.isfinite() if eligible is None else norms.isfinite() & eligible
+    values = torch.where(counted, norms, torch.zeros_like(norms))
+    if normalize == "mean":
+        scale = values.sum() / counted.sum().clamp(min=1).to(norms.dtype)
+    else:
+        scale = values.amax()
+    return norms / torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
+def keep_channels(
+    spec: StructuredSpec, parts: Sequence[ChannelKeys], generator: torch.Generator | None
+) -> list[Tensor]:
+    """One exact selection over the group's channel vector, expanded back per tensor."""
+    keys = torch.cat([part.keys for part in parts])
+    eligible = None
+    if any(part.eligible is not None for part in parts):
+        eligible = torch.cat([
+            torch.ones(part.keys.shape, dtype=torch.bool, device=part.keys.device)
+            if part.eligible is None else part.eligible for part in parts
+        ])  # fmt: skip
+    # Channel norms are >= 0 (or NaN), so L1's ranking is theirs: exact count,
+    # ties to the lower channel of the group, NaN pruned last.
+    flat: Spec
+    if isinstance(spec, RandomStructured):
+        flat = RandomUnstructured(spec.amount, sparsity=spec.sparsity)
+    else:
+        flat = L1Unstructured(spec.amount, sparsity=spec.sparsity)
+    kept = checked_mask(flat, keys.detach(), eligible, generator)
+    pieces = torch.split(kept, [part.keys.shape[0] for part in parts])
+    return [expand_channels(piece, part) for piece, part in zip(pieces, parts, strict=True)]
+
+
+def expand_channels(kept: Tensor, part: ChannelKeys) -> Tensor:
+    """Kept channels as a mask of the tensor's shape, on top of its earlier mask."""
+    shape = [1] * len(part.shape)
+    shape[part.dim] = part.shape[part.dim]
+    full = kept.reshape(shape).expand(part.shape)
+    return full.contiguous() if part.mask is None else full & part.mask
