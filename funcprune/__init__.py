@@ -43,7 +43,7 @@ functions, usable under ``torch.func.vmap``, ``grad`` and ``torch.compile``:
   ``masks_from_module``, ``install_masks_``, ``unprune_``, and
   ``SpecMethod`` for your own specs.
 
-``python -m funcprune`` runs a demo; README.md has the tour.
+``python -m funcprune`` runs a demo; README.md and the docs (``docs/``) have the tour.
 """
 
 import warnings as _warnings

@@ -21,7 +21,7 @@ pruned across layers (global_structured), fine-tuned and shrunk (shrink) to
 a smaller, faster model with the same accuracy. It saves the accuracy-against-sparsity
 curves and per-layer sparsities as a PNG (with matplotlib). Install the
 extras with: pip install ".[demo]". About a minute on 2 CPU cores (--quick:
-about 20 seconds). See README.md for the API.
+about 20 seconds). See README.md and docs/ for the API.
 """
 
 

@@ -13,6 +13,7 @@ from ._checks import refuse_in as refuse_in
 from ._dispatch import check_group as check_group
 from ._dispatch import compute_joint_masks as compute_joint_masks
 from ._dispatch import compute_mask as compute_mask
+from ._dispatch import described as described
 from ._dispatch import supported as supported
 from ._layout import Layout as Layout
 from ._layout import all_reduce as all_reduce

@@ -52,7 +52,7 @@ from ._shapes import (
 from ._structured import check_layout, structured
 
 __all__ = [
-    "ON_BLOCKS", "OnBlocks", "check_group", "check_supported", "compute_joint_masks", "compute_mask",
+    "ON_BLOCKS", "OnBlocks", "check_group", "check_supported", "compute_joint_masks", "compute_mask", "described",
     "masks_on_blocks", "supported",
 ]  # fmt: skip
 
@@ -169,6 +169,23 @@ ON_BLOCKS: Mapping[type[Spec], OnBlocks] = MappingProxyType(dict([
 def supported(*, draws: bool = True) -> list[str]:
     """The names of the spec types funcprune computes on DTensors (``draws=False``: those that draw no random numbers)."""
     return [kind.__name__ for kind, on in ON_BLOCKS.items() if draws or not on.draws]
+
+
+def described() -> str:
+    """What the registry holds, in a sentence for docstrings and docs (read from :data:`ON_BLOCKS`)."""
+    quoted = [f"``{name}``" for name in supported()]
+    checked = [f"``{kind.__name__}``" for kind, on in ON_BLOCKS.items() if on.check is not None]
+    drawing = [f"``{kind.__name__}``" for kind, on in ON_BLOCKS.items() if on.draws]
+    return (
+        f"{_listed(quoted)}. Where a layout cuts what {_joined(checked)} need whole (a group, a "
+        "slice, a channel's nuclear norm), they are refused before any work, on every process "
+        f"alike; {_joined(drawing)} draw from one seed the processes agree on (reproducible for "
+        "a seed and the same for any placement, not one process's draws)"
+    )
+
+
+def _joined(names: Sequence[str]) -> str:
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
 
 
 def _listed(names: Sequence[str]) -> str:

@@ -8,6 +8,7 @@ go through the same path, and their results are checked alike.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 import torch
@@ -84,12 +85,9 @@ def compute_mask(
     mesh calls this on its DTensor and gets its block of the mask, a
     ``torch.bool`` DTensor of the scores' layout; together the blocks are
     exactly the mask of the whole tensor. Only counts cross processes (a
-    few fixed-size all-reduces); nothing is gathered. Supported so far:
-    ``L1Unstructured``, ``RandomUnstructured``, ``LnStructured``,
-    ``RandomStructured``, ``Identity``, ``CustomFromMask``, and ``NM``,
-    ``Block`` and ``PerSlice`` where the layout leaves their groups whole,
-    and chains of them (random draws on DTensors are reproducible for a
-    seed, and are not one process's draws; see the README).
+    few fixed-size all-reduces); nothing is gathered. The specs computed on
+    DTensors (this list is read from their registry when funcprune is
+    imported): {dtensor_specs}. See the guide's "Distributed" page.
 
     Raises:
         TypeError: if ``spec`` is not a spec, ``scores`` is not a floating
@@ -236,3 +234,9 @@ def prune(
         check_like("prune", names[0], scores, "t", t)
         return t * dtensor.compute_mask("prune", spec, scores.detach(), mask, names, generator=generator).to(t.dtype)
     return t * checked_mask(spec, scores.detach(), mask, generator).to(t.dtype)
+
+
+# The DTensor specs compute_mask lists are read from their one registry (and so is the guide's list).
+compute_mask.__doc__ = (compute_mask.__doc__ or "").replace(
+    "{dtensor_specs}", textwrap.fill(dtensor.described(), 76, subsequent_indent="    ")
+)
