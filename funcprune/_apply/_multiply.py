@@ -32,7 +32,7 @@ def as_multiplier(mask: Tensor, dtype: torch.dtype, *, copy: bool = False) -> Te
     return mask.to(dtype, copy=copy)
 
 
-def _multiply(t: Tensor, mask: Tensor) -> Tensor:
+def _product(t: Tensor, mask: Tensor) -> Tensor:
     """``t * mask.to(t.dtype)`` for a bool ``mask`` of ``t``'s shape.
 
     Ordinary CPU tensors outside autograd take the native kernel where it
@@ -69,7 +69,7 @@ class _BoolMaskMultiply(torch.autograd.Function):
 
     @staticmethod
     def forward(weight: Tensor, mask: Tensor) -> Tensor:
-        return _multiply(weight, mask)
+        return _product(weight, mask)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -82,12 +82,12 @@ class _BoolMaskMultiply(torch.autograd.Function):
             return None, None
         (mask,) = ctx.saved_tensors
         # what autograd's MulBackward0 computes for ``weight * float_mask``
-        return _multiply(grad_outputs[0], mask), None
+        return _product(grad_outputs[0], mask), None
 
     @staticmethod
     def jvp(ctx: Any, *tangents: Any) -> Tensor:
         (mask,) = ctx.saved_tensors
-        return _multiply(tangents[0], mask)
+        return _product(tangents[0], mask)
 
 
 def masked_multiply(weight: Tensor, mask: Tensor) -> Tensor:

@@ -180,7 +180,7 @@ def _zeros(tensors: list[tuple[str, Tensor | None]]) -> list[int]:
     return counts
 
 
-def _report(entries: list[_Entry]) -> SparsityReport:
+def _rows(entries: list[_Entry]) -> SparsityReport:
     """The report of ``entries``, counted by :func:`_zeros`."""
     counts = _zeros([(what, t) for _, _, what, t in entries])
     rows = (SparsityRow(name, shape, n) for (name, shape, _, _), n in zip(entries, counts, strict=True))
@@ -255,16 +255,16 @@ def sparsity_report(
             raise TypeError(f"{fn}: params= goes with a mask dict, not a module")
         _refuse_hook_mode(source)
         named = source.named_parameters()
-        return _report([(n, tuple(p.shape), f"the parameter {n!r}", p.detach()) for n, p in named])
+        return _rows([(n, tuple(p.shape), f"the parameter {n!r}", p.detach()) for n, p in named])
     if not isinstance(source, Mapping):
         kind = type(source).__name__
         raise TypeError(f"{fn}: source must be a dict of masks or a module, got {kind}")
     if params is None:
         masks = {name: _checked_mask(name, mask) for name, mask in source.items()}
-        return _report([(n, tuple(m.shape), f"the mask for {n!r}", m) for n, m in masks.items()])
+        return _rows([(n, tuple(m.shape), f"the mask for {n!r}", m) for n, m in masks.items()])
     check_params(fn, params)
     check_layouts(fn, params, source)  # before check_masks reads the values of numeric masks
     checked = check_masks(fn, params, source)
-    return _report(
+    return _rows(
         [(n, tuple(p.shape), f"the mask for {n!r}", checked.get(n)) for n, p in params.items()]
     )

@@ -1,34 +1,8 @@
 """Importance scores: criteria that rank weights by more than their magnitude.
 
-Each criterion is a pure function returning a new ``dict[str, Tensor]`` of
-scores keyed like the parameters, ready for a plan's ``scores=``:
-
-- :func:`saliency`, ``|w * g|``: SNIP (Lee et al. 2019) when the gradients
-  are those of a loss on one batch at initialization;
-- :func:`taylor`, ``(w * g) ** 2``: the first-order Taylor criterion
-  (Molchanov et al. 2019);
-- :func:`wanda`, ``|W[i, j]| * ||X[:, j]||_2`` (Sun et al. 2023), from the
-  per-input-feature norms that :func:`~funcprune.input_norms`
-  (:mod:`funcprune._activations`) collects by running the model on
-  calibration batches.
-
-Scores are data: they are computed from detached tensors, never recorded by
-autograd. They come in the dtype that torch promotes the inputs to, and at
-least ``float32``: half-precision weights and gradients are scored in
-``float32``, where the product of two ``float16`` or ``bfloat16`` numbers is
-exact and its square neither underflows to ties at zero nor overflows (as
-Wanda's own code does, ranking ``float16`` weights by ``float32`` scores).
-
->>> import torch, funcprune as fp
->>> params = {"fc.weight": torch.tensor([[1.0, -2.0], [3.0, 0.5]])}
->>> grads = {"fc.weight": torch.tensor([[0.5, 0.5], [-0.1, 4.0]])}
->>> scores = fp.saliency(params, grads)
->>> scores["fc.weight"]
-tensor([[0.5000, 1.0000],
-        [0.3000, 2.0000]])
->>> fp.Plan({"fc.weight": fp.L1Unstructured(0.5)})(params, scores=scores)["fc.weight"]
-tensor([[False,  True],
-        [False,  True]])
+:func:`saliency` (SNIP), :func:`taylor` and :func:`wanda` are pure functions
+returning new scores keyed like the parameters, ready for a plan's
+``scores=``; they are data (detached), in float32 at least (``README.md``).
 """
 
 from __future__ import annotations

@@ -213,7 +213,7 @@ def keep_jointly(parts: Sequence[KeyPart], k: Count | CountOf) -> list[Tensor]:
             return bracketed
     if len(parts) == 1:
         part = parts[0]
-        if isinstance(k, int) and _batched(part) and _keep_lowest is not None:
+        if isinstance(k, int) and _goes_to_vmap_op(part) and _keep_lowest is not None:
             magnitude = part.key is magnitude_of
             return [_keep_lowest(part.source if magnitude else part.keys(), k, magnitude)]
         return [_keep_sorted(part.keys(), k, part.eligible)]
@@ -227,7 +227,7 @@ def keep_jointly(parts: Sequence[KeyPart], k: Count | CountOf) -> list[Tensor]:
 def _tensors(parts: Sequence[KeyPart]) -> list[Tensor]:
     return [t for p in parts for t in (p.source, p.eligible) if t is not None]
 
-def _batched(part: KeyPart) -> bool:
+def _goes_to_vmap_op(part: KeyPart) -> bool:
     """Whether a part (with an int count) goes to ``funcprune::keep_lowest``: batched by vmap, not compiled.
 
     Its vmap rule selects row by row eagerly, as a loop of eager calls would,

@@ -49,7 +49,7 @@ def keep_by_bracket_over_shards(
     counted = [p for p, s in zip(parts, shards, strict=True) if s.counted]
     samples = [sample_keys(p, sample_stride(total)) for p in counted]
     eligible = None if not callable(k) else sum(p.numel if p.eligible is None else int(p.eligible.sum()) for p in counted)
-    k, bracket = _bracket(samples, dtype, total, k, eligible, groups, device)
+    k, bracket = _bracket_of_sample(samples, dtype, total, k, eligible, groups, device)
     if k == 0:  # nothing to prune (an amount resolved to 0)
         return [torch.ones(p.numel, dtype=torch.bool, device=p.source.device) if p.eligible is None else p.eligible.clone() for p in parts]
     if bracket is None:
@@ -90,7 +90,7 @@ def _code(key: float, dtype: torch.dtype) -> int:
     return int(order_codes(torch.tensor([key], dtype=dtype))[0])
 
 
-def _bracket(
+def _bracket_of_sample(
     samples: list[Tensor],
     dtype: torch.dtype,
     total: int,

@@ -1,26 +1,8 @@
 """Allocations: how a total sparsity is split across tensors.
 
-An allocation is a ``dict[str, float]``, parameter name -> target sparsity,
-in the order of the params dict, whose numel-weighted mean is the total
-asked for. Only the tensors' shapes are read, so meta tensors work (an
-allocation for a model too large to build). Turn one into a plan with a spec
-per tensor:
-
->>> import torch, funcprune as fp
->>> params = {"conv.weight": torch.randn(16, 3, 3, 3), "fc.weight": torch.randn(10, 64)}
->>> allocation = fp.erk_sparsity(params, 0.8)
->>> {name: round(s, 4) for name, s in allocation.items()}
-{'conv.weight': 0.8747, 'fc.weight': 0.7496}
->>> plan = fp.Plan({n: fp.L1Unstructured(sparsity=s) for n, s in allocation.items()})
->>> print(fp.sparsity_report(plan(params)))
-tensor       shape     pruned  total  sparsity
-conv.weight  16x3x3x3     378    432    87.50%
-fc.weight    10x64        480    640    75.00%
-global                    858   1072    80.04%
-
-``sparsity=`` is each tensor's fraction pruned after the call, counting
-earlier pruning, so the same plan serves round after round; each count is
-rounded to a whole entry, hence 80.04% in all.
+An allocation is a ``dict[str, float]`` (name -> target sparsity) whose
+numel-weighted mean is the total asked for; only shapes are read, so meta
+tensors work. ``README.md`` shows one turned into a plan.
 """
 
 from __future__ import annotations

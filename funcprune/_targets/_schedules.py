@@ -1,18 +1,7 @@
 """Schedules: WHEN to prune and how much in total, as pure data.
 
 A schedule is a frozen dataclass, callable as ``schedule(step) -> float``:
-the cumulative target sparsity (the fraction of the weights pruned, earlier
-pruning included) at training step ``step``. It is a pure function of the
-step (Python ints in, Python floats out), so the same schedule can be shared,
-copied and compared freely; make variants with :func:`dataclasses.replace`.
-
-- :class:`OneShot`: everything at one step;
-- :class:`Polynomial`: gradual magnitude pruning (Zhu & Gupta, 2017);
-- :class:`Iterative`: iterative magnitude pruning, a fixed number of rounds
-  that each prune the same fraction of what remains.
-
-Your own schedule subclasses :class:`Schedule`. The per-layer split of a
-total sparsity lives in :mod:`funcprune._allocate`.
+the cumulative target sparsity at a training step (``README.md``).
 """
 
 from __future__ import annotations

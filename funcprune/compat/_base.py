@@ -1,30 +1,10 @@
 """``BasePruningMethod`` and ``PruningContainer``: hooks and reparametrization.
 
-Same contract as ``torch.nn.utils.prune``: pruning ``name`` moves the
-parameter to ``name + "_orig"`` (the very same :class:`~torch.nn.Parameter`),
-registers the mask as the buffer ``name + "_mask"``, and installs the method
-object itself as a forward pre-hook that recomputes the plain attribute
-``name = mask * orig`` before each forward (see :mod:`._reparam`). Pruning
-the same tensor again turns the hook into a :class:`PruningContainer`
-holding the history, which folds the latest method (see :mod:`._combine`).
-
-Differences from torch, all fixes:
-
-* a failing :meth:`BasePruningMethod.apply` leaves the module exactly as it
-  was (torch drops the existing hook when, say, the new amount is invalid);
-* re-pruning puts the container at the old hook's place among the module's
-  forward pre-hooks (torch moves it to the end);
-* ``copy.deepcopy`` of a pruned module works, and a saved pruned tensor
-  is a plain tensor (see :mod:`._pruned`);
-* pruning a tied Parameter (held by another module too) raises a
-  ``ValueError`` instead of silently untying it (see :mod:`._tying`);
-* pruning ``MultiheadAttention.out_proj`` also refreshes the pruned tensors
-  before the attention's forward, which reads them without calling
-  ``out_proj`` (see :mod:`._parents`).
-
-Both classes subclass torch's namesakes, so ``torch.nn.utils.prune``'s own
-``is_pruned``, ``remove`` and ``isinstance`` checks accept funcprune's hooks,
-and funcprune's accept torch's.
+Torch's contract (``name_orig`` parameter, ``name_mask`` buffer, the method
+as a forward pre-hook; re-pruning folds into a container), with fixes: a
+failing ``apply`` leaves the module as it was, deep copies work, tied
+weights are refused (``README.md`` lists them all). Both subclass torch's
+namesakes, so torch's own checks accept funcprune's hooks.
 """
 
 from __future__ import annotations

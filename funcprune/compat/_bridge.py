@@ -1,29 +1,9 @@
 """The bridge between funcprune's mask dicts and modules in hook mode.
 
-A mask dict maps names of ``named_parameters()`` of the *unpruned* module
-(``"conv1.weight"``) to ``torch.bool`` masks (``True`` = kept); a missing key
-means not pruned. Three functions switch between the modes at any point:
-
-* :func:`install_masks_` puts a mask dict onto a module in hook mode, as
-  :func:`~funcprune.compat.custom_from_mask` calls would;
-* :func:`masks_from_module` reads the mask dict of any hooked module, pruned
-  by ``funcprune.compat`` or by ``torch.nn.utils.prune``;
-* :func:`unprune_` turns a hooked module back into plain parameters (the same
-  :class:`~torch.nn.Parameter` objects, with their unpruned values) and
-  returns its mask dict.
-
-``install_masks_(m, unprune_(m))`` gives the module back its masks, values
-and outputs; so does ``unprune_`` after ``install_masks_``. Unlike
-:func:`~funcprune.compat.remove`, :func:`unprune_` does not zero the pruned
-entries: the functional mode applies the masks itself.
-
-Tied weights (one :class:`~torch.nn.Parameter` used by several modules, as
-``lm_head.weight = embedding.weight``) have one key, the name
-``named_parameters()`` gives them. :func:`install_masks_` hooks every user,
-all sharing the same ``_orig`` Parameter (it stays tied) and the same mask,
-as ``torch.func.functional_call`` masks every user; :func:`masks_from_module`
-and :func:`unprune_` read one key per Parameter and refuse users with
-different masks.
+:func:`install_masks_` puts a mask dict onto a module in hook mode,
+:func:`masks_from_module` reads one off any hooked module, :func:`unprune_`
+turns a hooked module back into plain parameters and returns its masks;
+tied weights have one key (``README.md``).
 """
 
 from __future__ import annotations

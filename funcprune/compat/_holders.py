@@ -1,19 +1,7 @@
 """Which modules hold an object: the look-ups behind tying and parent checks.
 
-A pruning call is given one submodule, yet two facts about the rest of the
-model matter to it: whether the :class:`~torch.nn.Parameter` being pruned is
-also held by another module (weight tying, :mod:`._tying`), and which
-module reads a pruned child's tensors without calling the child
-(:mod:`._parents`). Modules do not know who holds them, so both are found
-from the other side with :func:`gc.get_referrers`: first the dicts that hold
-the object, then the modules whose ``_parameters`` (or ``_modules``) those
-dicts are. On Python 3.11 a module's ``__dict__`` may be inlined in the
-object (then the module itself refers to the dict) or materialized (then its
-``__dict__`` does, and one more level finds the module); both are handled.
-
-A scan visits every object the garbage collector tracks (tens of
-milliseconds in a large process); callers scan only when a cheap exact test
-says they must, and look up several objects in one scan.
+Found from the other side with :func:`gc.get_referrers` (a heap scan, run
+only when a cheap exact test says it must; ``README.md``).
 """
 
 from __future__ import annotations

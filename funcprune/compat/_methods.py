@@ -1,21 +1,9 @@
 """The built-in pruning methods, computing their masks with funcprune's kernels.
 
-Each class has torch's constructor, public attributes (``amount``, ``dim``,
-``n``, ``mask``; plain, settable attributes as in torch) and ``apply``
-signature, and subclasses its ``torch.nn.utils.prune`` namesake. The funcprune
-spec is built from the attributes only when a mask is computed, so, as in
-torch, ``LnStructured(0.5, n="bad")`` constructs and fails only when used.
-This module holds the unstructured methods and ``CustomFromMask``, and the
-conventions shared with the structured ones (:mod:`._structured`).
-
-The kernels get the scores detached (a mask needs no autograd graph).
-Called directly, ``compute_mask(t, default_mask)`` behaves as torch's: it
-picks the units to prune from all of ``t`` (a float amount is a fraction of
-``t``) with :func:`funcprune.compute_mask` (:func:`kernel_mask`) and zeroes
-them in (a copy of) ``default_mask``, with torch's dtypes, checks and
-exception types. Inside a :class:`~funcprune.compat.PruningContainer` the
-method acts on the part of ``t`` still unpruned through funcprune's fold
-instead.
+Torch's constructors, attributes and ``apply`` signatures, subclassing
+torch's namesakes; the spec is built from the attributes when a mask is
+computed. The unstructured methods, ``CustomFromMask`` and the conventions
+shared with ``_structured.py`` (``README.md``).
 """
 
 from __future__ import annotations

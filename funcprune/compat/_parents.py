@@ -1,35 +1,8 @@
 """Parents that read a pruned child's tensors without calling the child.
 
-Hook mode recomputes ``weight = mask * orig`` in the pruned module's forward
-pre-hook. :class:`torch.nn.MultiheadAttention` never calls its ``out_proj``:
-its ``forward`` passes ``self.out_proj.weight`` and ``.bias`` to the
-attention function (or the fused inference fast path). So with
-``torch.nn.utils.prune`` a pruned ``out_proj.weight`` is computed once, at
-prune time: the second backward fails ("Trying to backward through the graph
-a second time") and, under ``no_grad``, an optimizer step is never seen
-(pytorch/pytorch#69353, #78109).
-
-compat fixes it: pruning a tensor of ``out_proj`` (a
-``NonDynamicallyQuantizableLinear``, the class MultiheadAttention uses) also
-registers on each MultiheadAttention holding it a :class:`RefreshChild`
-forward pre-hook, which runs the child's pruning hooks before the parent's
-forward. One refresher per parent and child; it goes away when the child is
-no longer pruned by a funcprune call (:func:`sync_refreshers`) and does
-nothing meanwhile (after torch's ``remove``, say). It holds only the child's
-attribute name, so deep copies and pickles of the parent keep working.
-
-The parents are looked up (a heap scan, see :mod:`._holders`) when compat
-prunes a child that it had not pruned yet, when the child's last pruning is
-removed, and by the bridge; re-pruning is free. So a child pruned by compat
-*before* it was put into its MultiheadAttention gets its refresher only
-after ``remove``/``unprune_`` and a new pruning.
-
-``TransformerEncoderLayer`` also reads its children's tensors directly, but
-only in its inference fast path, which it skips when any submodule has a
-forward hook (a pruning hook included): it calls them, nothing to refresh.
-The refresher is added only for a ``NonDynamicallyQuantizableLinear`` (the
-parent look-up scans the heap); an ``out_proj`` replaced by a plain
-``nn.Linear`` gets none.
+``MultiheadAttention`` reads ``out_proj.weight`` directly, so a pruned
+``out_proj`` is refreshed by a :class:`RefreshChild` pre-hook on its parent
+(pytorch/pytorch#69353, #78109; ``README.md``).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def reparametrize(
     """
     hook = method if old is None else _add_to(old[1], method, wrap)
     orig = getattr(module, name)
-    scores = _scores(module, name, orig, importance_scores)
+    scores = _importance(module, name, orig, importance_scores)
     if not isinstance(hook, TorchContainer):
         module.register_parameter(name + "_orig", orig)
         del module._parameters[name]
@@ -81,7 +81,7 @@ def _add_to(
     return container
 
 
-def _scores(module: nn.Module, name: str, orig: Tensor, importance_scores: Tensor | None) -> Tensor:
+def _importance(module: nn.Module, name: str, orig: Tensor, importance_scores: Tensor | None) -> Tensor:
     """``importance_scores``, checked against the tensor's shape, or the tensor."""
     if importance_scores is None:
         return orig

@@ -1,28 +1,9 @@
 """Tied weights (one :class:`~torch.nn.Parameter` held by several modules).
 
-A language model often ties its output layer to its embedding
-(``lm_head.weight = embedding.weight``). Hook mode prunes per module: pruning
-one user moves the Parameter to that module's ``weight_orig`` and gives it
-``mask * orig``, while the other users keep reading the unpruned Parameter.
-``torch.nn.utils.prune`` silently unties the weight that way. The functional
-API masks every user (``torch.func.functional_call`` ties weights), so:
-
-* the pruning functions and methods of ``funcprune.compat`` refuse, before
-  changing anything, to prune a Parameter that another module also holds
-  (:func:`check_untied`);
-* :func:`~funcprune.compat.install_masks_` hooks every user of a tied
-  Parameter on purpose (inside :func:`~._state.batch`, which skips the
-  check), all sharing the same ``_orig`` Parameter and the same mask values;
-* :func:`~funcprune.compat.masks_from_module` and
-  :func:`~funcprune.compat.unprune_` give one key per Parameter
-  (:func:`parameter_users` finds the users).
-
-Finding another holder needs a heap scan (:mod:`._holders`); an exact cheap
-test comes first: a Parameter that nothing but its module (and the module's
-pruned attribute) references has the reference count of a throwaway
-module's Parameter in the same state, measured once through the same code
-path (:func:`_count`, :func:`_expected`); only a higher count (an optimizer,
-a live graph, a variable, or another module) leads to a scan.
+The pruning functions refuse, before changing anything, to prune a
+Parameter another module also holds (:func:`check_untied`), where torch
+silently unties it; a cheap exact reference count decides whether a heap
+scan is needed (``README.md``).
 """
 
 from __future__ import annotations
