@@ -59,7 +59,7 @@ def test_all_is_sorted_and_unique() -> None:
     assert fp.__all__ == sorted(fp.__all__)
 
 
-@pytest.mark.parametrize(("fn", "expected"), DESIGN_SIGNATURES.items(), ids=str)
+@pytest.mark.parametrize(("fn", "expected"), DESIGN_SIGNATURES.items(), ids=lambda v: getattr(v, "__qualname__", str(v)))
 def test_design_signatures(fn: object, expected: str) -> None:
     """The parameter names, order, defaults and kinds DESIGN.md promises."""
     signature = inspect.signature(fn)  # type: ignore[arg-type]

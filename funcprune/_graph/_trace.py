@@ -82,7 +82,7 @@ def trace_channels(fn: str, module: nn.Module, example_inputs: object) -> Channe
     if not isinstance(module, nn.Module):
         raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
     inputs = as_inputs(fn, example_inputs)
-    traced = _trace(fn, copy.deepcopy(module).eval())
+    traced = _symbolic_trace(fn, copy.deepcopy(module).eval())
     try:
         record_shapes(traced, inputs)
     except NodeFailed as failed:
@@ -96,7 +96,7 @@ def trace_channels(fn: str, module: nn.Module, example_inputs: object) -> Channe
     return _walk(fn, traced)
 
 
-def _trace(fn: str, module: nn.Module) -> fx.GraphModule:
+def _symbolic_trace(fn: str, module: nn.Module) -> fx.GraphModule:
     try:
         return fx.symbolic_trace(module)
     except Exception as exc:  # torch.fx raises many types; all mean "not traceable"

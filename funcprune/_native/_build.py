@@ -102,7 +102,7 @@ def open_library(directory: Path, *, portable: bool) -> tuple[ctypes.CDLL | None
     architecture (the tests compare the two builds).
     """
     try:
-        path = _build(directory, portable)
+        path = _compile(directory, portable)
         library = load(path)
     except (OSError, subprocess.SubprocessError, _BuildError) as e:
         return None, NativeStatus(False, f"pure-torch kernels: {e}")
@@ -142,7 +142,7 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
-def _build(directory: Path, portable: bool) -> Path:
+def _compile(directory: Path, portable: bool) -> Path:
     """The compiled library's path, compiling it into ``directory`` if it is not there."""
     cc = _compiler()
     arches = [_OPENMP, ()] if portable else [_NATIVE_ARCH + _OPENMP, _NATIVE_ARCH, _OPENMP, ()]
