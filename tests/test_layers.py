@@ -169,10 +169,10 @@ def test_imports_follow_the_declared_order_through_the_doors() -> None:
 @pytest.mark.parametrize(
     ("where", "line", "expected"),
     [
-        ("_types.py", "from ._graph import ChannelGraph", "funcprune._graph: funcprune._types may not import"),
-        ("_graph/_values.py", "from .. import compat", "funcprune.compat: funcprune._graph may not import"),
-        ("_names.py", "from ._graph._values import RoleKind", "around the door of funcprune._graph"),
-        ("_graph/_walk.py", "from . import ChannelGraph", "imports its own room's door"),
+        ("_types.py", "from ._graph import Analysis", "funcprune._graph: funcprune._types may not import"),
+        ("_graph/_atoms.py", "from .. import compat", "funcprune.compat: funcprune._graph may not import"),
+        ("_names.py", "from ._graph._atoms import Atoms", "around the door of funcprune._graph"),
+        ("_graph/_walk.py", "from . import Analysis", "imports its own room's door"),
     ],
 )
 def test_a_back_import_added_on_purpose_fails_the_contract(
@@ -190,6 +190,6 @@ def test_a_back_import_added_on_purpose_fails_the_contract(
 def test_a_circle_added_on_purpose_is_found(tmp_path: Path) -> None:
     copy = tmp_path / "funcprune"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    walk = copy / "_graph" / "_values.py"
-    walk.write_text(walk.read_text(encoding="utf-8") + "\nfrom ._walk import Walk\n", encoding="utf-8")
-    assert frozenset({"funcprune._graph._values", "funcprune._graph._walk"}) in circles(graph_of(copy))
+    atoms = copy / "_graph" / "_atoms.py"
+    atoms.write_text(atoms.read_text(encoding="utf-8") + "\nfrom ._walk import Walk\n", encoding="utf-8")
+    assert frozenset({"funcprune._graph._atoms", "funcprune._graph._walk"}) in circles(graph_of(copy))

@@ -1,10 +1,16 @@
-"""Channel analysis on ``torch.fx``: which channels of a model hang together (the door).
+"""Channel analysis on the exported graph: which channels of a model hang together (the door).
 
 What the rest of funcprune may use of this folder; ``README.md`` has the design.
 """
 
-from ._removal import Cut as Cut
+from ._analysis import Analysis as Analysis
+from ._analysis import Attention as Attention
+from ._analysis import analyze as analyze
+from ._atoms import Slice as Slice
+from ._export import Inputs as Inputs
+from ._export import as_inputs as as_inputs
+from ._export import run as run
+from ._removal import Removal as Removal
+from ._removal import closure as closure
+from ._removal import kept_indices as kept_indices
 from ._removal import plan_removal as plan_removal
-from ._trace import trace_channels as trace_channels
-from ._values import ChannelGraph as ChannelGraph
-from ._values import RoleKind as RoleKind

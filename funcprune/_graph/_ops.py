@@ -1,277 +1,622 @@
-"""What channel-wise ops and arithmetic do to the channels they read.
+"""What each aten op does to the atoms of its inputs: :data:`HANDLERS`.
 
-:data:`HANDLERS` maps ``call_function`` targets and ``call_method`` names to
-handlers: which ops pass channels on, couple, block them or are unknown is
-listed in ``README.md``.
+- *Views* (view, reshape, transpose, permute, slice, cat, split, expand,
+  index...) move entries without arithmetic: the op itself runs on the
+  atom ids (:func:`view_ids`), so every entry keeps its atom wherever it
+  goes; dtype and device conversions keep them as they are.
+- *Elementwise* ops couple the atoms that meet at one position (a residual
+  ``add``, ``silu(gate) * up``). A parameter operand (a norm's weight, a
+  bias) follows the atoms it meets: its entries go with them. A computed
+  operand with entries of its own along an axis (``+ torch.arange(6)``,
+  ``cos`` of a rotary embedding along the head dim) makes the atoms along
+  that axis all-or-nothing. An op that is infinite or undefined at zero
+  (``log``, ``rsqrt``, a divisor) blocks the atoms a removed channel's zero
+  would reach there.
+- *Reductions* and *normalizations* (``sum``, ``mean``, ``softmax``,
+  LayerNorm...) make the atoms they reduce over all-or-nothing.
+- *Layers*: a Linear, a Conv1D (``addmm``), a Conv or an Embedding reads
+  the atoms of its input as weight columns and makes new atoms, its
+  output rows; a depthwise convolution passes them on; BatchNorm's
+  parameters and statistics follow them; attention (``sdpa``, or two
+  matmuls) makes all the atoms of one head position all-or-nothing: a head
+  (a KV group under GQA) goes whole.
 """
 
 from __future__ import annotations
 
+import math
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import fx
 
-from ._values import ChannelLayout, Value
-from ._walk import Handler, Walk, as_dim, call_arg, shape_of
+from .._types import Tensor
+from ._atoms import Slice, broadcast
+from ._walk import Handler, Ops, Origin, Walk, describe
+from ._walk import _map_nodes as walk_map
 
-__all__ = ["HANDLERS", "softmax_over", "spanning", "spatial", "unary"]
+__all__ = ["ELEMENTWISE", "HANDLERS", "LAYER_SLOTS", "OPS", "PRODUCERS", "VIEWS", "view_ids"]
 
-_UNARY_FUNCTIONS: frozenset[object] = frozenset({
-    torch.relu, F.relu, F.relu6, F.gelu, F.silu, torch.sigmoid, F.sigmoid, torch.tanh, F.tanh,
-    F.leaky_relu, F.elu, F.selu, F.celu, F.hardswish, F.hardsigmoid, F.hardtanh, F.mish,
-    F.softplus, F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout,
-    torch.abs, torch.neg, torch.square, torch.exp, torch.expm1, torch.log1p, torch.sqrt,
-    torch.sin, torch.cos, F.logsigmoid, F.softsign, F.tanhshrink,
+aten = torch.ops.aten
+
+# --- views -----------------------------------------------------------------------------
+
+#: Ops that move entries without arithmetic: they run on the atom ids as they run on values.
+VIEWS: frozenset[object] = frozenset({
+    aten.view, aten.reshape, aten._unsafe_view, aten.transpose, aten.permute, aten.t, aten.unsqueeze,
+    aten.squeeze, aten.expand, aten.slice, aten.select, aten.narrow, aten.cat, aten.concat, aten.concatenate,
+    aten.stack, aten.split, aten.split_with_sizes, aten.chunk, aten.unbind, aten.clone, aten.contiguous,
+    aten.alias, aten.detach, aten.lift_fresh_copy, aten.flatten, aten.unflatten, aten.repeat, aten.movedim,
+    aten.index_select, aten.index, aten.gather, aten.flip, aten.expand_as, aten.view_as, aten.reshape_as,
+    aten.repeat_interleave, aten.tile, aten.broadcast_to, aten.swapaxes, aten.mT, aten.squeeze_copy,
+    aten.unsqueeze_copy, aten.view_copy, aten.transpose_copy, aten.permute_copy, aten.slice_copy,
+    aten.select_copy, aten.expand_copy, aten.constant_pad_nd, aten.pad,
+    operator.getitem,
 })  # fmt: skip
-_UNARY_METHODS = frozenset({
-    "relu", "relu_", "sigmoid", "sigmoid_", "tanh", "tanh_", "abs", "abs_", "neg", "neg_",
-    "square", "exp", "exp_", "expm1", "log1p", "sqrt", "sqrt_", "sin", "cos", "contiguous",
-    "clone", "detach", "float", "double", "half", "bfloat16", "to", "type_as",
+#: Conversions of dtype, device or layout: the atoms stay as they are.
+_CONVERSIONS: frozenset[object] = frozenset({aten.to, aten._to_copy, aten.type_as, aten.dropout, aten.clone})
+
+
+def view_ids(walk: Walk, node: fx.Node, ids: Mapping[fx.Node, Tensor] | None = None) -> Any:
+    """The view op ``node`` run on atom ids (``ids``: the ids to put in place of those nodes).
+
+    Tensor arguments that carry no atoms (or are not in ``ids``) become
+    ``-1`` of their shape where they are moved (``cat``), and stay as their
+    values where they index (``index_select``'s index).
+    """
+    target: Any = node.target
+    if target is operator.getitem:
+        source, key = node.args
+        held = walk.ids.get(source) if isinstance(source, fx.Node) else None
+        return held[key] if held is not None else None
+    moved = set(_moved_args(node))
+
+    def substitute(arg: fx.Node) -> Any:
+        if ids is not None and arg in ids:
+            return ids[arg]
+        if arg in moved:
+            return walk.ids_or_none(arg)
+        return walk.values[arg]
+
+    args: Any = walk_map(node.args, substitute)
+    kwargs: Any = walk_map(node.kwargs, substitute)
+    packet = getattr(target, "overloadpacket", None)
+    if packet is aten.constant_pad_nd:
+        return aten.constant_pad_nd.default(args[0], args[1], -1)
+    if packet is aten.pad:  # reflect or replicate: each padded entry is a copy of one of the channel's entries
+        mode = args[2] if len(args) > 2 else kwargs.get("mode", "constant")
+        if mode == "constant":
+            return aten.constant_pad_nd.default(args[0], args[1], -1)
+        return aten.pad.default(args[0].double(), args[1], mode).long()
+    if packet in (aten.view, aten._unsafe_view, aten.view_copy):  # ids may be expanded: reshape them
+        return aten.reshape.default(args[0], args[1])
+    return target(*args, **kwargs)
+
+
+def _moved_args(node: fx.Node) -> list[fx.Node]:
+    """The tensor arguments whose entries the view moves (the first, or the list of ``cat``/``stack``)."""
+    first = node.args[0] if node.args else next(iter(node.kwargs.values()), None)
+    if isinstance(first, (list, tuple)):
+        return [a for a in first if isinstance(a, fx.Node)]
+    return [first] if isinstance(first, fx.Node) else []
+
+
+def _view(walk: Walk, node: fx.Node) -> Any:
+    return view_ids(walk, node)
+
+
+def _conversion(walk: Walk, node: fx.Node) -> Any:
+    return walk.ids_or_none(node.args[0])
+
+
+def _nothing(walk: Walk, node: fx.Node) -> Any:
+    """Checks that compute nothing (``_assert_tensor_metadata``): they read the atoms, and keep them as they are."""
+    return None
+
+
+#: Ops that only check their input and return nothing of it.
+_CHECKS: frozenset[object] = frozenset({
+    aten._assert_tensor_metadata, aten._assert_async, aten._assert_scalar, aten.sym_constrain_range_for_size,
 })  # fmt: skip
-#: Finite everywhere but at zero, the value of a removed channel (``0 * inf`` is NaN).
-_INFINITE_AT_ZERO = frozenset({
-    torch.log, torch.log2, torch.log10, torch.rsqrt, torch.reciprocal, "log", "log_", "log2",
-    "log10", "rsqrt", "rsqrt_", "reciprocal", "reciprocal_",
+
+
+# --- elementwise -----------------------------------------------------------------------
+
+#: Elementwise ops: the atoms that meet at a position are coupled; parameters follow them.
+ELEMENTWISE: frozenset[object] = frozenset({
+    aten.add, aten.sub, aten.mul, aten.div, aten.neg, aten.abs, aten.exp, aten.expm1, aten.sqrt, aten.square,
+    aten.pow, aten.sigmoid, aten.tanh, aten.relu, aten.relu6, aten.gelu, aten.silu, aten.mish, aten.elu,
+    aten.leaky_relu, aten.hardtanh, aten.hardswish, aten.hardsigmoid, aten.softplus, aten.clamp, aten.clamp_min,
+    aten.clamp_max, aten.clip, aten.where, aten.maximum, aten.minimum, aten.sin, aten.cos, aten.erf,
+    aten.masked_fill, aten.sign, aten.floor, aten.ceil, aten.round, aten.trunc, aten.eq, aten.ne, aten.lt,
+    aten.le, aten.gt, aten.ge, aten.logical_and, aten.logical_or, aten.logical_not, aten.bitwise_and,
+    aten.bitwise_or, aten.bitwise_not, aten.__and__, aten.__or__, aten.log1p, aten.log_sigmoid, aten.rsub,
+    aten.add_, aten.mul_, aten.sub_, aten.div_, aten.mean_ if hasattr(aten, "mean_") else aten.add,
+    aten.nan_to_num, aten.lerp, aten.addcmul, aten.addcdiv, aten.fmod, aten.remainder, aten.floor_divide,
+    aten.log, aten.log2, aten.log10, aten.rsqrt, aten.reciprocal, aten.atan2, aten.true_divide, aten.copy,
+    aten.logit, aten.xlogy, aten.selu, aten.celu, aten.softshrink, aten.hardshrink, aten.threshold,
+    aten.prelu, aten._prelu_kernel, aten.rrelu, aten.erfc, aten.exp2, aten.sinh, aten.cosh, aten.asinh,
+    aten.atan, aten.tan, aten.relu_, aten.silu_, aten.gelu_, aten.hardtanh_, aten.leaky_relu_, aten.sigmoid_,
+    aten.tanh_, aten.clamp_, aten.clamp_min_, aten.clamp_max_, aten.elu_, aten.masked_fill_, aten.fill_,
+    aten.zeros_like, aten.ones_like, aten.full_like, aten.empty_like, aten.rand_like, aten.randn_like,
 })  # fmt: skip
-_CLAMP = frozenset({torch.clamp, torch.clip, torch.clamp_min, torch.clamp_max, "clamp",
-                    "clamp_", "clip", "clip_", "clamp_min", "clamp_max"})  # fmt: skip
-_POW = frozenset({operator.pow, operator.ipow, torch.pow, "pow", "pow_"})
-_BINARY = frozenset({
-    operator.add, operator.sub, operator.mul, operator.iadd, operator.isub, operator.imul,
-    torch.add, torch.sub, torch.mul, "add", "sub", "mul", "add_", "sub_", "mul_",
-})  # fmt: skip
-_DIVIDE = frozenset({
-    operator.truediv, operator.itruediv, operator.floordiv, operator.ifloordiv, operator.mod,
-    operator.imod, torch.div, torch.divide, torch.true_divide, torch.floor_divide,
-    torch.remainder, torch.fmod, "div", "div_", "divide", "divide_", "true_divide",
-    "true_divide_", "floor_divide", "floor_divide_", "remainder", "remainder_", "fmod", "fmod_",
-})  # fmt: skip
-_SPANNING_FUNCTIONS = frozenset({F.layer_norm, F.group_norm, F.rms_norm, F.normalize})
-_POOL_FUNCTIONS: Mapping[object, int] = {
-    getattr(F, f"{kind}{k}d"): k
-    for kind in ("max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool", "lp_pool")
-    for k in (1, 2, 3)
-}
-_REDUCTIONS = frozenset({torch.mean, torch.sum, torch.amax, torch.amin,
-                         "mean", "sum", "amax", "amin"})  # fmt: skip
-_SOFTMAX = frozenset({F.softmax, F.log_softmax, torch.softmax, torch.log_softmax,
-                      "softmax", "log_softmax"})  # fmt: skip
-_INFINITE = "maps zero, a removed channel's value, to an infinity (and 0 * inf is NaN)"
+#: Ops infinite or undefined at zero in the first operand: a removed channel's zero would be NaN there.
+_INFINITE_AT_ZERO: frozenset[object] = frozenset({aten.log, aten.log2, aten.log10, aten.rsqrt, aten.reciprocal, aten.logit})
+#: Ops whose second operand divides: a removed channel's zero there is a division by zero.
+_DIVIDES: frozenset[object] = frozenset({aten.div, aten.div_, aten.true_divide, aten.fmod, aten.remainder, aten.floor_divide})
 
 
-# --- channel-wise ops ------------------------------------------------------------
+def _elementwise(walk: Walk, node: fx.Node) -> Tensor:
+    """Couple the atoms that meet at each position; relate parameter operands; refuse what zero breaks."""
+    target: Any = node.target
+    packet = getattr(target, "overloadpacket", target)
+    operands = _tensor_operands(node)
+    shape = tuple(walk.values[node].shape)
+    carried = [(a, walk.ids[a]) for a in operands if isinstance(walk.ids.get(a), Tensor)]
+    if packet in _INFINITE_AT_ZERO or (packet is aten.pow and _negative_exponent(walk, node)):
+        for arg, ids in carried[:1]:
+            if not _never_zero(walk, arg):
+                walk.atoms.block(ids, f"{describe(node)} is infinite at zero, the value of a removed channel")
+    if packet in _DIVIDES and len(operands) > 1 and isinstance(walk.ids.get(operands[1]), Tensor):
+        if not _never_zero(walk, operands[1]):
+            walk.atoms.block(walk.ids[operands[1]], f"{describe(node)} divides by the channels (0 / 0 is NaN)")
+    out = torch.full(shape, -1, dtype=torch.long)
+    for _, ids in carried:
+        ids = ids.expand(shape)
+        walk.atoms.couple(out, ids)
+        out = torch.where(out >= 0, out, ids)
+    for arg in operands:
+        if arg in walk.ids and isinstance(walk.ids[arg], Tensor):
+            continue
+        origin = walk.origin(arg)
+        value = walk.values[arg]
+        if origin is not None:
+            _relate_follower(walk, origin, out, shape)
+        elif isinstance(value, Tensor) and value.dim():
+            varying = _varying_axes(value, shape)
+            if varying:
+                walk.atoms.couple_along(out, varying, f"{describe(node)} meets them with a tensor of its own entries along them")
+    return out
 
 
-def unary(walk: Walk, node: fx.Node) -> Value:
-    """An op on each entry alone (an activation, dropout, a cast): the channels pass on."""
-    x = walk.first(node)
-    if x is None or shape_of(node) != x[1]:
-        return walk.unknown_op(node)
-    return x[0]
+def _tensor_operands(node: fx.Node) -> list[fx.Node]:
+    return [a for a in [*node.args, *node.kwargs.values()] if isinstance(a, fx.Node)]
 
 
-def spatial(walk: Walk, node: fx.Node, k: int | None) -> Value:
-    """Pooling or interpolation over the last ``k`` dims (``None``: all but two)."""
-    x, out = walk.first(node), shape_of(node)
-    if x is None or out is None or len(out) != len(x[1]):
-        return walk.unknown_op(node)
-    (lay, shape), pooled = x, len(x[1]) - 2 if k is None else k
-    if lay.axis >= len(shape) - pooled or out[lay.axis] != shape[lay.axis]:
-        return walk.block_node(node, "pools across the channels")
-    return lay
+def _never_zero(walk: Walk, arg: fx.Node) -> bool:
+    """Whether a removed channel's zero cannot reach ``arg``: it is shifted by a nonzero constant (``x + eps``).
 
-
-def pad(walk: Walk, node: fx.Node) -> Value:
-    """``F.pad``: pads the last ``len(pad) // 2`` dims; blocks the channels if theirs is one."""
-    x, widths, out = walk.first(node), call_arg(node, 1, "pad"), shape_of(node)
-    if x is None or out is None or not isinstance(widths, (tuple, list)):
-        return walk.unknown_op(node)
-    if not all(isinstance(w, int) and not isinstance(w, bool) for w in widths):
-        return walk.unknown_op(node)
-    (lay, shape), padded = x, (len(widths) + 1) // 2
-    if lay.axis >= len(shape) - padded or out[lay.axis] != shape[lay.axis]:
-        return walk.block_node(node, "pads the channel axis")
-    return lay
-
-
-def infinite_at_zero(walk: Walk, node: fx.Node) -> Value:
-    """``log``, ``rsqrt``...: entry by entry, but infinite at zero; blocks the channels.
-
-    A removed channel is zero in the closure's masked model, and its
-    infinity times a pruned weight is NaN there, not the shrunk model's 0.
+    As in RMSNorm's ``rsqrt(mean(x ** 2) + eps)``: a removed channel's zero
+    there is ``rsqrt(eps)``, finite, and multiplies the channel's own zero.
     """
-    x = walk.first(node)
-    if x is None or shape_of(node) != x[1]:
-        return walk.unknown_op(node)
-    walk.block(x[0].atoms, f"{walk.describe(node)} {_INFINITE}")
-    return x[0]
-
-
-def clamp(walk: Walk, node: fx.Node) -> Value:
-    """``clamp``, ``clip``, ``clamp_min``, ``clamp_max``: the channels pass on.
-
-    A tensor bound with entries of its own per channel blocks them.
-    """
-    x, out = walk.first(node), shape_of(node)
-    if x is None or out != x[1]:
-        return walk.unknown_op(node)
-    lay, bounds = x[0], [n for n in node.all_input_nodes if n is not node.args[0]]
-    if any(_own_entries(lay.axis, bound, out) for bound in bounds):
-        return walk.block_node(node, "clamps the channels to bounds of their own")
-    return lay
-
-
-def _spatial_handler(k: int | None) -> Handler:
-    """The handler of a pooling (or interpolating) function over ``k`` dims."""
-    return lambda walk, node: spatial(walk, node, k)
-
-
-def reduction(walk: Walk, node: fx.Node) -> Value:
-    """``mean``, ``sum``, ``amax``, ``amin``: blocks the channels if it reduces over them.
-
-    No ``dim``, ``dim=None`` and ``dim=()`` all reduce over every dim. Whether
-    the reduced dims stay (``keepdim``) is read off the result's shape.
-    """
-    x, dim, out = walk.first(node), call_arg(node, 1, "dim"), shape_of(node)
-    if x is None or out is None:
-        return walk.unknown_op(node)
-    lay, shape = x
-    dims = {as_dim(d, len(shape)) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))}
-    if not dims or None in dims or lay.axis in dims:
-        return walk.block_node(node, "reduces over the channels")
-    kept = len(out) == len(shape)  # keepdim
-    dropped = 0 if kept else sum(1 for d in dims if d is not None and d < lay.axis)
-    return ChannelLayout(lay.axis - dropped, lay.atoms)
-
-
-def softmax(walk: Walk, node: fx.Node) -> Value:
-    """``softmax``, ``log_softmax`` as a function or a method, over its ``dim`` argument."""
-    return softmax_over(walk, node, call_arg(node, 1, "dim"))
-
-
-def softmax_over(walk: Walk, node: fx.Node, dim: object) -> Value:
-    """A softmax over ``dim``: blocks the channels if it normalizes across them."""
-    x = walk.first(node)
-    if x is None or shape_of(node) != x[1]:
-        return walk.unknown_op(node)
-    if as_dim(dim, len(x[1])) in (None, x[0].axis):
-        return walk.block_node(node, "normalizes across the channels")
-    return x[0]
-
-
-def spanning(walk: Walk, node: fx.Node) -> Value:
-    """A norm whose statistics span the channels: blocks them."""
-    return walk.block_node(node, "computes statistics across the channels")
-
-
-# --- arithmetic --------------------------------------------------------------------
-
-
-def binary(walk: Walk, node: fx.Node) -> Value:
-    """``add``, ``sub``, ``mul``, ``div``... of a channel tensor and another operand.
-
-    A division by channels blocks them: see the module docstring.
-    """
-    a, b = call_arg(node, 0, "input"), call_arg(node, 1, "other")
-    value = _combine(walk, node, a, b)
-    divisor = walk.layout(b)
-    if divisor is not None and node.target in _DIVIDE:
-        reason = "divides by the channels, which a removed channel would turn into 0 / 0"
-        walk.block(divisor.atoms, f"{walk.describe(node)} {reason}")
-    return value
-
-
-def power(walk: Walk, node: fx.Node) -> Value:
-    """``x ** e``, ``torch.pow``: entry by entry; channels raised to ``e < 0`` block.
-
-    An exponent that is a tensor without channels may be negative: it blocks too.
-    """
-    base, exponent = call_arg(node, 0, "input"), call_arg(node, 1, "exponent")
-    value = _combine(walk, node, base, exponent)
-    x = walk.layout(base)
-    if x is not None and walk.layout(exponent) is None and not _is_non_negative(exponent):
-        walk.block(x.atoms, f"{walk.describe(node)} {_INFINITE}")
-    return value
-
-
-def _is_non_negative(exponent: object) -> bool:
-    """Whether ``exponent`` is a number ``>= 0`` (a tensor may hold negative ones)."""
-    if isinstance(exponent, bool) or not isinstance(exponent, (int, float)):
+    if arg.op != "call_function":
         return False
-    return exponent >= 0
+    packet = getattr(arg.target, "overloadpacket", arg.target)
+    constants = [a for a in arg.args[1:] if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    if packet in (aten.add, aten.sub, aten.rsub) and constants and all(c != 0 for c in constants):
+        return True
+    if packet in (aten.clamp, aten.clamp_min) and len(arg.args) > 1 and isinstance(arg.args[1], (int, float)):
+        return arg.args[1] > 0
+    return packet in (aten.exp,)
 
 
-def _combine(walk: Walk, node: fx.Node, a: object, b: object) -> Value:
-    """Operands ``a`` and ``b`` combined entry by entry, with broadcasting."""
-    la, lb, out = walk.layout(a), walk.layout(b), shape_of(node)
-    if out is None or walk.reads_more(node, (a, b)):
-        return walk.unknown_op(node)
-    if la is not None and lb is not None:
-        return _couple(walk, node, (la, shape_of(a)), (lb, shape_of(b)), out)
-    if la is not None:
-        return _broadcast(walk, node, la, shape_of(a), b, out)
-    if lb is not None:
-        return _broadcast(walk, node, lb, shape_of(b), a, out)
-    return walk.unknown_op(node)
+def _negative_exponent(walk: Walk, node: fx.Node) -> bool:
+    exponent = walk.value(node.args[1]) if len(node.args) > 1 else None
+    return isinstance(exponent, (int, float)) and exponent < 0
 
 
-def _couple(
-    walk: Walk,
-    node: fx.Node,
-    left: tuple[ChannelLayout, tuple[int, ...] | None],
-    right: tuple[ChannelLayout, tuple[int, ...] | None],
-    out: tuple[int, ...],
-) -> Value:
-    """Two channel tensors combined entry by entry: their channels pair up."""
-    axis = _out_axis(*left, out)
-    if axis is None or axis != _out_axis(*right, out):
-        return walk.block_node(node, "combines tensors whose channels do not line up")
-    walk.pair(left[0].atoms, right[0].atoms)
-    return ChannelLayout(axis, left[0].atoms)
+def _varying_axes(value: Tensor, shape: tuple[int, ...]) -> list[int]:
+    """The output axes along which a broadcast operand has entries of its own."""
+    offset = len(shape) - value.dim()
+    return [offset + d for d, n in enumerate(value.shape) if n > 1 and offset + d >= 0]
 
 
-def _broadcast(
-    walk: Walk, node: fx.Node, x: ChannelLayout, shape: tuple[int, ...] | None, other: object,
-    out: tuple[int, ...],
-) -> Value:  # fmt: skip
-    """A channel tensor combined with a scalar, or with a tensor without channels."""
-    axis = _out_axis(x, shape, out)
-    if axis is None:
-        return walk.unknown_op(node)
-    if _own_entries(axis, other, out):
-        return walk.block_node(node, "combines the channels with a tensor of its own")
-    return ChannelLayout(axis, x.atoms)
+def _relate_follower(walk: Walk, origin: Origin, out: Tensor, shape: tuple[int, ...]) -> None:
+    """A parameter meeting atoms elementwise: each of its entries goes when every atom it meets goes."""
+    flat = origin.flat.expand(shape) if origin.flat.dim() <= len(shape) else origin.flat
+    coords = torch.unravel_index(flat, origin.shape) if origin.shape else ()
+    for dim, index in enumerate(coords):
+        walk.atoms.relate(origin.name, dim, index, out)
 
 
-def _own_entries(axis: int, other: object, out: tuple[int, ...]) -> bool:
-    """Whether ``other``, broadcast to ``out``, has entries of its own along ``axis``."""
-    theirs = shape_of(other)
-    offset = len(out) - len(theirs) if theirs is not None else 0
-    return theirs is not None and axis >= offset and theirs[axis - offset] != 1
+# --- reductions ------------------------------------------------------------------------
 
 
-def _out_axis(x: ChannelLayout, shape: tuple[int, ...] | None, out: tuple[int, ...]) -> int | None:
-    """The channel axis of ``x`` in a broadcast result of shape ``out``."""
-    if shape is None:
+def _reduced_dims(walk: Walk, node: fx.Node, ndim: int, default_all: bool = True) -> list[int]:
+    args = walk.value(node.args)
+    kwargs = walk.value(node.kwargs)
+    dims: Any = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    if isinstance(dims, int):
+        return [dims % max(ndim, 1)]
+    if dims is None or (isinstance(dims, (list, tuple)) and not dims):
+        return list(range(ndim)) if default_all else []
+    if isinstance(dims, (list, tuple)) and all(isinstance(d, int) for d in dims):
+        return [d % max(ndim, 1) for d in dims]
+    return list(range(ndim))
+
+
+def _reduction(walk: Walk, node: fx.Node) -> Any:
+    """All-or-nothing along the reduced dims; the result carries what is left."""
+    ids = walk.ids_or_none(node.args[0])
+    dims = _reduced_dims(walk, node, ids.dim())
+    walk.atoms.couple_along(ids, dims, f"{describe(node)} reduces over them")
+    return _shaped_like(walk, node, ids, dims)
+
+
+def _along_last(walk: Walk, node: fx.Node) -> Any:
+    """Softmax, cumsum, sort, topk and the like along one dim: all-or-nothing along it."""
+    ids = walk.ids_or_none(node.args[0])
+    target: Any = node.target
+    packet = getattr(target, "overloadpacket", target)
+    default = -1
+    position = 2 if packet is aten.topk else 1
+    dim = walk.value(node.args[position]) if len(node.args) > position else walk.value(node.kwargs.get("dim", default))
+    dim = dim % max(ids.dim(), 1) if ids.dim() else 0
+    walk.atoms.couple_along(ids, [dim], f"{describe(node)} reduces over them")
+    return _shaped_like(walk, node, ids, [dim] if ids.dim() else [])
+
+
+def _shaped_like(walk: Walk, node: fx.Node, ids: Tensor, dims: Sequence[int]) -> Any:
+    """Ids for the node's value (or each tensor of it): the input's, reduced over ``dims`` where the shape asks."""
+    value = walk.values[node]
+
+    def one(v: Any) -> Any:
+        if not isinstance(v, Tensor):
+            return None
+        reduced = ids
+        for d in sorted(dims, reverse=True):
+            if reduced.dim() > d and reduced.shape[d] != (v.shape[d] if v.dim() == reduced.dim() else -1):
+                reduced = reduced.amax(dim=d, keepdim=v.dim() == reduced.dim())
+            elif v.dim() < reduced.dim():
+                reduced = reduced.amax(dim=d)
+        return reduced.expand(v.shape) if reduced.dim() == v.dim() else torch.full(v.shape, -1, dtype=torch.long)
+
+    if isinstance(value, (list, tuple)):
+        return type(value)(one(v) for v in value)
+    return one(value)
+
+
+# --- layers ----------------------------------------------------------------------------
+
+
+def _shape(walk: Walk, node: fx.Node) -> tuple[int, ...]:
+    value = walk.values[node]
+    return tuple(value.shape) if isinstance(value, Tensor) else ()
+
+
+def _shape_of(walk: Walk, arg: object) -> tuple[int, ...] | None:
+    value = walk.values.get(arg) if isinstance(arg, fx.Node) else None
+    return tuple(value.shape) if isinstance(value, Tensor) else None
+
+
+def _weight(walk: Walk, node: fx.Node, arg: object, kind: str) -> Origin | None:
+    """The origin of a layer's weight, or ``None`` (then the layer keeps its channels, and why is recorded)."""
+    origin = walk.origin(arg)
+    if origin is None:
+        walk.atoms.refuse(walk.ids_or_none(_first_input(node)), f"{describe(node)}, a {kind} of a computed weight,")
+    return origin
+
+
+def _first_input(node: fx.Node) -> object:
+    return node.args[0]
+
+
+def _axis_dim(origin: Origin, axis: int) -> tuple[int, Tensor] | None:
+    """The source dim that axis ``axis`` of the weight runs along, and the index along it of each position."""
+    coords = origin.coords()
+    size = origin.flat.shape[axis]
+    for dim, index in enumerate(coords):
+        line = index.movedim(axis, -1).reshape(-1, size)
+        if bool((line == line[:1]).all()) and (size == 1 or bool((line[0, 1:] != line[0, :1]).any())):
+            return dim, line[0]
+    return None
+
+
+def _read_columns(walk: Walk, node: fx.Node, x: object, origin: Origin, axis: int, x_axis: int) -> None:
+    """The input's atoms along ``x_axis`` are read by the weight's positions along ``axis``: related, coupled."""
+    ids = walk.ids_or_none(x)
+    if not bool((ids >= 0).any()):
+        return
+    found = _axis_dim(origin, axis)
+    if found is None:
+        walk.atoms.refuse(ids, f"{describe(node)}, whose weight is no slice of a parameter,")
+        return
+    dim, index = found
+    per_column = ids.movedim(x_axis, -1).reshape(-1, ids.shape[x_axis])
+    for column in range(per_column.shape[1]):
+        atoms = per_column[:, column]
+        atoms = atoms[atoms >= 0]
+        for other in torch.unique(atoms).tolist()[1:]:
+            walk.atoms.union(int(atoms[0]), other)
+    first = per_column.amax(0)
+    walk.atoms.relate(origin.name, dim, index, first, couple=True)
+
+
+def _new_rows(walk: Walk, node: fx.Node, origin: Origin, axis: int, biases: Sequence[object] = ()) -> Tensor | None:
+    """New atoms for the weight's positions along ``axis`` (its output rows), with the biases related."""
+    found = _axis_dim(origin, axis)
+    if found is None:
         return None
-    axis = x.axis + len(out) - len(shape)
-    return axis if 0 <= axis < len(out) and out[axis] == len(x.atoms) else None
+    dim, index = found
+    atoms = walk.atoms.new(index.numel(), [Slice(origin.name, dim, int(i)) for i in index.tolist()])
+    walk.atoms.relate(origin.name, dim, index, atoms, couple=True)
+    for bias in biases:
+        bias_origin = walk.origin(bias)
+        if bias_origin is not None and bias_origin.flat.dim() == 1:
+            walk.atoms.relate(bias_origin.name, 0, bias_origin.coords()[0], atoms)
+    return atoms
 
 
-#: call_function targets and call_method names of these ops, and their handlers.
-HANDLERS: Mapping[object, Handler] = {
-    **{t: unary for t in _UNARY_FUNCTIONS | _UNARY_METHODS},
-    **{t: binary for t in _BINARY | _DIVIDE},
-    **{t: reduction for t in _REDUCTIONS},
-    **{t: softmax for t in _SOFTMAX},
-    **{t: spanning for t in _SPANNING_FUNCTIONS},
-    **{t: _spatial_handler(k) for t, k in _POOL_FUNCTIONS.items()},
-    **{t: infinite_at_zero for t in _INFINITE_AT_ZERO},
-    **{t: clamp for t in _CLAMP},
-    **{t: power for t in _POW},
-    F.interpolate: _spatial_handler(None),
-    F.pad: pad,
-}
+def _linear(walk: Walk, node: fx.Node) -> Any:
+    """``linear(x, W, b)``: W's columns read x's last dim, its rows are new atoms."""
+    x, w = node.args[0], node.args[1]
+    bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+    origin = _weight(walk, node, w, "Linear")
+    shape = walk.values[node].shape
+    if origin is None:
+        return None
+    _read_columns(walk, node, x, origin, 1, -1)
+    rows = _new_rows(walk, node, origin, 0, [bias] if bias is not None else [])
+    return None if rows is None else rows.expand(shape)
+
+
+def _addmm(walk: Walk, node: fx.Node) -> Any:
+    """``addmm(b, x, W)``: ``b + x @ W`` (transformers' Conv1D): W's rows read x, its columns are new atoms."""
+    bias, x, w = node.args[0], node.args[1], node.args[2]
+    origin = _weight(walk, node, w, "Conv1D")
+    if origin is None:
+        return None
+    _read_columns(walk, node, x, origin, 0, -1)
+    rows = _new_rows(walk, node, origin, 1, [bias])
+    return None if rows is None else rows.expand(_shape(walk, node))
+
+
+def _matmul(walk: Walk, node: fx.Node) -> Any:
+    """``a @ b``: with a parameter as ``b``, a layer (``x @ W``); else two activations contracted."""
+    a, b = node.args[0], node.args[1]
+    origin = walk.origin(b)
+    if origin is not None and _shape_of(walk, b) is not None and len(_shape_of(walk, b) or ()) == 2:
+        _read_columns(walk, node, a, origin, 0, -1)
+        rows = _new_rows(walk, node, origin, 1)
+        return None if rows is None else rows.expand(_shape(walk, node))
+    return _contracted(walk, node, a, b)
+
+
+def _contracted(walk: Walk, node: fx.Node, a: object, b: object) -> Tensor:
+    """Two activations multiplied as matrices: each output entry couples its row of ``a`` and its column of ``b``."""
+    ia, ib = walk.ids_or_none(a), walk.ids_or_none(b)
+    out_shape = _shape(walk, node)
+    if ia.dim() == 1:
+        ia = ia[None]
+    if ib.dim() == 1:
+        ib = ib[:, None]
+    why = f"{describe(node)} multiplies them as matrices"
+    walk.atoms.couple_along(ia, [-1], why)
+    walk.atoms.couple_along(ib, [-2], why)
+    rows = ia.amax(-1, keepdim=True)  # (..., n, 1): each row's group
+    cols = ib.amax(-2, keepdim=True)  # (..., 1, p): each column's group
+    rows, cols = broadcast(rows, cols)
+    walk.atoms.couple(rows, cols)
+    out = torch.where(rows >= 0, rows, cols)
+    return out.reshape(out_shape) if out.numel() == math.prod(out_shape) else torch.full(out_shape, -1, dtype=torch.long)
+
+
+def _baddbmm(walk: Walk, node: fx.Node) -> Any:
+    inner = _contracted(walk, node, node.args[1], node.args[2])
+    base = walk.ids_or_none(node.args[0]).expand(inner.shape)
+    walk.atoms.couple(inner, base)
+    return torch.where(inner >= 0, inner, base)
+
+
+def _embedding(walk: Walk, node: fx.Node) -> Any:
+    """``embedding(W, idx)``: W's columns are new atoms (the embedding's channels)."""
+    origin = _weight(walk, node, node.args[0], "embedding")
+    if origin is None:
+        return None
+    rows = _new_rows(walk, node, origin, 1)
+    return None if rows is None else rows.expand(_shape(walk, node))
+
+
+def _convolution(walk: Walk, node: fx.Node) -> Any:
+    """A convolution over dim 1 (channels): dense, depthwise, grouped or transposed."""
+    args = walk.value(node.args)
+    x, w, bias = node.args[0], node.args[1], node.args[2] if len(node.args) > 2 else None
+    transposed = bool(args[6]) if node.target is aten.convolution.default and len(args) > 6 else False
+    groups = int(args[-1]) if isinstance(args[-1], int) else 1
+    origin = _weight(walk, node, w, "convolution")
+    shape = torch.Size(_shape(walk, node))
+    if origin is None:
+        return None
+    ids = walk.ids_or_none(x)
+    in_channels = (_shape_of(walk, x) or (0, 0))[1]
+    out_channels = shape[1]
+    channel_ids = _per_channel(ids)
+    if 1 < groups == in_channels and not transposed and out_channels % in_channels == 0:  # depthwise
+        repeated = channel_ids.repeat_interleave(out_channels // in_channels)
+        walk.atoms.relate(origin.name, 0, torch.arange(out_channels), repeated)
+        if bias is not None and walk.origin(bias) is not None:
+            walk.atoms.relate(walk.origin(bias).name, 0, torch.arange(out_channels), repeated)  # type: ignore[union-attr]
+        return _broadcast_channels(repeated, shape)
+    read_axis, row_axis = (0, 1) if transposed else (1, 0)
+    if groups != 1:
+        why = f"{describe(node)} is a grouped convolution (groups={groups}), whose channels stay"
+        walk.atoms.block(ids, why)
+        rows = _new_rows(walk, node, origin, row_axis, [bias] if bias is not None else [])
+        if rows is not None:
+            walk.atoms.block(rows, why)
+        return None if rows is None else _broadcast_channels(rows, shape)
+    _read_conv_input(walk, node, origin, read_axis, channel_ids)
+    rows = _new_rows(walk, node, origin, row_axis, [bias] if bias is not None else [])
+    return None if rows is None else _broadcast_channels(rows, shape)
+
+
+def _per_channel(ids: Tensor) -> Tensor:
+    """The atom of each channel (dim 1) of an activation, its other entries coupled to it beforehand."""
+    if ids.dim() < 2:
+        return ids
+    return ids.movedim(1, -1).reshape(-1, ids.shape[1]).amax(0)
+
+
+def _broadcast_channels(atoms: Tensor, shape: torch.Size) -> Tensor:
+    view = [1] * len(shape)
+    view[1] = shape[1]
+    return atoms.reshape(view).expand(shape)
+
+
+def _read_conv_input(walk: Walk, node: fx.Node, origin: Origin, axis: int, channel_ids: Tensor) -> None:
+    found = _axis_dim(origin, axis)
+    if found is None:
+        walk.atoms.refuse(channel_ids, f"{describe(node)}, whose weight is no slice of a parameter,")
+        return
+    dim, index = found
+    walk.atoms.relate(origin.name, dim, index, channel_ids, couple=True)
+
+
+def _per_channel_op(walk: Walk, node: fx.Node) -> Any:
+    """Pooling, interpolation and the like: dim 1's channels pass on, each channel's entries computed alone."""
+    ids = walk.ids_or_none(node.args[0])
+    walk.atoms.couple_along(ids, range(2, ids.dim()), f"{describe(node)} mixes the entries of a channel")
+    channels = _per_channel(ids)
+    value = walk.values[node]
+    out = value[0] if isinstance(value, (list, tuple)) else value
+    ids_out = _broadcast_channels(channels, out.shape)
+    return type(value)([ids_out, *(None for _ in value[1:])]) if isinstance(value, (list, tuple)) else ids_out
+
+
+def _batch_norm(walk: Walk, node: fx.Node) -> Any:
+    """BatchNorm (eval) and InstanceNorm: each channel alone; weight, bias and statistics follow it."""
+    ids = walk.ids_or_none(node.args[0])
+    channels = _per_channel(ids)
+    for arg in node.args[1:5]:
+        origin = walk.origin(arg)
+        if origin is not None and origin.flat.dim() == 1:
+            walk.atoms.relate(origin.name, 0, origin.coords()[0], channels)
+    value = walk.values[node]
+    if isinstance(value, (list, tuple)):
+        return type(value)([ids, *(None for _ in value[1:])])
+    return ids
+
+
+def _layer_norm(walk: Walk, node: fx.Node) -> Any:
+    """LayerNorm over the last dims: all-or-nothing along them; weight and bias follow the atoms."""
+    ids = walk.ids_or_none(node.args[0])
+    normalized = walk.value(node.args[1])
+    dims = list(range(ids.dim() - len(normalized), ids.dim()))
+    walk.atoms.couple_along(ids, dims, f"{describe(node)} normalizes over them")
+    for arg in node.args[2:4]:
+        origin = walk.origin(arg)
+        if origin is not None:
+            _relate_follower(walk, origin, ids, tuple(ids.shape))
+    value = walk.values[node]
+    if isinstance(value, (list, tuple)):
+        return type(value)([ids, *(None for _ in value[1:])])
+    return ids
+
+
+def _group_norm(walk: Walk, node: fx.Node) -> Any:
+    """GroupNorm: all-or-nothing within each group of channels; weight and bias follow them."""
+    ids = walk.ids_or_none(node.args[0])
+    args = walk.value(node.args)
+    groups = args[1] if node.target is aten.group_norm.default else args[6]
+    n = ids.shape[0]
+    grouped = ids.reshape(n, groups, -1)
+    walk.atoms.couple_along(grouped, [2], f"{describe(node)} normalizes over groups of them")
+    channels = _per_channel(ids)
+    for arg in node.args[1:3] if node.target is not aten.group_norm.default else node.args[2:4]:
+        origin = walk.origin(arg)
+        if origin is not None and origin.flat.dim() == 1:
+            walk.atoms.relate(origin.name, 0, origin.coords()[0], channels)
+    value = walk.values[node]
+    if isinstance(value, (list, tuple)):
+        return type(value)([ids, *(None for _ in value[1:])])
+    return ids
+
+
+def _attention(walk: Walk, node: fx.Node) -> Any:
+    """``scaled_dot_product_attention(q, k, v, ...)``: all the atoms of one head position go together."""
+    q, k, v = (walk.ids_or_none(a) for a in node.args[:3])
+    value = walk.values[node]
+    heads = q.shape[-3]
+    if k.shape[-3] != heads:  # enable_gqa: each KV head serves heads // kv_heads query heads
+        k = k.repeat_interleave(heads // k.shape[-3], dim=-3)
+        v = v.repeat_interleave(heads // v.shape[-3], dim=-3)
+    why = f"{describe(node)} attends with whole heads"
+    per_head = []
+    for t in (q, k, v):
+        t = t.movedim(-3, 0).reshape(heads, -1)
+        per_head.append(t)
+    stacked = torch.cat(per_head, 1)
+    walk.atoms.couple_along(stacked, [1], why)
+    group = stacked.amax(1)
+    out = group.reshape(heads, 1, 1).expand(heads, *value.shape[-2:])
+    return out.expand(value.shape)
+
+
+# --- what the walk asks of this module --------------------------------------------------------
+
+
+def _handler_table() -> dict[object, Handler]:
+    table: dict[object, Handler] = {}
+    for op in VIEWS:
+        table[op] = _view
+    for op in ELEMENTWISE:
+        table[op] = _elementwise
+    for op in _CONVERSIONS:
+        table[op] = _conversion
+    for op in _CHECKS:
+        table[op] = _nothing
+    for op in (aten.sum, aten.mean, aten.amax, aten.amin, aten.max, aten.min, aten.var, aten.std, aten.var_mean,
+               aten.std_mean, aten.linalg_vector_norm, aten.norm, aten.logsumexp, aten.prod, aten.any, aten.all,
+               aten.argmax, aten.argmin, aten.count_nonzero):  # fmt: skip
+        table[op] = _reduction
+    for op in (aten.softmax, aten._softmax, aten.log_softmax, aten._log_softmax, aten.cumsum, aten.cumprod,
+               aten.sort, aten.topk, aten.cummax, aten.cummin):  # fmt: skip
+        table[op] = _along_last
+    table.update({
+        aten.linear: _linear, aten.addmm: _addmm, aten.mm: _matmul, aten.matmul: _matmul, aten.bmm: _matmul,
+        aten.baddbmm: _baddbmm, aten.embedding: _embedding, aten.conv1d: _convolution,
+        aten.conv2d: _convolution, aten.conv3d: _convolution, aten.convolution: _convolution,
+        aten.conv_transpose1d: _convolution, aten.conv_transpose2d: _convolution,
+        aten.max_pool1d: _per_channel_op, aten.max_pool2d: _per_channel_op, aten.max_pool3d: _per_channel_op,
+        aten.max_pool2d_with_indices: _per_channel_op, aten.avg_pool1d: _per_channel_op,
+        aten.avg_pool2d: _per_channel_op, aten.avg_pool3d: _per_channel_op,
+        aten.adaptive_avg_pool1d: _per_channel_op, aten.adaptive_avg_pool2d: _per_channel_op,
+        aten.adaptive_avg_pool3d: _per_channel_op, aten.adaptive_max_pool2d: _per_channel_op,
+        aten.upsample_nearest2d: _per_channel_op, aten.upsample_bilinear2d: _per_channel_op,
+        aten.upsample_nearest1d: _per_channel_op, aten.upsample_linear1d: _per_channel_op,
+        aten._native_batch_norm_legit_no_training: _batch_norm, aten.batch_norm: _batch_norm,
+        aten.native_batch_norm: _batch_norm, aten._native_batch_norm_legit: _batch_norm,
+        aten.instance_norm: _batch_norm, aten.layer_norm: _layer_norm, aten.native_layer_norm: _layer_norm,
+        aten.group_norm: _group_norm, aten.native_group_norm: _group_norm, aten.rms_norm: _layer_norm,
+        aten.scaled_dot_product_attention: _attention,
+    })  # fmt: skip
+    return table
+
+
+HANDLERS: Mapping[object, Handler] = _handler_table()
+#: Ops that make new atoms even when their input carries none (the first layer of a model).
+PRODUCERS: frozenset[object] = frozenset({
+    aten.linear, aten.addmm, aten.mm, aten.matmul, aten.embedding, aten.conv1d, aten.conv2d, aten.conv3d,
+    aten.convolution, aten.conv_transpose1d, aten.conv_transpose2d,
+})  # fmt: skip
+#: For each layer op, the argument positions (and names) that hold its parameters.
+LAYER_SLOTS: Mapping[object, frozenset[object]] = {
+    aten.linear: frozenset({1, 2, "weight", "bias"}),
+    aten.addmm: frozenset({0, 2}),
+    aten.mm: frozenset({1}),
+    aten.matmul: frozenset({1}),
+    aten.embedding: frozenset({0, "weight"}),
+    **{op: frozenset({1, 2, "weight", "bias"}) for op in (aten.conv1d, aten.conv2d, aten.conv3d, aten.convolution,
+                                                          aten.conv_transpose1d, aten.conv_transpose2d)},
+    **{op: frozenset({1, 2, 3, 4}) for op in (aten._native_batch_norm_legit_no_training, aten.batch_norm,
+                                              aten.native_batch_norm, aten._native_batch_norm_legit,
+                                              aten.instance_norm)},
+    **{op: frozenset({2, 3, "weight", "bias"}) for op in (aten.layer_norm, aten.native_layer_norm, aten.rms_norm)},
+    aten.group_norm: frozenset({2, 3}),
+    aten.native_group_norm: frozenset({1, 2}),
+}  # fmt: skip
+
+#: All the analysis knows about ops.
+OPS = Ops(HANDLERS, PRODUCERS, ELEMENTWISE, VIEWS, LAYER_SLOTS, view_ids)

@@ -1,184 +1,173 @@
-"""Which channel groups the masks remove from a :class:`~._values.ChannelGraph`.
+"""Which groups the masks remove from an :class:`~._analysis.Analysis`, and what every tensor keeps.
 
-:func:`plan_removal` reads the masks against the graph and returns what each
-layer keeps (a :class:`Cut` per layer), refusing a removal that an unknown
-op reads; what stays whatever the masks say is listed in ``README.md``.
+A group goes when the masks prune every slice that makes it (each row of
+each layer whose output channels are its atoms) and nothing keeps it; an
+index of a tensor goes when every group it belongs to goes. Kept, whatever
+the masks say: a blocked group (a model output, a divisor...: the analysis
+records the reason), a group coupled with a channel that some layer keeps,
+and the first index of a tensor side that would lose them all (torch cannot
+run a layer without channels). A group that would go but that an op the
+analysis cannot reason about reads is refused: :func:`plan_removal` raises a
+ValueError naming the op.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import final
 
-from ._values import ChannelGraph, RoleKind
+import torch
+
 from .._types import Tensor
+from ._analysis import Analysis
+from ._atoms import Slice
 
-__all__ = ["Cut", "Removal", "plan_removal"]
-
-#: The role kinds whose weight rows are output channels.
-_ROW_KINDS = ("linear", "conv", "depthwise")
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class Cut:
-    """The output rows and input columns that one module keeps (``None``: all of them)."""
-
-    kind: RoleKind
-    keep_out: tuple[int, ...] | None
-    keep_in: tuple[int, ...] | None
-    out_size: int
-    in_size: int
-
-    def slices(self, name: str) -> Iterator[tuple[str, int, tuple[int, ...], int]]:
-        """``(tensor, dim, kept indices, size)`` for each tensor of module ``name`` it slices."""
-        if self.keep_out is not None:
-            for tensor in ("weight", "bias", "running_mean", "running_var"):
-                yield f"{name}.{tensor}", 0, self.keep_out, self.out_size
-        if self.keep_in is not None and self.kind in ("linear", "conv"):
-            yield f"{name}.weight", 1, self.keep_in, self.in_size
+__all__ = ["Removal", "kept_indices", "plan_removal"]
 
 
 @final
 @dataclass(frozen=True, slots=True)
 class Removal:
-    """What the masks remove from a channel graph.
+    """What the masks remove.
 
     Attributes:
-        removed: the groups that go, by the atom that names each.
-        cuts: what each module that loses channels keeps.
-        kept: for each layer whose output channels the masks prune entirely
-            but that stay, how many stay for each reason.
+        removed: the groups that go.
+        candidates: the groups the masks prune entirely (those that go, and
+            those kept for a reason below).
+        kept: for each layer (module) whose output channels the masks prune
+            entirely but that stay, how many stay for each reason.
     """
 
     removed: frozenset[int]
-    cuts: Mapping[str, Cut]
+    candidates: frozenset[int]
     kept: Mapping[str, Mapping[str, int]]
 
 
-def plan_removal(fn: str, graph: ChannelGraph, masks: Mapping[str, Tensor]) -> Removal:
-    """The groups that ``masks`` (``torch.bool``, by parameter name) remove, and what stays.
+def plan_removal(
+    fn: str, analysis: Analysis, masks: Mapping[str, Tensor], sizes: Mapping[str, tuple[int, ...]],
+    *, vetoed: Mapping[int, str] | None = None,
+) -> Removal:  # fmt: skip
+    """The groups that ``masks`` (``torch.bool``, by first name) remove, and what stays.
 
     Args:
         fn: the public function asking, for messages.
-        graph: the channel graph of the model.
-        masks: the masks, under every name of each masked parameter.
+        analysis: the model's channel analysis.
+        masks: the masks.
+        sizes: the shape of each parameter and buffer, by first name.
+        vetoed: groups to keep anyway, with the reason (those whose removal
+            changed the model's outputs).
 
     Raises:
         ValueError: if an op the analysis cannot reason about reads a group that would go.
     """
-    pruned = _pruned_rows(graph, masks)
-    keepers = _keepers(graph, pruned)
-    removed = set(graph.roots) - set(graph.blocked) - set(keepers)
-    restored = _keep_one_per_layer(graph, removed)
-    _refuse_unknown(fn, graph, removed)
-    why = {**{r: f"coupled with channels that {n!r} keeps" for r, n in keepers.items()},
-           **restored, **graph.blocked}  # fmt: skip
-    kept = _kept(graph, pruned, removed, why)
-    return Removal(frozenset(removed), _cuts(graph, removed), kept)
+    pruned = {s for slices in analysis.made.values() for s in slices if _is_pruned(s, masks)}
+    candidates = {g for g, slices in analysis.made.items() if slices and all(s in pruned for s in slices)}
+    why: dict[int, str] = {}
+    for group, slices in analysis.made.items():
+        if group in candidates or not any(s in pruned for s in slices):
+            continue
+        keeper = next(s for s in slices if s not in pruned)
+        why[group] = analysis.coupled.get(group) or f"coupled with channels that {_module(keeper.tensor)!r} keeps"
+    removed = set(candidates) - set(analysis.blocked) - set(vetoed or {})
+    why.update(analysis.blocked)
+    why.update(vetoed or {})
+    why.update(_keep_one_per_side(analysis, removed, sizes))
+    _refuse_unknown(fn, analysis, removed)
+    kept = _kept(analysis, pruned, removed, why)
+    return Removal(frozenset(removed), frozenset(candidates), kept)
 
 
-def _pruned_rows(graph: ChannelGraph, masks: Mapping[str, Tensor]) -> dict[str, list[bool]]:
-    """For each Linear and Conv with a weight mask, which of its output rows are all pruned."""
-    rows: dict[str, list[bool]] = {}
-    for name in [n for n, r in graph.roles.items() if r.kind in _ROW_KINDS] + [*graph.fixed]:
-        mask = masks.get(f"{name}.weight")
-        if mask is not None and mask.dim() > 1:
-            rows[name] = (~mask.flatten(1).any(1)).tolist()
-    return rows
+def _is_pruned(s: Slice, masks: Mapping[str, Tensor]) -> bool:
+    mask = masks.get(s.tensor)
+    return mask is not None and mask.dim() > s.dim and not bool(mask.select(s.dim, s.index).any())
 
 
-def _keepers(graph: ChannelGraph, pruned: Mapping[str, list[bool]]) -> dict[int, str]:
-    """For each group a layer keeps a channel of, the first such layer."""
-    keepers: dict[int, str] = {}
-    for atom, (name, row) in graph.produced.items():
-        if not (name in pruned and pruned[name][row]):
-            keepers.setdefault(graph.roots[atom], name)
-    return keepers
+def _module(tensor: str) -> str:
+    return tensor.rpartition(".")[0]
 
 
-def _keep_one_per_layer(graph: ChannelGraph, removed: set[int]) -> dict[int, str]:
-    """Keep the first channel of any layer side that would lose them all (in place).
-
-    Returns the groups kept so, each with the reason.
-    """
+def _keep_one_per_side(analysis: Analysis, removed: set[int], sizes: Mapping[str, tuple[int, ...]]) -> dict[int, str]:
+    """Keep the first index's groups of any tensor dim that would lose every index (in place)."""
     restored: dict[int, str] = {}
     changed = True
     while changed:
         changed = False
-        for name, role in graph.roles.items():
-            for side, atoms in (("output", role.out_atoms), ("input", role.in_atoms or ())):
-                if atoms and all(graph.roots[a] in removed for a in atoms):
-                    removed.discard(graph.roots[atoms[0]])
-                    restored[graph.roots[atoms[0]]] = (
-                        f"every layer keeps a channel, and the masks prune all the {side} "
-                        f"channels of {name!r}"
-                    )
+        for tensor, dims in analysis.related.items():
+            shape = sizes.get(tensor)
+            for dim, by_index in dims.items():
+                if shape is None or len(by_index) < shape[dim] or not shape[dim]:
+                    continue
+                if all(groups <= removed for groups in by_index.values()):
+                    first = by_index[min(by_index)]
+                    removed.difference_update(first)
+                    for group in first:
+                        restored[group] = (
+                            f"every layer keeps a channel, and the masks prune all the channels of "
+                            f"{tensor!r} along dim {dim}"
+                        )
                     changed = True
     return restored
 
 
-def _refuse_unknown(fn: str, graph: ChannelGraph, removed: set[int]) -> None:
-    """Refuse, naming the node, if an op shrink cannot reason about reads channels that go."""
-    refused = sorted(root for root in removed if root in graph.unknown)
+def _refuse_unknown(fn: str, analysis: Analysis, removed: set[int]) -> None:
+    """Refuse, naming the op, if an op the analysis cannot reason about reads channels that go."""
+    refused = sorted(g for g in removed if g in analysis.refused)
     if not refused:
         return
-    node = graph.unknown[refused[0]]
-    group = [
-        f"{name}[{row}]"
-        for atom, (name, row) in graph.produced.items()
-        if graph.roots[atom] in refused and graph.unknown.get(graph.roots[atom]) == node
-    ]
-    shown = ", ".join(group[:6]) + (", ..." if len(group) > 6 else "")
+    op = analysis.refused[refused[0]]
+    shown = [f"{_module(s.tensor)}[{s.index}]" for g in refused if analysis.refused[g] == op for s in analysis.made[g]]
+    text = ", ".join(shown[:6]) + (", ..." if len(shown) > 6 else "")
     raise ValueError(
-        f"{fn}: {node} reads output channels that the masks prune entirely ({shown}), and "
+        f"{fn}: {op} reads output channels that the masks prune entirely ({text}), and "
         f"{fn} cannot tell how it uses them, so it cannot prove that removing them keeps the "
         "outputs; nothing was changed. Keep these channels (leave part of each weight row "
         "unpruned), or write that part of forward with ops funcprune follows (activations, "
-        "add, cat, flatten, pooling, Linear, Conv, BatchNorm)"
+        "add, cat, flatten, pooling, Linear, Conv, BatchNorm, attention)"
     )
 
 
-def _kept(
-    graph: ChannelGraph, pruned: Mapping[str, list[bool]], removed: set[int],
-    why: Mapping[int, str],
-) -> dict[str, dict[str, int]]:  # fmt: skip
+def _kept(analysis: Analysis, pruned: set[Slice], removed: set[int], why: Mapping[int, str]) -> dict[str, dict[str, int]]:
     """Per layer, the entirely pruned output channels that stay, counted by reason."""
     kept: dict[str, dict[str, int]] = {}
-    for name, rows in pruned.items():
-        role = graph.roles.get(name)
-        for row in (r for r, is_pruned in enumerate(rows) if is_pruned):
-            root = graph.roots[role.out_atoms[row]] if role is not None else None
-            if root in removed:
-                continue
-            reason = graph.fixed[name] if root is None else why.get(root, "kept")
-            counts = kept.setdefault(name, {})
-            counts[reason] = counts.get(reason, 0) + 1
+    for group, slices in analysis.made.items():
+        if group in removed:
+            continue
+        for s in slices:
+            if s in pruned:
+                counts = kept.setdefault(_module(s.tensor), {})
+                reason = why.get(group, "kept")
+                counts[reason] = counts.get(reason, 0) + 1
     return kept
 
 
-def _cuts(graph: ChannelGraph, removed: set[int]) -> dict[str, Cut]:
-    """What each module keeps, for the modules that lose something."""
-    cuts: dict[str, Cut] = {}
-    for name, role in graph.roles.items():
-        keep_out = _kept_indices(graph, role.out_atoms, removed)
-        in_atoms = role.in_atoms or ()
-        keep_in = _kept_indices(graph, in_atoms, removed)
-        if len(keep_out) == len(role.out_atoms) and len(keep_in) == len(in_atoms):
+def kept_indices(analysis: Analysis, removed: Iterable[int], sizes: Mapping[str, tuple[int, ...]]) -> dict[str, dict[int, list[int]]]:
+    """For each tensor that loses something, the indices each of its dims keeps."""
+    removed = set(removed)
+    out: dict[str, dict[int, list[int]]] = {}
+    for tensor, dims in analysis.related.items():
+        shape = sizes.get(tensor)
+        if shape is None:
             continue
-        cuts[name] = Cut(
-            role.kind,
-            keep_out if len(keep_out) < len(role.out_atoms) else None,
-            keep_in if len(keep_in) < len(in_atoms) else None,
-            len(role.out_atoms),
-            len(in_atoms),
-        )
-    return cuts
+        for dim, by_index in dims.items():
+            gone = {i for i, groups in by_index.items() if groups <= removed}
+            if gone:
+                out.setdefault(tensor, {})[dim] = [i for i in range(shape[dim]) if i not in gone]
+    return out
 
 
-def _kept_indices(
-    graph: ChannelGraph, atoms: tuple[int, ...], removed: set[int]
-) -> tuple[int, ...]:
-    """The positions in ``atoms`` of the channels that stay."""
-    return tuple(i for i, a in enumerate(atoms) if graph.roots[a] not in removed)
+def closure(masks: Mapping[str, Tensor], keep: Mapping[str, Mapping[int, list[int]]], params: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """``masks`` with every entry of a removed index pruned (parameters only), in ``params``' order."""
+    out = dict(masks)
+    for name, dims in keep.items():
+        param = params.get(name)
+        if param is None:
+            continue
+        mask = out.get(name)
+        mask = torch.ones_like(param, dtype=torch.bool) if mask is None else mask.clone()
+        for dim, kept in dims.items():
+            dropped = torch.ones(param.shape[dim], dtype=torch.bool, device=mask.device)
+            dropped[kept] = False
+            mask.index_fill_(dim, dropped.nonzero().flatten().to(mask.device), False)
+        out[name] = mask
+    return {name: out[name] for name in params if name in out}

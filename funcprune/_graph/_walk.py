@@ -1,238 +1,219 @@
-"""What one walk over a traced graph knows, and the helpers every op handler uses.
+"""One walk over an exported graph: every node's value, and beside it the atoms it carries.
 
-A :class:`Walk` holds the union-find of atoms, the blocked and unknown ones,
-each node's value and each layer's atoms while the nodes are visited in
-order; a handler is a function ``(walk, node) -> Value`` (``README.md``).
+:class:`Walk` runs the graph node by node on the example inputs (real
+values: index tensors, masks and shapes are what the model computes) and,
+beside each tensor, a tensor of atom ids of the same shape (``-1``: no
+atom; ``None``: no atom anywhere). A tensor taken from a parameter or a
+buffer without arithmetic (the tensor itself, a transpose, a slice...)
+also keeps where each of its entries comes from (:class:`Origin`), so that
+a layer knows which rows and columns of which parameter it uses. Each op's
+handler (``_ops.py``) says what the op does to the atoms; an op with no
+handler that reads atoms is recorded as unknown, naming the node.
 """
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable, Iterable
-from collections.abc import Set as AbstractSet
-from typing import final
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, final
 
 import torch
-import torch.nn.functional as F
 from torch import fx
 
-from ._values import ChannelLayout, Pieces, RoleKind, Sizes, Value
+from .._types import Tensor
+from ._atoms import Atoms
+from ._export import Exported
 
-__all__ = [
-    "Handler", "NodeFailed", "Walk", "as_dim", "call_arg", "carries", "record_shapes", "shape_of",
-]  # fmt: skip
-
-#: The key of ``node.meta`` where :func:`record_shapes` puts a tensor's shape.
-_SHAPE = "funcprune_shape"
+__all__ = ["Handler", "NodeFailed", "Ops", "Origin", "Walk", "describe"]
 
 
 @final
-class Walk:
-    """The state of one pass over ``gm`` (see the module docstring).
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where each entry of a tensor comes from: the flat index of each entry in tensor ``name``."""
 
-    Args:
-        gm: the traced model, its nodes' shapes recorded (:func:`record_shapes`).
-        shared: the modules whose tensors are shared or read elsewhere.
+    name: str
+    shape: tuple[int, ...]
+    flat: Tensor  # int64, the tensor's shape
 
-    >>> from torch import fx, nn
-    >>> walk = Walk(fx.symbolic_trace(nn.Identity()), shared=set())
-    >>> walk.new_atoms(3)
-    (0, 1, 2)
-    >>> walk.union(2, 1)
-    >>> [walk.find(atom) for atom in range(3)]  # a group is named by its smallest atom
-    [0, 1, 1]
+    def coords(self) -> tuple[Tensor, ...]:
+        """For each dim of the source tensor, the index of each entry along it."""
+        return torch.unravel_index(self.flat, self.shape) if self.shape else ()
+
+
+#: What an op does to the atoms of its inputs: given the walk and the node, its output's atom ids.
+Handler = Callable[["Walk", fx.Node], Any]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Ops:
+    """What a walk knows about ops (``_ops.py`` makes the one the analysis uses).
+
+    Attributes:
+        handlers: what each op does to the atoms of its inputs.
+        producers: the ops that make new atoms even when their input carries none.
+        elementwise: the elementwise ops, whose parameter operands follow the atoms.
+        views: the ops that move entries without arithmetic.
+        layer_slots: for each layer op, the argument positions and names of its parameters.
+        view_ids: a view op applied to the given index tensors in place of its input's values.
     """
 
-    def __init__(self, gm: fx.GraphModule, shared: AbstractSet[str]) -> None:
-        self.gm = gm
-        self.shared = shared
-        self.parent: list[int] = []
-        self.produced: dict[int, tuple[str, int]] = {}
-        self.blocked: dict[int, str] = {}
-        self.unknown: dict[int, str] = {}
-        self.values: dict[fx.Node, Value] = {}
-        self.kinds: dict[str, tuple[RoleKind, int]] = {}
-        self.out_atoms: dict[str, tuple[int, ...]] = {}
-        self.in_atoms: dict[str, tuple[int, ...] | None] = {}
-        self.fixed: dict[str, str] = {}
-
-    # --- atoms: a union-find over channels -----------------------------------
-
-    def new_atoms(self, count: int) -> tuple[int, ...]:
-        """``count`` new atoms, each a group of its own."""
-        start = len(self.parent)
-        self.parent.extend(range(start, start + count))
-        return tuple(range(start, start + count))
-
-    def find(self, atom: int) -> int:
-        """The atom that names the group of ``atom``: its smallest."""
-        while self.parent[atom] != atom:
-            self.parent[atom] = self.parent[self.parent[atom]]
-            atom = self.parent[atom]
-        return atom
-
-    def union(self, a: int, b: int) -> None:
-        """Put ``a`` and ``b`` in one group."""
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[max(ra, rb)] = min(ra, rb)
-
-    def pair(self, left: Iterable[int], right: Iterable[int]) -> None:
-        """Put ``left`` and ``right`` in one group, atom by atom, as ``zip`` pairs them."""
-        for a, b in zip(left, right):
-            self.union(a, b)
-
-    # --- blocked and unknown atoms ---------------------------------------------
-
-    def block(self, atoms: Iterable[int], reason: str) -> None:
-        """Keep ``atoms`` whole, for ``reason`` (an atom keeps its first reason)."""
-        for atom in atoms:
-            self.blocked.setdefault(atom, reason)
-
-    def block_node(self, node: fx.Node, why: str) -> Value:
-        """Block every channel ``node`` reads; return ``None``: its result carries none."""
-        reason = f"{self.describe(node)} {why}"
-        for value in self.inputs(node):
-            self.block(value.atoms if isinstance(value, ChannelLayout) else value.layout.atoms, reason)
-        return None
-
-    def unknown_op(self, node: fx.Node) -> Value:
-        """Mark the channels ``node`` reads as read by an op shrink cannot reason about.
-
-        Returns ``None``: the node's result carries no channels.
-        """
-        description = self.describe(node)
-        for value in self.inputs(node):
-            layout = value if isinstance(value, ChannelLayout) else None
-            layout = value.layout if isinstance(value, Pieces) else layout
-            for atom in layout.atoms if layout is not None else ():
-                self.unknown.setdefault(atom, description)
-        return None
-
-    def describe(self, node: fx.Node) -> str:
-        """``node 'roll' (call_function torch.roll)``: how messages name a node."""
-        if node.op == "call_module":
-            kind = type(self.gm.get_submodule(str(node.target))).__name__
-            return f"node {node.name!r} (call_module {node.target}: {kind})"
-        if node.op == "call_method":
-            return f"node {node.name!r} (call_method .{node.target}())"
-        if node.op in ("output", "placeholder"):
-            return f"node {node.name!r} ({node.op})"
-        return f"node {node.name!r} ({node.op} {_callable_name(node.target)})"
-
-    # --- what the arguments carry ------------------------------------------------
-
-    def value(self, arg: object) -> Value:
-        """What ``arg`` carries: ``None`` for constants and nodes without channels."""
-        return self.values.get(arg) if isinstance(arg, fx.Node) else None
-
-    def layout(self, arg: object) -> ChannelLayout | None:
-        """The channels of ``arg``, if it is a tensor that carries some."""
-        value = self.value(arg)
-        return value if isinstance(value, ChannelLayout) else None
-
-    def inputs(self, node: fx.Node) -> list[ChannelLayout | Sizes | Pieces]:
-        """The values with channels among ``node``'s inputs."""
-        return [v for n in node.all_input_nodes if (v := self.values.get(n)) is not None]
-
-    def first(self, node: fx.Node) -> tuple[ChannelLayout, tuple[int, ...]] | None:
-        """The layout and shape of the first argument, if it alone has channels."""
-        head = node.args[0] if node.args else None
-        x, shape = self.layout(head), shape_of(head)
-        others = [n for n in node.all_input_nodes if n is not head]
-        if x is None or shape is None or any(carries(self.values[n]) for n in others):
-            return None
-        return x, shape
-
-    def reads_more(self, node: fx.Node, operands: Iterable[object]) -> bool:
-        """Whether ``node`` reads channels from other tensors than ``operands``."""
-        known = [n for n in operands if isinstance(n, fx.Node)]
-        return any(
-            carries(self.values[n]) and all(n is not k for k in known)
-            for n in node.all_input_nodes
-        )
+    handlers: Mapping[object, Handler]
+    producers: frozenset[object]
+    elementwise: frozenset[object]
+    views: frozenset[object]
+    layer_slots: Mapping[object, frozenset[object]]
+    view_ids: Callable[[Walk, fx.Node, Mapping[fx.Node, Tensor]], Any]
 
 
-#: What a node does to channels: records it in the walk, returns what the result carries.
-Handler = Callable[[Walk, fx.Node], Value]
+def _member(target: Any, table: Mapping[object, Any] | frozenset[object]) -> bool:
+    return target in table or getattr(target, "overloadpacket", None) in table
 
 
-def carries(value: Value) -> bool:
-    """Whether ``value`` is a tensor with channels, or pieces of one."""
-    return isinstance(value, (ChannelLayout, Pieces))
-
-
-def shape_of(arg: object) -> tuple[int, ...] | None:
-    """The shape of a tensor node (``None`` for constants and non-tensors)."""
-    shape = arg.meta.get(_SHAPE) if isinstance(arg, fx.Node) else None
-    return shape if isinstance(shape, tuple) else None
-
-
-@final
 class NodeFailed(Exception):
-    """The traced model failed on a node: ``node``'s name, and the error as ``__cause__``."""
-
-    def __init__(self, node: str) -> None:
-        super().__init__(node)
-        self.node = node
+    """A handler failed on a node: the analysis names the node and the cause."""
 
 
-def record_shapes(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> None:
-    """Run ``gm`` once on ``inputs`` (no grad), recording each tensor node's shape.
-
-    Raises:
-        NodeFailed: naming the node, if the model fails on it (the error is
-            its ``__cause__``); nothing is printed.
-    """
-    with torch.no_grad():
-        _ShapeRecorder(gm).run(*inputs)
+def describe(node: fx.Node) -> str:
+    """A node as messages name it: ``node 'linear_3' (aten.linear.default in 'model.layers.0.mlp')``."""
+    if node.op != "call_function":
+        return f"node {node.name!r} ({node.op})"
+    where = node.meta.get("funcprune_module")
+    return f"node {node.name!r} ({node.target}{f' in {where!r}' if where else ''})"
 
 
-@final
-class _ShapeRecorder(fx.Interpreter):
-    """An interpreter that writes each tensor result's shape into its node's meta.
+class Walk:
+    """The state of one walk: values, atom ids and origins by node, and the atoms."""
 
-    Unlike ``ShapeProp``, it prints no traceback when a node fails.
-    """
+    def __init__(self, exported: Exported, ops: Ops) -> None:
+        self.exported = exported
+        self.ops = ops
+        self.atoms = Atoms()
+        self.values: dict[fx.Node, Any] = {}
+        self.ids: dict[fx.Node, Any] = {}
+        self.origins: dict[fx.Node, Any] = {}
+        self.read_directly: dict[str, str] = {}  # tensor name -> the op reading its values directly
+        self.attributes: dict[str, set[str]] = {}  # module path -> head-count attributes its views follow
+        for node, name in exported.tensors.items():
+            value = exported.values[node]
+            self.origins[node] = Origin(name, tuple(value.shape), torch.arange(value.numel()).reshape(value.shape))
+        for node, path in exported.modules.items():
+            node.meta["funcprune_module"] = path
 
-    def __init__(self, gm: fx.GraphModule) -> None:
-        super().__init__(gm)
-        self.extra_traceback = False  # the error as raised: no graph dump added
+    # --- reading a node's arguments --------------------------------------------------
 
-    def run_node(self, n: fx.Node) -> object:
-        try:
-            result = super().run_node(n)
-        except Exception as exc:  # anything the user's forward raises
-            raise NodeFailed(n.name) from exc
-        if isinstance(result, torch.Tensor):
-            n.meta[_SHAPE] = tuple(result.shape)
-        return result
+    def value(self, arg: object) -> Any:
+        """``arg`` with every node replaced by its value."""
+        return _map_nodes(arg, lambda n: self.values[n])
+
+    def atoms_of(self, arg: object) -> Any:
+        """``arg`` with every node replaced by its atom ids (``None`` where it carries none)."""
+        return _map_nodes(arg, lambda n: self.ids.get(n))
+
+    def origin(self, arg: object) -> Origin | None:
+        return self.origins.get(arg) if isinstance(arg, fx.Node) else None
+
+    def tensor_atoms(self, node: fx.Node) -> Iterator[Tensor]:
+        """The atom ids of the node's tensor arguments that carry atoms."""
+        for arg in _nodes(node.args, node.kwargs):
+            ids = self.ids.get(arg)
+            yield from (t for t in _tensors(ids) if bool((t >= 0).any()))
+
+    def ids_or_none(self, arg: object) -> Tensor:
+        """The atom ids of a tensor argument, ``-1`` everywhere where it carries none."""
+        ids = self.ids.get(arg) if isinstance(arg, fx.Node) else None
+        if isinstance(ids, Tensor):
+            return ids
+        value = self.values[arg] if isinstance(arg, fx.Node) else arg
+        shape = value.shape if isinstance(value, Tensor) else ()
+        return torch.full(shape, -1, dtype=torch.long)
+
+    # --- running --------------------------------------------------------------------
+
+    def run(self) -> None:
+        for node in self.exported.graph.nodes:
+            if node.op == "placeholder":
+                self.values[node] = self.exported.values[node]
+            elif node.op == "call_function":
+                self._call(node)
+            elif node.op == "output":
+                for ids in _tensors(self.atoms_of(node.args)):
+                    self.atoms.block(ids, f"{describe(node)} is an output of the model, whose shape stays")
+            elif node.op == "get_attr":
+                self.values[node] = getattr(self.exported.graph.owning_module, str(node.target), None)
+
+    def _call(self, node: fx.Node) -> None:
+        args, kwargs = self.value(node.args), self.value(node.kwargs)
+        target: Any = node.target
+        self.values[node] = target(*args, **kwargs)
+        packet = getattr(target, "overloadpacket", None)
+        handler = self.ops.handlers.get(target) or self.ops.handlers.get(packet)
+        reads = any(True for _ in self.tensor_atoms(node))
+        if handler is not None and (reads or _member(target, self.ops.producers)):
+            try:
+                self.ids[node] = handler(self, node)
+            except Exception as e:  # a graph stranger than the handler expects
+                raise NodeFailed(f"{describe(node)} ({type(e).__name__}: {e})") from e
+        elif reads:
+            for ids in self.tensor_atoms(node):
+                self.atoms.refuse(ids, describe(node))
+        self._follow_origin(node)
+
+    def _follow_origin(self, node: fx.Node) -> None:
+        """A tensor taken from a parameter without arithmetic keeps its origin; any other read is direct.
+
+        A layer's weight and bias slots, and an elementwise op that scales or
+        shifts atoms by a parameter's entries (a norm's weight), read it as
+        layers do; their handlers relate the entries to the atoms.
+        """
+        sources = [a for a in _nodes(node.args, node.kwargs) if a in self.origins]
+        if not sources or node in self.ids and _member(node.target, self.ops.elementwise):
+            return
+        if _member(node.target, self.ops.views) and len(sources) == 1:
+            origin = self.origins[sources[0]]
+            moved = self.ops.view_ids(self, node, {sources[0]: origin.flat})
+            if isinstance(moved, Tensor):
+                self.origins[node] = Origin(origin.name, origin.shape, moved)
+                return
+        for source in sources:
+            if not self._is_layer_slot(node, source):
+                self.read_directly.setdefault(self.origins[source].name, describe(node))
+
+    def _is_layer_slot(self, node: fx.Node, source: fx.Node) -> bool:
+        """Whether ``source`` is the weight or bias of the layer op ``node`` (read there as a layer reads it)."""
+        target: Any = node.target
+        slots = self.ops.layer_slots.get(target) or self.ops.layer_slots.get(getattr(target, "overloadpacket", None))
+        if slots is None:
+            return False
+        positional = [i for i, a in enumerate(node.args) if a is source]
+        named = [k for k, v in node.kwargs.items() if v is source]
+        return all(i in slots for i in positional) and all(k in slots for k in named)
 
 
-def as_dim(d: object, ndim: int) -> int | None:
-    """``d`` as a non-negative dim of an ``ndim``-d tensor, or ``None``.
-
-    >>> as_dim(-1, 4), as_dim(4, 4), as_dim(None, 4)
-    (3, None, None)
-    """
-    if isinstance(d, int) and not isinstance(d, bool) and -ndim <= d < max(ndim, 1):
-        return d % max(ndim, 1)
-    return None
-
-
-def call_arg(node: fx.Node, index: int, name: str, default: object = None) -> object:
-    """Argument ``name`` of a call, given by position ``index`` or by keyword."""
-    if len(node.args) > index:
-        return node.args[index]
-    return node.kwargs.get(name, default)
+def _map_nodes(arg: object, fn: Callable[[fx.Node], Any]) -> Any:
+    """``arg`` (nested tuples, lists, dicts) with every node replaced by ``fn(node)``."""
+    if isinstance(arg, fx.Node):
+        return fn(arg)
+    if isinstance(arg, (list, tuple)):
+        return type(arg)(_map_nodes(a, fn) for a in arg)
+    if isinstance(arg, dict):
+        return {k: _map_nodes(v, fn) for k, v in arg.items()}
+    return arg
 
 
-def _callable_name(target: object) -> str:
-    """``torch.roll``, ``torch.nn.functional.gelu``, ``operator.matmul``, ``mod.fn``."""
-    name = str(getattr(target, "__name__", repr(target)))
-    for prefix, namespace in (("torch.nn.functional", F), ("torch", torch), ("operator", operator)):
-        if getattr(namespace, name, None) is target:
-            return f"{prefix}.{name}"
-    module = getattr(target, "__module__", None)
-    qualname = str(getattr(target, "__qualname__", name))
-    return f"{module}.{qualname}" if module else qualname
+def _nodes(*args: object) -> Iterator[fx.Node]:
+    found: list[fx.Node] = []
+    _map_nodes(args, found.append)
+    return iter(found)
+
+
+def _tensors(ids: Any) -> Iterator[Tensor]:
+    if isinstance(ids, Tensor):
+        yield ids
+    elif isinstance(ids, (list, tuple)):
+        for item in ids:
+            yield from _tensors(item)
+    elif isinstance(ids, dict):
+        for item in ids.values():
+            yield from _tensors(item)

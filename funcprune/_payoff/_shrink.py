@@ -3,30 +3,38 @@
 :func:`shrink` returns a physically smaller copy of a model, and
 :func:`propagate` the closure of the masks it removes; which channel groups
 go is decided by ``funcprune._graph``, and this module checks the
-arguments, then builds the closure and the smaller copy (``README.md``).
+arguments, builds the closure and the smaller copy, and checks the copy
+against the masked model on the example inputs (``README.md``).
 """
 
 from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Mapping
-from typing import TypeVar
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, final
 
 import torch
 from torch import nn
 
 from .._dtensor import refuse_in
-from .._graph import Cut, RoleKind, plan_removal, trace_channels
+from .._graph import Analysis, Inputs, analyze, as_inputs, closure, kept_indices, plan_removal, run
 from .._names import check_masks, check_not_hooked
 from .._types import Masks, Tensor
 from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
+from ._resize import resize_modules
 
 __all__ = ["KeptChannelsWarning", "propagate", "shrink"]
 
 _M = TypeVar("_M", bound=nn.Module)
 #: How many layers a :class:`KeptChannelsWarning` names.
 _LAYERS_SHOWN = 5
+#: Why a group stays whose removal changed the model's outputs on the example inputs.
+_CHANGES_OUTPUTS = (
+    "removing them changes the model's outputs on the example inputs (a size the code spells out "
+    "or reads off a shape: x.view(-1, 400), x / x.shape[1], x[..., :4]...)"
+)
 
 
 class KeptChannelsWarning(UserWarning):
@@ -35,8 +43,8 @@ class KeptChannelsWarning(UserWarning):
     They stay in the shrunk model (their weights zero, their compute paid)
     and the closure adds nothing for them. The message names each layer,
     how many of its channels stay, and why: a model output, an op that
-    reads all the channels (LayerNorm, a view with spelled-out sizes...),
-    a channel coupled with one that another layer keeps.
+    reads all the channels (LayerNorm, a reduction...), a size the code
+    spells out, a channel coupled with one that another layer keeps.
     """
 
     __module__ = "funcprune"
@@ -47,9 +55,10 @@ def propagate(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: ob
 
     A channel goes when the masks prune it entirely and nothing keeps it
     (see :func:`shrink`); the closure adds, for each channel that goes, its
-    bias entry, its BatchNorm (or InstanceNorm) weight and bias entries, its
-    depthwise-convolution weights and bias, and the input columns that read
-    it. It only ever adds pruned entries: every given mask is kept as it is
+    bias entry, the entries of the norms' weights and biases that follow it,
+    its depthwise-convolution weights and bias, and the input columns that
+    read it; for an attention head (a KV group under GQA), the rows of its
+    query, key and value projections and the output projection's columns. It only ever adds pruned entries: every given mask is kept as it is
     or with more entries pruned, never revived. Channels that the masks
     prune entirely but that must stay are listed in a
     :class:`KeptChannelsWarning`, as :func:`shrink` lists them.
@@ -59,9 +68,11 @@ def propagate(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: ob
         masks: masks by parameter name (an alias of a tied Parameter is
             accepted), as for :func:`~funcprune.bake`: ``torch.bool``
             (``True`` = kept) or floating-point 0/1.
-        example_inputs: the positional arguments of ``module.forward``: a
-            tensor, or a tuple of tensors. The model runs once on them (on a
-            copy, in eval mode) to learn every tensor's shape.
+        example_inputs: the inputs of ``module.forward``: a tensor, a tuple
+            of positional arguments, or a dict of keyword arguments (a
+            transformers model runs with ``use_cache=False`` unless given).
+            The model runs on them (a copy, in eval mode): exported with
+            :func:`torch.export.export`, and again to check what it removes.
 
     Returns:
         A new dict of ``torch.bool`` masks, keyed and ordered like
@@ -79,8 +90,8 @@ def propagate(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: ob
         UnknownNameError: if a mask names no parameter of ``module``.
         ValueError: if ``module`` is pruned in hook mode, a mask does not
             fit its parameter, two names of a tied Parameter carry different
-            masks, torch.fx cannot trace the model, the inputs do not run
-            through it, or an op the analysis cannot reason about reads
+            masks, ``torch.export`` cannot trace the model, the inputs do not
+            run through it, or an op the analysis cannot reason about reads
             channels that would go (the message names the node).
 
     Warns:
@@ -98,8 +109,7 @@ def propagate(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: ob
     tensor([[ True, False,  True],
             [ True, False,  True]])
     """
-    checked, cuts = _removal("propagate", module, masks, example_inputs)
-    return _closure(module, checked, cuts)
+    return _shrunk("propagate", module, masks, example_inputs).closure
 
 
 def shrink(module: _M, masks: Mapping[str, Tensor], example_inputs: object) -> _M:
@@ -116,10 +126,12 @@ def shrink(module: _M, masks: Mapping[str, Tensor], example_inputs: object) -> _
         functional_call_masked(module, dict(module.named_parameters()),
                                propagate(module, masks, example_inputs), inputs)
 
-    A channel (an output channel of a Linear or a Conv) goes when its weight
-    row is entirely pruned, in every layer it is coupled with (a residual
-    ``add`` or ``mul`` couples the channels of both sides), unless something
-    keeps it:
+    A channel (an output channel of a Linear, a transformers Conv1D or a
+    Conv) goes when its weight row is entirely pruned, in every layer it is
+    coupled with (a residual ``add`` or ``mul`` couples the channels of both
+    sides; attention couples the channels of each head, so a head, or a KV
+    group under grouped-query attention, goes whole), unless something keeps
+    it:
 
     - the model's inputs and outputs keep their shapes;
     - LayerNorm, GroupNorm, RMSNorm, softmax or a reduction across the
@@ -127,25 +139,30 @@ def shrink(module: _M, masks: Mapping[str, Tensor], example_inputs: object) -> _
     - a grouped convolution (``1 < groups < in_channels``) keeps its
       channels; depthwise ones (``groups == in_channels``) shrink with their
       input;
-    - a ``view``/``reshape`` that spells sizes out (``x.view(-1, 400)``),
-      code that reads the channel count (``x.shape[1]``), arithmetic with a
-      tensor of per-channel entries, a divisor, ``log``, ``rsqrt`` or a
-      negative power (infinite at zero: ``0 * inf`` is NaN), ``F.pad``,
-      ``chunk`` or ``split`` along the channels, a layer whose parameters
-      are shared or read directly in ``forward``;
-    - each layer keeps at least one channel on each side.
+    - arithmetic with a computed tensor of per-channel entries, a divisor,
+      ``log``, ``rsqrt`` or a negative power (infinite at zero: ``0 * inf``
+      is NaN), a layer whose parameters are read directly in ``forward``;
+    - each layer keeps at least one channel on each side;
+    - channels whose removal changes the model's outputs on the example
+      inputs: the shrunk model is run on them and checked against the
+      masked model, and what a size spelled out in the code (``x.view(-1,
+      400)``, a count read off a shape, ``x[..., :4]``) breaks is found and
+      kept.
 
     When channels that the masks prune entirely stay, a
     :class:`KeptChannelsWarning` says, per layer, how many and why.
 
-    ``flatten``, ``nn.Flatten`` and ``x.view(x.size(0), -1)`` map a Conv
-    channel to its block of the next Linear's columns; ``torch.cat`` along
-    the channels concatenates them; elementwise ops (``clamp``, ``exp``,
-    ``pow`` with a scalar exponent...) and ops over other dims (pooling,
-    ``F.pad``, ``squeeze``, ``chunk``, ``x[..., 1:]``) pass them on. The
-    graph comes from :func:`torch.fx.symbolic_trace` (traced in eval mode),
-    so ``forward`` must be traceable. Nothing is built until the whole
-    analysis succeeds, and ``module`` itself is never modified.
+    Views (``flatten``, ``view``, ``transpose``, ``cat``, ``split``...) move
+    channels as they move the values: a Conv channel maps to its block of
+    the next Linear's columns; elementwise ops (``clamp``, ``exp``, ``pow``
+    with a scalar exponent...) and ops over other dims (pooling, ``F.pad``)
+    pass them on. The graph comes from :func:`torch.export.export` (on a
+    copy in eval mode, ``strict=False``: transformers models work as given,
+    hooks included). An attention module's head counts (``num_heads``,
+    ``num_key_value_heads``, ``split_size``...) follow its projections.
+    Nothing is returned unless the shrunk model computes what the masked
+    model computes on the example inputs, and ``module`` itself is never
+    modified.
 
     Args:
         module: the trained model. It must not be pruned in hook mode
@@ -154,8 +171,8 @@ def shrink(module: _M, masks: Mapping[str, Tensor], example_inputs: object) -> _
             accepted): ``torch.bool`` (``True`` = kept) or floating-point
             0/1, such as a :class:`~funcprune.Plan` with
             ``LnStructured(amount, n=2, dim=0)`` returns.
-        example_inputs: the positional arguments of ``forward``: a tensor,
-            or a tuple of tensors.
+        example_inputs: the inputs of ``forward``: a tensor, a tuple of
+            positional arguments, or a dict of keyword arguments.
 
     Returns:
         A new module, of the class of ``module``, in its training mode.
@@ -182,22 +199,20 @@ def shrink(module: _M, masks: Mapping[str, Tensor], example_inputs: object) -> _
       (2): Linear(in_features=4, out_features=2, bias=True)
     )
     """
-    checked, cuts = _removal("shrink", module, masks, example_inputs)
-    closure = _closure(module, checked, cuts)
-    result = copy.deepcopy(module)
-    _zero_pruned_(result, closure)
-    for name, cut in cuts.items():
-        _cut_module(result.get_submodule(name), cut)
-    return result
+    return _shrunk("shrink", module, masks, example_inputs).model  # type: ignore[return-value]
 
 
-def _removal(
-    fn: str, module: object, masks: object, example_inputs: object
-) -> tuple[dict[str, Tensor], Mapping[str, Cut]]:
-    """The masks as ``torch.bool``, and what each module keeps: every check, no change.
+@final
+@dataclass(frozen=True, slots=True)
+class _Shrunk:
+    """The closure of the masks, and the model shrunk to it (checked against the masked model)."""
 
-    Warns (:class:`KeptChannelsWarning`) if channels the masks prune entirely stay.
-    """
+    closure: Masks
+    model: nn.Module
+
+
+def _shrunk(fn: str, module: object, masks: object, example_inputs: object) -> _Shrunk:
+    """Check everything, analyze, remove, build and check the smaller model; warn about what stays."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
     check_not_hooked(fn, module, then=f"{fn}(module, masks, example_inputs)")
@@ -205,11 +220,106 @@ def _removal(
     names = first_names(module)
     params = dict(module.named_parameters(remove_duplicate=False))
     checked = one_mask_per_parameter(fn, names, check_masks(fn, params, check_mask_dtypes(fn, masks)))
-    graph = trace_channels(fn, module, example_inputs)
-    every_name = {alias: checked[first] for alias, first in names.items() if first in checked}
-    removal = plan_removal(fn, graph, every_name)
+    inputs = as_inputs(fn, module, example_inputs)
+    analysis = analyze(fn, module, inputs)
+    sizes = _sizes(module)
+    vetoed: dict[int, str] = {}
+    while True:
+        removal = plan_removal(fn, analysis, checked, sizes, vetoed=vetoed)
+        removed = sorted(removal.removed)
+        reference = _masked_outputs(analysis, checked, removed, sizes)
+        why = _changes(module, analysis, checked, removed, sizes, reference)
+        if why is None:
+            break
+        if not removed:  # the masked model itself: a model that runs otherwise each time
+            raise ValueError(f"{fn}: the model computes something else on each run ({why}); cannot check what shrink removes")
+        bad = _breaking(module, analysis, checked, removed, sizes) or removed
+        vetoed.update(dict.fromkeys(bad, _CHANGES_OUTPUTS))
     _warn_kept(fn, removal.kept)
-    return checked, removal.cuts
+    keep = kept_indices(analysis, removed, sizes)
+    mask_closure = closure(checked, keep, dict(module.named_parameters()))
+    return _Shrunk(mask_closure, _built(module, analysis, mask_closure, keep, removed))
+
+
+def _sizes(module: nn.Module) -> dict[str, tuple[int, ...]]:
+    tensors = [*module.named_parameters(), *module.named_buffers()]
+    return {name: tuple(t.shape) for name, t in tensors}
+
+
+def _masked_outputs(analysis: Analysis, masks: Mapping[str, Tensor], removed: Sequence[int], sizes: Mapping[str, tuple[int, ...]]) -> Any:
+    """What the masked model (the closure of removing ``removed``) computes on the example inputs."""
+    model = analysis.model
+    params = dict(model.named_parameters())
+    keep = kept_indices(analysis, removed, sizes)
+    baked = {name: params[name].masked_fill(~mask, 0.0) for name, mask in closure(masks, keep, params).items()}
+    with torch.no_grad():  # pruned entries +0.0, as the shrunk model holds them (a nan weight too)
+        return torch.func.functional_call(model, baked, tuple(analysis.inputs.args), dict(analysis.inputs.kwargs))
+
+
+def _changes(
+    module: nn.Module, analysis: Analysis, masks: Mapping[str, Tensor], removed: Sequence[int],
+    sizes: Mapping[str, tuple[int, ...]], reference: Any,
+) -> str | None:  # fmt: skip
+    """Whether the model without ``removed`` computes something else than the masked model: why, or ``None``."""
+    keep = kept_indices(analysis, removed, sizes)
+    params = dict(module.named_parameters())
+    small = _built(analysis.model, analysis, closure(masks, keep, params), keep, removed)
+    try:
+        outputs = run(small, analysis.inputs)
+    except Exception as e:  # a size spelled out in the code no longer fits
+        return f"{type(e).__name__}: {e}"
+    return _differ(outputs, reference)
+
+
+def _breaking(
+    module: nn.Module, analysis: Analysis, masks: Mapping[str, Tensor], removed: Sequence[int],
+    sizes: Mapping[str, tuple[int, ...]],
+) -> list[int]:  # fmt: skip
+    """The groups of ``removed`` whose removal changes the outputs (found by halving), the rest removable."""
+    good: list[int] = []
+    bad: list[int] = []
+    todo: list[list[int]] = [list(removed)]
+    while todo:
+        part = todo.pop()
+        trial = sorted(good + part)
+        if _changes(module, analysis, masks, trial, sizes, _masked_outputs(analysis, masks, trial, sizes)) is None:
+            good.extend(part)
+        elif len(part) == 1:
+            bad.extend(part)
+        else:
+            todo.extend([part[len(part) // 2 :], part[: len(part) // 2]])
+    return bad
+
+
+def _differ(outputs: Any, reference: Any) -> str | None:
+    """Why two model outputs differ beyond float tolerance, or ``None``."""
+    got, _ = torch.utils._pytree.tree_flatten(outputs)
+    want, _ = torch.utils._pytree.tree_flatten(reference)
+    if len(got) != len(want):
+        return f"{len(got)} outputs against {len(want)}"
+    for a, b in zip(got, want, strict=True):
+        if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+            continue
+        if a.shape != b.shape:
+            return f"an output of shape {tuple(a.shape)} against {tuple(b.shape)}"
+        if a.is_floating_point():
+            scale = float(b.abs().nan_to_num(posinf=0, neginf=0).max()) if b.numel() else 0.0
+            if not torch.allclose(a, b, rtol=1e-4, atol=1e-5 * max(1.0, scale), equal_nan=True):
+                return f"outputs differ by up to {float((a - b).abs().nan_to_num().max()):.3g}"
+        elif not torch.equal(a, b):
+            return "integer outputs differ"
+    return None
+
+
+def _built(
+    module: nn.Module, analysis: Analysis, masks: Masks, keep: Mapping[str, Mapping[int, list[int]]],
+    removed: Sequence[int],
+) -> nn.Module:  # fmt: skip
+    """A copy of ``module`` with the closure applied and every tensor cut to what it keeps."""
+    result = copy.deepcopy(module)
+    _zero_pruned_(result, masks)
+    resize_modules(result, keep, analysis, set(removed))
+    return result
 
 
 def _warn_kept(fn: str, kept: Mapping[str, Mapping[str, int]]) -> None:
@@ -232,23 +342,6 @@ def _warn_kept(fn: str, kept: Mapping[str, Mapping[str, int]]) -> None:
     )
 
 
-def _closure(module: nn.Module, masks: dict[str, Tensor], cuts: Mapping[str, Cut]) -> Masks:
-    """The given masks, with every entry of a removed channel pruned."""
-    params = dict(module.named_parameters())
-    closure = dict(masks)
-    for name, cut in cuts.items():
-        for key, dim, keep, size in cut.slices(name):
-            if key not in params:
-                continue
-            mask = closure.get(key)
-            mask = torch.ones_like(params[key], dtype=torch.bool) if mask is None else mask.clone()
-            dropped = torch.ones(size, dtype=torch.bool, device=mask.device)
-            dropped[list(keep)] = False
-            mask.index_fill_(dim, dropped.nonzero().flatten(), False)
-            closure[key] = mask
-    return {name: closure[name] for name in params if name in closure}
-
-
 @torch.no_grad()
 def _zero_pruned_(module: nn.Module, masks: Masks) -> None:
     """Write ``+0.0`` into the pruned entries of ``module`` (a copy: nobody else holds it).
@@ -258,31 +351,3 @@ def _zero_pruned_(module: nn.Module, masks: Masks) -> None:
     params = dict(module.named_parameters())
     for name, mask in masks.items():
         params[name].masked_fill_(~mask, 0.0)
-
-
-#: The attributes that record a layer's sizes: the output side's, then the input side's.
-_SIZE_ATTRIBUTES: Mapping[RoleKind, tuple[str, ...]] = {
-    "linear": ("out_features", "in_features"),
-    "conv": ("out_channels", "in_channels"),
-    "depthwise": ("out_channels", "in_channels", "groups"),
-    "norm": ("num_features",),
-}
-
-
-@torch.no_grad()
-def _cut_module(mod: nn.Module, cut: Cut) -> None:
-    """Slice ``mod``'s tensors to the kept channels and update its size attributes."""
-    for key, dim, keep, _ in cut.slices(""):
-        attr = key[1:]
-        old = getattr(mod, attr, None)
-        if not isinstance(old, Tensor):
-            continue
-        new = old.index_select(dim, torch.tensor(keep, dtype=torch.long, device=old.device))
-        is_param = isinstance(old, nn.Parameter)
-        setattr(mod, attr, nn.Parameter(new, old.requires_grad) if is_param else new)
-    out_side, *in_side = _SIZE_ATTRIBUTES[cut.kind]
-    if cut.keep_out is not None:
-        setattr(mod, out_side, len(cut.keep_out))
-    if cut.keep_in is not None:
-        for attr in in_side:
-            setattr(mod, attr, len(cut.keep_in))

@@ -1,0 +1,155 @@
+"""The atoms of one analysis: channels, numbered, merged into groups, with what keeps them.
+
+An *atom* is one channel the analysis follows: an output row of a Linear, an
+output channel of a Conv, an embedding column. Atoms are allocated in
+blocks (:meth:`Atoms.new`) and tensors of atom ids (``-1``: no atom) stand
+beside the model's tensors. Ops that make two atoms go together *couple*
+them (a union-find): a group goes whole or not at all. An atom may also be
+*blocked* (it stays, with a reason: a model output, a reduction that its
+removal would change...) or *refused* (an op the analysis cannot reason
+about reads it: removing it is refused, naming the op). Each parameter
+(or buffer) index that belongs to atoms is recorded (:meth:`Atoms.relate`):
+it goes when every atom it belongs to goes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import final
+
+import torch
+
+from .._types import Tensor
+
+__all__ = ["Atoms", "Related", "Slice", "broadcast"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """Index ``index`` of a tensor's dim ``dim``: a row, a column, an entry of a norm's weight..."""
+
+    tensor: str
+    dim: int
+    index: int
+
+
+#: For each tensor (by name) and dim, the atoms each index belongs to.
+Related = Mapping[str, Mapping[int, Mapping[int, frozenset[int]]]]
+
+
+class Atoms:
+    """Atoms in a union-find, with what makes them (producers), keeps them and relates tensors to them."""
+
+    def __init__(self) -> None:
+        self._parent: list[int] = []
+        self._why: dict[int, str] = {}  # atom -> why its group is all-or-nothing along an axis
+        self.blocked: dict[int, str] = {}  # atom -> why it stays
+        self.refused: dict[int, str] = {}  # atom -> the op that reads it, described
+        self.producers: dict[int, list[Slice]] = {}  # atom -> the rows (channels) that make it
+        self._related: dict[str, dict[int, dict[int, set[int]]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def new(self, n: int, producers: Iterable[Slice] = ()) -> Tensor:
+        """``n`` new atoms (their ids), made by ``producers`` (one slice per atom, in order)."""
+        start = len(self._parent)
+        self._parent.extend(range(start, start + n))
+        for atom, made_by in zip(range(start, start + n), producers, strict=False):
+            self.producers.setdefault(atom, []).append(made_by)
+        return torch.arange(start, start + n)
+
+    def find(self, atom: int) -> int:
+        parent = self._parent
+        while parent[atom] != atom:
+            parent[atom] = parent[parent[atom]]
+            atom = parent[atom]
+        return atom
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self._parent[max(ra, rb)] = min(ra, rb)
+
+    def couple(self, a: Tensor, b: Tensor) -> None:
+        """Couple ``a[i]`` with ``b[i]`` wherever both are atoms (same shapes, or broadcastable)."""
+        a, b = broadcast(a, b)
+        both = (a >= 0) & (b >= 0)
+        if not bool(both.any()):
+            return
+        pairs = torch.unique(torch.stack([a[both], b[both]], 1), dim=0)
+        for x, y in pairs.tolist():
+            self.union(x, y)
+
+    def couple_along(self, ids: Tensor, dims: Iterable[int], why: str) -> None:
+        """Couple the atoms of ``ids`` that differ only along ``dims``: all or none of them go."""
+        dims = sorted(d % ids.dim() for d in dims) if ids.dim() else []
+        if not dims or not bool((ids >= 0).any()):
+            return
+        moved = ids.movedim(dims, list(range(ids.dim() - len(dims), ids.dim())))
+        rows = moved.reshape(-1, int(torch.tensor(moved.shape[moved.dim() - len(dims):]).prod().item()))
+        rows = torch.unique(rows, dim=0)
+        for row in rows.tolist():
+            atoms = [a for a in row if a >= 0]
+            for other in atoms[1:]:
+                self.union(atoms[0], other)
+            for atom in atoms[:1] if len(set(atoms)) > 1 else ():
+                self._why.setdefault(atom, why)
+
+    def block(self, ids: Tensor, why: str) -> None:
+        for atom in _atoms_in(ids):
+            self.blocked.setdefault(atom, why)
+
+    def refuse(self, ids: Tensor, what: str) -> None:
+        for atom in _atoms_in(ids):
+            self.refused.setdefault(atom, what)
+
+    def relate(self, tensor: str, dim: int, index: Tensor, ids: Tensor, *, couple: bool = False) -> None:
+        """Record that index ``index[i]`` of ``tensor``'s dim ``dim`` belongs to atom ``ids[i]``.
+
+        With ``couple``, the atoms one index belongs to are coupled: a layer's
+        row or column is one slice, whichever node uses it (a layer called
+        twice). Without, the index goes when all of them go (a norm's weight
+        shared by the heads of an attention).
+        """
+        index, ids = broadcast(index, ids)
+        keep = ids >= 0
+        if not bool(keep.any()):
+            return
+        by_index = self._related.setdefault(tensor, {}).setdefault(dim, {})
+        for i, atom in torch.unique(torch.stack([index[keep], ids[keep]], 1), dim=0).tolist():
+            atoms = by_index.setdefault(i, set())
+            if couple and atoms:
+                self.union(next(iter(atoms)), atom)
+            atoms.add(atom)
+
+    def roots(self) -> list[int]:
+        """The root of every atom's group (its smallest atom)."""
+        return [self.find(a) for a in range(len(self._parent))]
+
+    def why_coupled(self, roots: list[int]) -> dict[int, str]:
+        """For each group coupled along an axis, why (the first such op)."""
+        out: dict[int, str] = {}
+        for atom, why in self._why.items():
+            out.setdefault(roots[atom], why)
+        return out
+
+    def related(self) -> Related:
+        return {t: {d: {i: frozenset(a) for i, a in by.items()} for d, by in dims.items()} for t, dims in self._related.items()}
+
+
+def _atoms_in(ids: Tensor) -> list[int]:
+    flat = ids.reshape(-1)
+    found: list[int] = torch.unique(flat[flat >= 0]).tolist()
+    return found
+
+
+def broadcast(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """``a`` and ``b`` expanded to their common shape."""
+    rank = max(a.dim(), b.dim())
+    sa = (1,) * (rank - a.dim()) + tuple(a.shape)
+    sb = (1,) * (rank - b.dim()) + tuple(b.shape)
+    shape = [x if y == 1 else y for x, y in zip(sa, sb)]
+    return a.reshape(sa).expand(shape), b.reshape(sb).expand(shape)

@@ -1,0 +1,113 @@
+"""Cutting a model's tensors to the indices they keep, and the size attributes that describe them.
+
+:func:`resize_modules` slices every parameter and buffer that loses
+indices (a parameter stays a :class:`~torch.nn.Parameter`, with its
+``requires_grad``), then updates what records the sizes: a Linear's
+``in_features``/``out_features``, a Conv's channels and groups, a norm's
+``num_features``, transformers' Conv1D ``nf``/``nx``, and an attention
+module's head counts (``num_heads``, ``num_key_value_heads``,
+``all_head_size``, ``split_size``...), from the heads its attention keeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+
+import torch
+from torch import nn
+
+from .._graph import Analysis
+
+__all__ = ["resize_modules"]
+
+#: Attributes of an attention module that count its query heads, its KV heads, or its query width.
+_QUERY_HEADS = ("num_heads", "num_attention_heads", "n_head", "num_q_heads")
+_KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads")
+_QUERY_WIDTH = ("all_head_size", "split_size", "inner_dim")
+
+
+@torch.no_grad()
+def resize_modules(
+    model: nn.Module, keep: Mapping[str, Mapping[int, list[int]]], analysis: Analysis, removed: Set[int]
+) -> None:
+    """Cut ``model``'s tensors to ``keep`` (by first name) and update the size attributes (in place).
+
+    ``removed`` are the groups that go (those ``keep`` follows from).
+    """
+    touched: dict[str, dict[str, tuple[int, ...]]] = {}
+    for name, dims in keep.items():
+        owner, _, attr = name.rpartition(".")
+        module = model.get_submodule(owner)
+        old = getattr(module, attr)
+        new = old
+        for dim, kept in sorted(dims.items()):
+            new = new.index_select(dim, torch.tensor(kept, dtype=torch.long, device=new.device))
+        touched.setdefault(owner, {})[attr] = tuple(old.shape)
+        if isinstance(old, nn.Parameter):
+            setattr(module, attr, nn.Parameter(new.contiguous(), old.requires_grad))
+        else:
+            setattr(module, attr, new.contiguous())
+    for owner, old_shapes in touched.items():
+        _resize(model.get_submodule(owner), old_shapes)
+    for attention in analysis.attention:
+        _resize_attention(model, attention.module, attention.heads, attention.kv_heads, removed)
+
+
+def _resize(module: nn.Module, old: Mapping[str, tuple[int, ...]]) -> None:
+    """Update one module's size attributes from its new tensors."""
+    weight = getattr(module, "weight", None)
+    if isinstance(module, nn.Linear) and weight is not None:
+        module.out_features, module.in_features = weight.shape
+    elif isinstance(module, nn.modules.conv._ConvNd) and weight is not None:
+        _resize_conv(module, old.get("weight", tuple(weight.shape)))
+    elif isinstance(module, (nn.modules.batchnorm._NormBase,)):
+        tensor = weight if weight is not None else getattr(module, "running_mean", None)
+        if tensor is not None:
+            module.num_features = tensor.shape[0]
+    elif isinstance(module, nn.LayerNorm) and weight is not None:
+        module.normalized_shape = tuple(weight.shape)
+    elif isinstance(module, nn.GroupNorm) and weight is not None:
+        module.num_channels = weight.shape[0]
+    elif isinstance(module, nn.Embedding) and weight is not None:
+        module.num_embeddings, module.embedding_dim = weight.shape
+    elif type(module).__name__ == "Conv1D" and weight is not None and hasattr(module, "nf"):
+        module.nx, module.nf = weight.shape
+
+
+def _resize_conv(module: nn.modules.conv._ConvNd, old_shape: tuple[int, ...]) -> None:
+    weight = module.weight
+    old_in = module.in_channels
+    depthwise = module.groups == old_in and module.groups > 1 and not module.transposed
+    if module.transposed:
+        module.in_channels = weight.shape[0]
+        module.out_channels = weight.shape[1] * module.groups
+        return
+    module.out_channels = weight.shape[0]
+    if depthwise:
+        per_channel = old_shape[0] // old_in
+        module.in_channels = module.groups = weight.shape[0] // per_channel
+    else:
+        module.in_channels = weight.shape[1] * module.groups
+
+
+def _resize_attention(model: nn.Module, path: str, heads: tuple[int, ...], kv_heads: int, removed: Set[int]) -> None:
+    """An attention module's head counts, from the query heads (and KV heads) its attention keeps."""
+    try:
+        module = model.get_submodule(path)
+    except AttributeError:
+        return
+    kept = [g for g in heads if g not in removed]
+    if len(kept) == len(heads):
+        return
+    per_group = len(heads) // max(kv_heads, 1)
+    kept_kv = len(kept) // max(per_group, 1)
+    old_width = {attr: getattr(module, attr) for attr in _QUERY_WIDTH if isinstance(getattr(module, attr, None), int)}
+    for attr in _QUERY_HEADS:
+        if getattr(module, attr, None) == len(heads):
+            setattr(module, attr, len(kept))
+    for attr in _KV_HEADS:
+        if getattr(module, attr, None) == kv_heads:
+            setattr(module, attr, kept_kv)
+    for attr, width in old_width.items():
+        if width % len(heads) == 0:
+            setattr(module, attr, width // len(heads) * len(kept))
