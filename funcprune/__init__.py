@@ -33,10 +33,16 @@ functions, usable under ``torch.func.vmap``, ``grad`` and ``torch.compile``:
   from where or why not.
 - **Reports**: ``sparsity_report(masks)`` gives per-tensor and global
   sparsity as a table.
+- **Structure**: ``structure(model, example_inputs)`` finds a model's units
+  (MLP channels, attention heads, KV groups; transformers models as
+  given) as a ``Structure`` of ``UnitGroup``s of ``Member`` slices;
+  ``structured(structure, spec)`` is a plan that prunes whole units.
 - **Payoff**: ``bake(module, masks)`` returns a pruned copy of the module;
   ``shrink(module, masks, example_inputs)`` a physically smaller one, with
   the channels the masks prune entirely removed (``propagate`` gives the
-  masks it removes); ``to_sparse(params, masks, layout=...)`` turns masked
+  masks it removes; a transformers model's config is updated, and
+  ``load_shrunk(path)`` reloads any shrunk model ``save_pretrained`` wrote);
+  ``to_sparse(params, masks, layout=...)`` turns masked
   Linear weights into CSR, BSR or 2:4 sparse tensors.
 - **funcprune.compat** is a drop-in ``torch.nn.utils.prune`` (hook mode, the
   same masks and errors, with fixes), plus the bridge to mask dicts:
@@ -76,6 +82,7 @@ from ._payoff import BreakEven as BreakEven
 from ._payoff import KeptChannelsWarning as KeptChannelsWarning
 from ._payoff import SlowSparseWarning as SlowSparseWarning
 from ._payoff import bake as bake
+from ._payoff import load_shrunk as load_shrunk
 from ._payoff import propagate as propagate
 from ._payoff import shrink as shrink
 from ._payoff import to_sparse as to_sparse
@@ -103,6 +110,12 @@ from ._specs import RandomStructured as RandomStructured
 from ._specs import RandomUnstructured as RandomUnstructured
 from ._specs import Spec as Spec
 from ._specs import chain as chain
+from ._structure import Member as Member
+from ._structure import Structure as Structure
+from ._structure import UnitGroup as UnitGroup
+from ._structure import UnitPlan as UnitPlan
+from ._structure import structure as structure
+from ._structure import structured as structured
 from ._targets import Iterative as Iterative
 from ._targets import OneShot as OneShot
 from ._targets import Polynomial as Polynomial
@@ -137,6 +150,7 @@ __all__ = [
     "L1Unstructured",
     "LnStructured",
     "Masks",
+    "Member",
     "Multipliers",
     "NM",
     "NativeStatus",
@@ -156,6 +170,9 @@ __all__ = [
     "SparsityReport",
     "SparsityRow",
     "Spec",
+    "Structure",
+    "UnitGroup",
+    "UnitPlan",
     "UnknownNameError",
     "apply_masks",
     "apply_masks_",
@@ -169,6 +186,7 @@ __all__ = [
     "global_structured",
     "global_unstructured",
     "input_norms",
+    "load_shrunk",
     "mask_gradients",
     "mask_gradients_",
     "native_status",
@@ -178,6 +196,8 @@ __all__ = [
     "saliency",
     "shrink",
     "sparsity_report",
+    "structure",
+    "structured",
     "taylor",
     "to_multipliers",
     "to_sparse",

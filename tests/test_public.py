@@ -15,6 +15,7 @@ DESIGN_NAMES = [
     "Plan", "global_unstructured", "apply_masks",
     "saliency", "taylor", "wanda", "input_norms", "NM", "Block", "PerSlice",
     "global_structured", "bake", "propagate", "shrink", "to_sparse", "KeptChannelsWarning",
+    "structure", "Structure", "UnitGroup", "Member", "structured", "load_shrunk",
 ]  # fmt: skip
 DESIGN_SIGNATURES = {
     fp.compute_mask: "(spec, scores, default_mask=None, *, generator=None)",
@@ -39,6 +40,11 @@ DESIGN_SIGNATURES = {
     fp.propagate: "(module, masks, example_inputs)",
     fp.shrink: "(module, masks, example_inputs)",
     fp.to_sparse: "(params, masks, *, layout, blocksize=None, below_break_even='warn')",
+    fp.structure: "(model, example_inputs)",
+    fp.structured: "(structure, spec, *, kinds=None, scope='global', normalize=None)",
+    fp.UnitGroup: "(kind, size, members)",
+    fp.Member: "(name, dim, width, start=0)",
+    fp.load_shrunk: "(path, **kwargs)",
 }
 
 

@@ -8,6 +8,7 @@ share. ``README.md`` has the design.
 """
 
 from ._bake import bake as bake
+from ._reload import load_shrunk as load_shrunk
 from ._shrink import KeptChannelsWarning as KeptChannelsWarning
 from ._shrink import propagate as propagate
 from ._shrink import shrink as shrink

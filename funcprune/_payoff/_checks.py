@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from .._types import Masks, Tensor
 from torch import nn
+
+from .._types import Masks, Tensor
 
 __all__ = ["check_mask_dtypes", "first_names", "one_mask_per_parameter"]
 

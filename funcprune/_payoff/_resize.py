@@ -12,6 +12,7 @@ module's head counts (``num_heads``, ``num_key_value_heads``,
 from __future__ import annotations
 
 from collections.abc import Mapping, Set
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,11 +30,14 @@ _QUERY_WIDTH = ("all_head_size", "split_size", "inner_dim")
 @torch.no_grad()
 def resize_modules(
     model: nn.Module, keep: Mapping[str, Mapping[int, list[int]]], analysis: Analysis, removed: Set[int]
-) -> None:
+) -> dict[str, dict[str, Any]]:
     """Cut ``model``'s tensors to ``keep`` (by first name) and update the size attributes (in place).
 
     ``removed`` are the groups that go (those ``keep`` follows from).
+    Returns the size attributes that changed: new values by module path and name.
     """
+    paths = {name.rpartition(".")[0] for name in keep} | {a.module for a in analysis.attention}
+    before = {path: _sizes(model, path) for path in paths}
     touched: dict[str, dict[str, tuple[int, ...]]] = {}
     for name, dims in keep.items():
         owner, _, attr = name.rpartition(".")
@@ -51,6 +55,30 @@ def resize_modules(
         _resize(model.get_submodule(owner), old_shapes)
     for attention in analysis.attention:
         _resize_attention(model, attention.module, attention.heads, attention.kv_heads, removed)
+    changed: dict[str, dict[str, Any]] = {}
+    for path, sizes in before.items():
+        after = _sizes(model, path)
+        diff = {attr: value for attr, value in after.items() if sizes.get(attr) != value}
+        if diff:
+            changed[path] = diff
+    return changed
+
+
+def _sizes(model: nn.Module, path: str) -> dict[str, Any]:
+    """A module's int and int-tuple attributes (its sizes), ``{}`` if there is no such module."""
+    try:
+        module = model.get_submodule(path)
+    except AttributeError:
+        return {}
+    return {
+        k: list(v) if isinstance(v, tuple) else v
+        for k, v in vars(module).items()
+        if not k.startswith("_") and (_is_int(v) or isinstance(v, tuple) and all(map(_is_int, v)))
+    }
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _resize(module: nn.Module, old: Mapping[str, tuple[int, ...]]) -> None:

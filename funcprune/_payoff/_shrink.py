@@ -19,10 +19,20 @@ import torch
 from torch import nn
 
 from .._dtensor import refuse_in
-from .._graph import Analysis, Inputs, analyze, as_inputs, closure, kept_indices, plan_removal, run
+from .._graph import (
+    Analysis,
+    Inputs,
+    analyze,
+    as_inputs,
+    closure,
+    kept_indices,
+    plan_removal,
+    run,
+)
 from .._names import check_masks, check_not_hooked
 from .._types import Masks, Tensor
 from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
+from ._config import RECORD, Record, describe_, is_transformers_model, shapes_of
 from ._resize import resize_modules
 
 __all__ = ["KeptChannelsWarning", "propagate", "shrink"]
@@ -164,6 +174,15 @@ def shrink(module: _M, masks: Mapping[str, Tensor], example_inputs: object) -> _
     model computes on the example inputs, and ``module`` itself is never
     modified.
 
+    A transformers model's ``config`` describes the copy: when every layer
+    keeps the same widths, its width attributes (``intermediate_size``,
+    ``num_attention_heads``, ``num_key_value_heads``, GPT-2's ``n_inner``...)
+    are updated, checked by building the class from the new config (on the
+    meta device) and comparing every shape, and plain ``from_pretrained``
+    reloads what ``save_pretrained`` saves. Otherwise the config keeps its
+    values and gets a record, ``funcprune_shrunk``, that
+    :func:`~funcprune.load_shrunk` reads.
+
     Args:
         module: the trained model. It must not be pruned in hook mode
             (``torch.nn.utils.prune`` or ``funcprune.compat``).
@@ -228,7 +247,8 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object) -> _
         removal = plan_removal(fn, analysis, checked, sizes, vetoed=vetoed)
         removed = sorted(removal.removed)
         reference = _masked_outputs(analysis, checked, removed, sizes)
-        why = _changes(module, analysis, checked, removed, sizes, reference)
+        small, attributes = _built(module, analysis, checked, removed, sizes)
+        why = _differ_in_eval(small, analysis.inputs, reference)
         if why is None:
             break
         if not removed:  # the masked model itself: a model that runs otherwise each time
@@ -238,7 +258,26 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object) -> _
     _warn_kept(fn, removal.kept)
     keep = kept_indices(analysis, removed, sizes)
     mask_closure = closure(checked, keep, dict(module.named_parameters()))
-    return _Shrunk(mask_closure, _built(module, analysis, mask_closure, keep, removed))
+    if removed and is_transformers_model(small):
+        _describe_checked(small, shapes_of(module), attributes, analysis.inputs, reference)
+    return _Shrunk(mask_closure, small)
+
+
+def _describe_checked(small: nn.Module, original: Mapping[str, tuple[int, ...]], attributes: Record,
+                      inputs: Inputs, reference: Any) -> None:  # fmt: skip
+    """Make the shrunk model's config describe it, and check that it still computes the same."""
+    config: Any = getattr(small, "config")
+    saved = dict(vars(config))
+    describe_(small, original, attributes)
+    why = _differ_in_eval(small, inputs, reference)
+    if why is not None:  # a module that reads a width off the config as it runs: keep the old widths, recorded
+        vars(config).clear()
+        vars(config).update(saved)
+        setattr(config, RECORD, {"shapes": _changed_shapes(small, original), "attributes": attributes})
+
+
+def _changed_shapes(model: nn.Module, original: Mapping[str, tuple[int, ...]]) -> dict[str, list[int]]:
+    return {name: list(shape) for name, shape in shapes_of(model).items() if original.get(name) != shape}
 
 
 def _sizes(module: nn.Module) -> dict[str, tuple[int, ...]]:
@@ -261,13 +300,24 @@ def _changes(
     sizes: Mapping[str, tuple[int, ...]], reference: Any,
 ) -> str | None:  # fmt: skip
     """Whether the model without ``removed`` computes something else than the masked model: why, or ``None``."""
-    keep = kept_indices(analysis, removed, sizes)
-    params = dict(module.named_parameters())
-    small = _built(analysis.model, analysis, closure(masks, keep, params), keep, removed)
+    small, _ = _built(module, analysis, masks, removed, sizes)
+    return _differ_in_eval(small, analysis.inputs, reference)
+
+
+def _differ_in_eval(small: nn.Module, inputs: Inputs, reference: Any) -> str | None:
+    """Why ``small``, run in eval mode on ``inputs``, computes something else than ``reference`` (or ``None``).
+
+    Each submodule's training flag is restored afterwards.
+    """
+    modes = [(m, m.training) for m in small.modules()]
+    small.eval()
     try:
-        outputs = run(small, analysis.inputs)
+        outputs = run(small, inputs)
     except Exception as e:  # a size spelled out in the code no longer fits
         return f"{type(e).__name__}: {e}"
+    finally:
+        for m, mode in modes:
+            m.training = mode
     return _differ(outputs, reference)
 
 
@@ -312,14 +362,14 @@ def _differ(outputs: Any, reference: Any) -> str | None:
 
 
 def _built(
-    module: nn.Module, analysis: Analysis, masks: Masks, keep: Mapping[str, Mapping[int, list[int]]],
-    removed: Sequence[int],
-) -> nn.Module:  # fmt: skip
-    """A copy of ``module`` with the closure applied and every tensor cut to what it keeps."""
+    module: nn.Module, analysis: Analysis, masks: Mapping[str, Tensor], removed: Sequence[int],
+    sizes: Mapping[str, tuple[int, ...]],
+) -> tuple[nn.Module, Record]:  # fmt: skip
+    """A copy of ``module`` without ``removed``, the closure applied; and the size attributes that changed."""
+    keep = kept_indices(analysis, removed, sizes)
     result = copy.deepcopy(module)
-    _zero_pruned_(result, masks)
-    resize_modules(result, keep, analysis, set(removed))
-    return result
+    _zero_pruned_(result, closure(masks, keep, dict(module.named_parameters())))
+    return result, resize_modules(result, keep, analysis, set(removed))
 
 
 def _warn_kept(fn: str, kept: Mapping[str, Mapping[str, int]]) -> None:

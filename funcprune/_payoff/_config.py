@@ -1,0 +1,144 @@
+"""A shrunk transformers model's config: the widths it now has, or a record of them.
+
+A model that ``shrink`` made smaller by the same amount in every layer is
+described by its config: :func:`describe_` finds, for each width attribute
+of the config (``intermediate_size``, ``num_attention_heads``,
+``num_key_value_heads``, GPT-2's ``n_inner``, OPT's ``ffn_dim``...), how
+the model's tensor shapes depend on it, by building the model on the meta
+device with that attribute doubled, solves for the values the shrunk shapes
+need, and keeps them only if the model built from the new config has
+exactly the shrunk model's shapes. ``save_pretrained`` then writes a config
+that plain ``from_pretrained`` rebuilds.
+
+Widths that differ from layer to layer, and heads where the model derives
+the head size from the hidden size (GPT-2, BERT, ViT, OPT), are beyond what
+the config can say: the config keeps its values and gets a record,
+``funcprune_shrunk`` (each resized tensor's shape and each changed module
+attribute), that :func:`~funcprune.load_shrunk` reads.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["RECORD", "Record", "describe_", "is_transformers_model", "shapes_of"]
+
+#: The config attribute that holds a shrunk model's record.
+RECORD = "funcprune_shrunk"
+#: Config attributes that count widths a shrink may change.
+_WIDTHS = (
+    "intermediate_size", "n_inner", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "moe_intermediate_size",
+    "shared_expert_intermediate_size", "num_attention_heads", "n_head", "num_heads", "num_key_value_heads",
+    "num_local_experts", "num_experts",
+)  # fmt: skip
+#: Width attributes whose ``None`` means a multiple of another attribute (GPT-2's ``n_inner``: ``4 * n_embd``).
+_DEFAULTS = {"n_inner": ("n_embd", 4)}
+#: What the record says: tensor shapes by name, and module attributes by module path.
+Record = dict[str, dict[str, Any]]
+
+
+def is_transformers_model(model: nn.Module) -> bool:
+    """Whether ``model`` looks like a transformers ``PreTrainedModel`` with a config it saves."""
+    config = getattr(model, "config", None)
+    return hasattr(model, "save_pretrained") and hasattr(config, "to_dict") and hasattr(config, "architectures")
+
+
+def shapes_of(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """Every parameter's and persistent buffer's shape, by first name (as the state dict has them)."""
+    return {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
+
+
+def _built_shapes(cls: type[nn.Module], config: Any) -> dict[str, tuple[int, ...]] | None:
+    """The shapes of ``cls(config)`` built on the meta device, or ``None`` if it cannot be built."""
+    try:
+        with torch.device("meta"):
+            model = cls(config)
+    except Exception:  # a value the class refuses (heads that do not divide the hidden size...)
+        return None
+    return shapes_of(model)
+
+
+def _pinned(config: Any) -> Any:
+    """``config`` with a derived head size spelled out (``head_dim: None`` means ``hidden_size // num_attention_heads``).
+
+    Where a class reads ``config.head_dim`` before deriving it (Mixtral), the
+    head count can then change without changing the head size.
+    """
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    if not hasattr(config, "head_dim") or config.head_dim is not None or not isinstance(hidden, int) or not heads:
+        return config
+    pinned = copy.deepcopy(config)
+    pinned.head_dim = hidden // heads
+    return pinned
+
+
+def _value(config: Any, attr: str) -> int | None:
+    value = getattr(config, attr, None)
+    if value is None and attr in _DEFAULTS:
+        other, times = _DEFAULTS[attr]
+        base = getattr(config, other, None)
+        value = base * times if isinstance(base, int) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _solved(
+    cls: type[nn.Module], config: Any, attr: str, value: int, before: Mapping[str, tuple[int, ...]],
+    target: Mapping[str, tuple[int, ...]],
+) -> int | None:  # fmt: skip
+    """The value of ``attr`` that gives the shrunk shapes ``target``, if one does."""
+    trial = copy.deepcopy(config)
+    setattr(trial, attr, 2 * value)
+    doubled = _built_shapes(cls, trial)
+    if doubled is None or doubled.keys() != before.keys():
+        return None
+    found: set[int] = set()
+    for name, shape in before.items():
+        other = doubled[name]
+        if len(other) != len(shape) or name not in target or len(target[name]) != len(shape):
+            return None
+        for d, (a, b) in enumerate(zip(shape, other, strict=True)):
+            if a == b:
+                continue
+            slope = (b - a) / value  # size = slope * attr + offset
+            solution = (target[name][d] - (a - slope * value)) / slope
+            if not math.isclose(solution, round(solution)) or round(solution) < 1:
+                return None
+            found.add(round(solution))
+    return found.pop() if len(found) == 1 else None
+
+
+def describe_(model: nn.Module, original: Mapping[str, tuple[int, ...]], attributes: Record) -> None:
+    """Make ``model.config`` describe the shrunk ``model`` (in place): new widths, or a record.
+
+    ``original``: the shapes before shrinking; ``attributes``: the module
+    attributes the resize changed, by module path.
+    """
+    config: Any = getattr(model, "config", None)
+    target = shapes_of(model)
+    if config is None or target == dict(original):
+        return
+    cls = type(model)
+    pinned = _pinned(config)
+    before = _built_shapes(cls, pinned)
+    if before is not None and before == dict(original):
+        updated = copy.deepcopy(pinned)
+        for attr in _WIDTHS:
+            value = _value(pinned, attr)
+            if value is None:
+                continue
+            solution = _solved(cls, pinned, attr, value, before, target)
+            if solution is not None and solution != value:
+                setattr(updated, attr, solution)
+        if _built_shapes(cls, updated) == target:
+            for attr in ("head_dim", *_WIDTHS):
+                if getattr(updated, attr, None) != getattr(config, attr, None):
+                    setattr(config, attr, getattr(updated, attr))
+            return
+    changed = {name: list(shape) for name, shape in target.items() if original.get(name) != shape}
+    setattr(config, RECORD, {"shapes": changed, "attributes": attributes})

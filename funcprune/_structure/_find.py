@@ -1,0 +1,189 @@
+"""A model's unit groups, read off its channel analysis: :func:`structure`.
+
+Each group of the analysis (coupled channels: one MLP channel, the heads of
+one KV group...) that can go is a *unit*; its *footprint* is the parameter
+indices that belong to it alone (those shared with other units, such as a
+per-head-dim norm shared by every head, go only when all of them go and
+belong to none). Units with the same kind and the same parameters form a
+:class:`~._units.UnitGroup`, whose members are read off the footprints:
+each unit's indices along a parameter's dim must be runs of one width, one
+run per member, unit after unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from torch import nn
+
+from .. import _graph as graph
+from .._dtensor import refuse_in
+from .._names import check_not_hooked
+from ._units import Kind, Member, Structure, UnitGroup
+
+__all__ = ["structure"]
+
+#: For each unit (analysis group), for each (parameter, dim), the indices that are its alone.
+_Footprints = dict[int, dict[tuple[str, int], list[int]]]
+
+
+def structure(model: nn.Module, example_inputs: object) -> Structure:
+    """The structural units of ``model``: MLP channels, attention heads, KV groups.
+
+    The model is exported and analyzed as :func:`~funcprune.shrink` does
+    (a copy, in eval mode, run on ``example_inputs``), and every group of
+    channels that can go becomes a *unit*. Units alike (same kind, same
+    parameters) form a :class:`~funcprune.UnitGroup`, named by the module
+    they live in:
+
+    - ``"channels"``: the hidden channels of an MLP (a gated MLP's
+      ``gate_proj`` and ``up_proj`` rows with the ``down_proj`` column;
+      GPT-2's ``c_fc`` column and ``c_proj`` row), or of any Linear or Conv
+      whose outputs can go;
+    - ``"heads"``: attention heads (the query, key and value rows of a head
+      and the output projection's columns that read it);
+    - ``"kv_groups"``: under grouped-query attention, a key/value head with
+      the query heads that read it (heads alone cannot go: the query
+      heads of one KV group go together with it).
+
+    What stays whatever the masks say is left out: the hidden size of a
+    transformer (the residual stream, normalized across its channels), the
+    model's outputs, channels read by an op the analysis cannot follow, and
+    a unit that is all of a layer's side (an attention with one KV head).
+
+    Args:
+        model: the model (not modified). Not in hook mode, no DTensors.
+        example_inputs: the inputs of ``forward``, as for :func:`~funcprune.shrink`:
+            a tensor, a tuple of positional arguments, or a dict of keyword
+            arguments (transformers models run with ``use_cache=False``).
+
+    Returns:
+        A :class:`~funcprune.Structure`: group names to unit groups, in the
+        order of the model's parameters.
+
+    Raises:
+        TypeError: if ``model`` is not a module or ``example_inputs`` not
+            a tensor, a tuple of tensors or a dict.
+        ValueError: if the model is pruned in hook mode, does not run on
+            the inputs, or cannot be exported.
+
+    >>> import torch, funcprune as fp
+    >>> from torch import nn
+    >>> mlp = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    >>> s = fp.structure(mlp, torch.randn(1, 4))
+    >>> s
+    Structure(0: 6 channels)
+    >>> s["0"].members
+    (Member(name='0.weight', dim=0, width=1, start=0), Member(name='0.bias', dim=0, width=1, start=0), Member(name='2.weight', dim=1, width=1, start=0))
+    """
+    fn = "structure"
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{fn}: model must be a torch.nn.Module, got {type(model).__name__}")
+    check_not_hooked(fn, model, then=f"{fn}(model, example_inputs)")
+    refuse_in(fn, dict(model.named_parameters()))
+    analysis = graph.analyze(fn, model, graph.as_inputs(fn, model, example_inputs))
+    return units_of(analysis, {name: tuple(p.shape) for name, p in model.named_parameters()})
+
+
+def units_of(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]]) -> Structure:
+    """The unit groups of an analysis (``shapes``: each parameter's, by first name, in order)."""
+    footprints = _footprints(analysis, shapes)
+    kinds = _kinds(analysis)
+    order = {name: i for i, name in enumerate(shapes)}
+    alike: dict[tuple[Kind, tuple[tuple[str, int], ...]], list[int]] = {}
+    for unit in sorted(analysis.made):
+        feet = footprints.get(unit)
+        if not feet or unit in analysis.blocked or unit in analysis.refused:
+            continue
+        if any(len(indices) == shapes[name][dim] for (name, dim), indices in feet.items()):
+            continue  # all of a layer's side: it cannot go
+        key = tuple(sorted(feet, key=lambda nd: (order[nd[0]], nd[1])))
+        alike.setdefault((kinds.get(unit, "channels"), key), []).append(unit)
+    found: list[tuple[tuple[int, int], str, UnitGroup]] = []
+    for (kind, key), units in alike.items():
+        units.sort(key=lambda u: min(footprints[u][key[0]]))
+        members = _members(key, [footprints[u] for u in units])
+        if members is None:
+            continue  # not evenly laid out: no member can describe it (none such in transformers models)
+        first = members[0]
+        found.append(((order[first.name], first.start), _module_of(members), UnitGroup(kind, len(units), members)))
+    found.sort(key=lambda item: item[0])
+    return Structure(_named([(module, group) for _, module, group in found]))
+
+
+def _footprints(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]]) -> _Footprints:
+    out: _Footprints = {}
+    for name, dims in analysis.related.items():
+        if name not in shapes:
+            continue  # a buffer: shrink cuts it, plans do not mask it
+        for dim, by_index in dims.items():
+            for index, groups in by_index.items():
+                if len(groups) == 1:
+                    (group,) = groups
+                    out.setdefault(group, {}).setdefault((name, dim), []).append(index)
+    for feet in out.values():
+        for indices in feet.values():
+            indices.sort()
+    return out
+
+
+def _kinds(analysis: graph.Analysis) -> dict[int, Kind]:
+    kinds: dict[int, Kind] = {}
+    for attention in analysis.attention:
+        kind: Kind = "heads" if attention.kv_heads == len(attention.heads) else "kv_groups"
+        for group in attention.heads:
+            if group >= 0:
+                kinds.setdefault(group, kind)
+    return kinds
+
+
+def _members(key: Sequence[tuple[str, int]], feet: Sequence[Mapping[tuple[str, int], list[int]]]) -> tuple[Member, ...] | None:
+    """The members that describe every unit's footprint, or ``None`` if they are not evenly laid out."""
+    members: list[Member] = []
+    for name, dim in key:
+        runs = [_runs(f[(name, dim)]) for f in feet]
+        first = runs[0]
+        if any(len(r) != len(first) for r in runs):
+            return None
+        for part, (start, width) in enumerate(first):
+            if any(r[part] != (start + u * width, width) for u, r in enumerate(runs)):
+                return None
+            members.append(Member(name, dim, width, start))
+    return tuple(members)
+
+
+def _runs(indices: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted indices as runs of consecutive ones: (start, length) each."""
+    runs: list[tuple[int, int]] = []
+    for i in indices:
+        if runs and runs[-1][0] + runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
+
+
+def _module_of(members: Sequence[Member]) -> str:
+    """The innermost module that holds every member's parameter (the model itself: ``""``)."""
+    paths = [m.name.split(".")[:-1] for m in members]
+    common: list[str] = []
+    for parts in zip(*paths):
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    return ".".join(common)
+
+
+def _named(groups: Sequence[tuple[str, UnitGroup]]) -> dict[str, UnitGroup]:
+    """Each group under its module's name; where several share one, under the module of its first member."""
+    counts: dict[str, int] = {}
+    for module, _ in groups:
+        counts[module] = counts.get(module, 0) + 1
+    out: dict[str, UnitGroup] = {}
+    for module, group in groups:
+        name = module if module and counts[module] == 1 else group.members[0].name.rpartition(".")[0]
+        base, n = name, 2
+        while name in out:
+            name, n = f"{base}#{n}", n + 1
+        out[name] = group
+    return out

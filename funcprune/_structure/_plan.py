@@ -1,0 +1,312 @@
+"""Plans over units: :func:`structured` ranks whole units (channels, heads, KV groups, experts).
+
+Each unit is scored by the ``n``-norm of all its entries (across its
+members: a KV group's query, key, value and output slices), or drawn at
+random; one exact selection (``L1Unstructured`` on the non-negative unit
+norms, or ``RandomUnstructured``, through :func:`~funcprune._specs.checked_mask`)
+picks the units that go, over all groups at once or within each group, and
+each member's mask is its earlier mask with the pruned units' slices
+cleared. Everything is tensor arithmetic on the parameters' shapes, so the
+plan runs under ``vmap`` as the other plans do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Literal, final
+
+import torch
+
+from .._plans import AbstractPlan
+from .._specs import (
+    L1Unstructured,
+    LnStructured,
+    Normalize,
+    RandomStructured,
+    RandomUnstructured,
+    Spec,
+    StructuredSpec,
+    checked_mask,
+    normalized,
+)
+from .._types import Params, Scores, Tensor, is_dtensor
+from ._units import KINDS, Kind, Member, Structure, UnitGroup
+
+__all__ = ["Scope", "UnitPlan", "structured"]
+
+#: Where units compete: all selected groups at once, or each group on its own.
+Scope = Literal["global", "group"]
+_SCOPES = ("global", "group")
+_NORMALIZE = (None, "mean", "max")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class UnitPlan(AbstractPlan):
+    """A structured spec over the units of a :class:`~funcprune.Structure`.
+
+    Build it with :func:`structured`, which documents the semantics.
+    """
+
+    _FN: ClassVar[str] = "structured"
+    structure: Structure
+    spec: StructuredSpec
+    kinds: tuple[Kind, ...] = KINDS
+    scope: Scope = "global"
+    normalize: Normalize = None
+
+    def __post_init__(self) -> None:
+        fn = self._FN
+        if not isinstance(self.structure, Structure):
+            raise TypeError(
+                f"{fn}: structure must be a funcprune.Structure (from fp.structure(model, example_inputs)), "
+                f"got {type(self.structure).__name__}"
+            )
+        if not isinstance(self.spec, (LnStructured, RandomStructured)):
+            raise TypeError(
+                f"{fn}: spec must be an LnStructured or RandomStructured spec (whole units ranked), "
+                f"got {self.spec!r}"
+            )
+        if isinstance(self.spec, LnStructured) and self.spec.n == "nuc":
+            raise ValueError(f"{fn}: the nuclear norm ranks matrices, not units; use n=2, 1 or another vector norm")
+        if self.scope not in _SCOPES:
+            raise ValueError(f"{fn}: scope must be 'global' or 'group', got {self.scope!r}")
+        if self.normalize not in _NORMALIZE:
+            raise ValueError(f"{fn}: normalize must be None, 'mean' or 'max', got {self.normalize!r}")
+        if self.normalize is not None and isinstance(self.spec, RandomStructured):
+            raise ValueError(
+                f"{fn}: normalize={self.normalize!r} scales unit norms, but {self.spec!r} draws units "
+                "at random without norms; leave normalize=None"
+            )
+        if not self.groups():
+            present = sorted({g.kind for g in self.structure.values()})
+            raise ValueError(
+                f"{fn}: the structure has no unit group of kinds {list(self.kinds)}; it has "
+                f"{present or 'no groups'}"
+            )
+
+    def __repr__(self) -> str:
+        extra = "" if self.kinds == KINDS else f", kinds={list(self.kinds)!r}"
+        extra += "" if self.scope == "global" else f", scope={self.scope!r}"
+        extra += "" if self.normalize is None else f", normalize={self.normalize!r}"
+        return f"structured({self.structure!r}, {self.spec!r}{extra})"
+
+    def groups(self) -> dict[str, UnitGroup]:
+        """The groups this plan ranks."""
+        return {name: g for name, g in self.structure.items() if g.kind in self.kinds}
+
+    def masks_for(
+        self,
+        params: Params,
+        masks: dict[str, Tensor],
+        scores: Scores,
+        generator: torch.Generator | None,
+    ) -> dict[str, Tensor]:
+        fn, groups = self._FN, self.groups()
+        for name, group in groups.items():
+            _check_members(fn, name, group, params)
+        keys, eligible = [], []
+        for group in groups.values():
+            unit_keys, unit_eligible = _unit_keys(self.spec, group, params, masks, scores, self.normalize)
+            keys.append(unit_keys)
+            eligible.append(unit_eligible)
+        if self.scope == "global":
+            total = sum(g.size for g in groups.values())
+            what = f"the {total} units of {len(groups)} groups jointly"
+            kept = torch.split(_select(fn, self.spec, keys, eligible, generator, what), [g.size for g in groups.values()])
+        else:
+            kept = tuple(
+                _select(fn, self.spec, [k], [e], generator, f"the {g.size} {g.kind} of {name!r}")
+                for (name, g), k, e in zip(groups.items(), keys, eligible, strict=True)
+            )
+        out = dict(masks)
+        for group, units in zip(groups.values(), kept, strict=True):
+            for member in group.members:
+                param = params[member.name]
+                mask = out.get(member.name)
+                keep = _member_keep(member, group.size, units, param.shape)
+                out[member.name] = keep if mask is None else mask & keep
+        return out
+
+
+def _check_members(fn: str, name: str, group: UnitGroup, params: Params) -> None:
+    for member in group.members:
+        param = params.get(member.name)
+        if param is None:
+            raise KeyError(
+                f"{fn}: group {name!r} spans {member.name!r}, which params do not hold; pass the parameters "
+                "of the model the structure was read from"
+            )
+        if is_dtensor(param):
+            raise NotImplementedError(
+                f"{fn}: {member.name!r} is a DTensor; plans over units do not support DTensors yet "
+                "(prune the unsharded model's parameters, or use global_structured per tensor)"
+            )
+        if member.dim >= param.dim() or member.start + group.size * member.width > param.shape[member.dim]:
+            raise ValueError(
+                f"{fn}: group {name!r} spans {group.size} units of {member.width} along dim {member.dim} "
+                f"of {member.name!r} from {member.start}, but its shape is {tuple(param.shape)}"
+            )
+        if not param.is_floating_point():
+            raise TypeError(f"{fn}: {member.name!r} must be floating-point to be ranked, got {param.dtype}")
+
+
+def _units_view(member: Member, size: int, t: Tensor) -> tuple[Tensor, tuple[int, ...]]:
+    """``t``'s slice that the units span, with dim ``member.dim`` split in (units, width); the other dims."""
+    part = t.narrow(member.dim, member.start, size * member.width)
+    shape = (*part.shape[: member.dim], size, member.width, *part.shape[member.dim + 1 :])
+    part = part.reshape(shape)  # a view: narrow keeps the dim's stride
+    return part, tuple(d for d in range(part.dim()) if d != member.dim)
+
+
+def _unit_keys(
+    spec: StructuredSpec, group: UnitGroup, params: Params, masks: Mapping[str, Tensor], scores: Scores,
+    normalize: Normalize,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """Each unit's norm over all of its members' entries (zeros for a random spec), and the units still unpruned."""
+    norms: list[Tensor] = []
+    alive: list[Tensor] = []
+    p = 2.0 if not isinstance(spec, LnStructured) or spec.n == "fro" else float(spec.n)
+    for member in group.members:
+        param, mask = params[member.name], masks.get(member.name)
+        given = scores.get(member.name)
+        values = given if given is not None else param.detach() if mask is None else param.detach() * mask.to(param.dtype)
+        view, others = _units_view(member, group.size, values)
+        norms.append(torch.linalg.vector_norm(view.float(), ord=p, dim=others))
+        if mask is not None:
+            kept, _ = _units_view(member, group.size, mask)
+            alive.append(kept.movedim(member.dim, 0).flatten(1).any(1))
+    eligible = torch.stack(alive).any(0) if alive else None
+    if isinstance(spec, RandomStructured):
+        return torch.zeros(group.size, device=norms[0].device), eligible
+    return normalized(_combined(norms, p), eligible, normalize), eligible
+
+
+def _combined(norms: Sequence[Tensor], p: float) -> Tensor:
+    """The ``p``-norm of the concatenation of vectors, from each one's ``p``-norm."""
+    stacked = torch.stack(list(norms))
+    if p == math.inf:
+        return stacked.amax(0)
+    if p == -math.inf:
+        return stacked.amin(0)
+    if p == 0:
+        return stacked.sum(0)
+    return stacked.pow(p).sum(0).pow(1 / p)
+
+
+def _select(
+    fn: str, spec: StructuredSpec, keys: Sequence[Tensor], eligible: Sequence[Tensor | None],
+    generator: torch.Generator | None, what: str,
+) -> Tensor:  # fmt: skip
+    """One exact selection over the units' keys: which units stay."""
+    joined = torch.cat(list(keys))
+    alive = None
+    if any(e is not None for e in eligible):
+        alive = torch.cat([
+            torch.ones(k.shape, dtype=torch.bool, device=k.device) if e is None else e for k, e in zip(keys, eligible, strict=True)
+        ])  # fmt: skip
+    flat: Spec
+    if isinstance(spec, RandomStructured):
+        flat = RandomUnstructured(spec.amount, sparsity=spec.sparsity)
+    else:
+        flat = L1Unstructured(spec.amount, sparsity=spec.sparsity)
+    try:
+        return checked_mask(flat, joined.detach(), alive, generator)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{fn}: cannot prune {what} with {spec!r}: {e}") from e
+
+
+def _member_keep(member: Member, size: int, units: Tensor, shape: torch.Size) -> Tensor:
+    """The mask of ``shape`` that clears the member's slices of the units not kept."""
+    d = member.dim
+    inside = units.repeat_interleave(member.width)
+    before = torch.ones(member.start, dtype=torch.bool, device=units.device)
+    after = torch.ones(shape[d] - member.start - size * member.width, dtype=torch.bool, device=units.device)
+    keep = torch.cat([before, inside, after])
+    view = [1] * len(shape)
+    view[d] = shape[d]
+    return keep.reshape(view).expand(shape)
+
+
+def structured(
+    structure: Structure, spec: StructuredSpec, *, kinds: Kind | Collection[Kind] | None = None,
+    scope: Scope = "global", normalize: Normalize = None,
+) -> UnitPlan:  # fmt: skip
+    """A plan that prunes whole units of a model: MLP channels, heads, KV groups, experts.
+
+    The units come from :func:`~funcprune.structure`; each pruned unit has
+    every entry of every member slice pruned (a KV group: its query heads'
+    rows, its key and value rows, and the output projection's columns), the
+    shape :func:`~funcprune.shrink` removes.
+
+    - ``LnStructured(amount, n)`` ranks units by the ``n``-norm of all their
+      entries (``spec.dim`` is not used: the members say where units lie).
+      ``RandomStructured(amount)`` draws units uniformly.
+    - Scores are the plan call's ``scores`` (Taylor scores, say), else each
+      parameter as currently pruned (``param * mask``), as for every plan.
+    - The amount counts units: an ``int`` is a number of units, a ``float``
+      a fraction of the units not yet entirely pruned, and ``sparsity=``
+      the fraction of all units pruned after the call (earlier ones
+      included). Nothing pruned earlier is revived.
+    - ``scope="global"`` ranks the units of every selected group together
+      (budgets differ per layer: non-uniform); ``scope="group"`` applies
+      the amount within each group (uniform).
+    - Exactly the count asked for goes; ties go to the earlier unit (groups
+      in order, then units); NaN scores are pruned last. Under ``vmap``
+      it runs per sample, as the other plans do.
+
+    Args:
+        structure: the model's structure (or any :class:`~funcprune.Structure`).
+        spec: an ``LnStructured`` or ``RandomStructured`` spec.
+        kinds: the kinds of units to prune (``"channels"``, ``"heads"``,
+            ``"kv_groups"``, ``"experts"``); ``None``: all.
+        scope: ``"global"`` or ``"group"``.
+        normalize: how each group's unit norms are scaled before they
+            compete (``scope="global"``): ``None`` (raw), ``"mean"`` (the
+            group's mean unit norm scores 1) or ``"max"``, as in
+            :func:`~funcprune.global_structured`. Units of different sizes
+            (a KV group against an MLP channel) compete fairly only
+            normalized, or in separate plans.
+
+    Returns:
+        A plan; ``plan(params, masks=None, scores=None, generator=None)``
+        returns the masks.
+
+    Raises:
+        TypeError: if ``structure`` is not a Structure, ``spec`` not
+            ``LnStructured`` or ``RandomStructured``, or ``kinds`` not kinds.
+        ValueError: for an unknown kind, scope or ``normalize``, the nuclear
+            norm, ``normalize`` with a random spec, or a structure with no
+            group of those kinds. When the plan is called: a ``KeyError`` if a
+            member names no parameter, a ``ValueError`` if a member does not
+            fit its parameter or an ``int`` amount exceeds the unpruned
+            units, ``NotImplementedError`` for DTensors.
+
+    >>> import torch, funcprune as fp
+    >>> s = fp.Structure({
+    ...     "mlp": fp.UnitGroup("channels", 3, (fp.Member("up", 0, 1), fp.Member("down", 1, 1))),
+    ...     "attn": fp.UnitGroup("heads", 2, (fp.Member("qkv", 0, 2), fp.Member("qkv", 0, 2, start=4))),
+    ... })
+    >>> params = {"up": torch.tensor([[3.0], [0.1], [2.0]]), "down": torch.tensor([[1.0, 0.0, 1.0]]),
+    ...           "qkv": torch.ones(8, 1)}
+    >>> masks = fp.structured(s, fp.LnStructured(1, n=2), kinds="channels")(params)
+    >>> masks["up"].flatten().tolist(), masks["down"].flatten().tolist()
+    ([True, False, True], [True, False, True])
+    >>> masks = fp.structured(s, fp.LnStructured(0.5, n=2), scope="group")(params)
+    >>> masks["qkv"].flatten().tolist()
+    [False, False, True, True, False, False, True, True]
+    """
+    if kinds is None:
+        chosen: tuple[Kind, ...] = KINDS
+    elif isinstance(kinds, str):
+        chosen = (kinds,)
+    elif isinstance(kinds, Collection):
+        chosen = tuple(kinds)
+    else:
+        raise TypeError(f"structured: kinds must be a kind, a collection of kinds or None, got {kinds!r}")
+    for kind in chosen:
+        if kind not in KINDS:
+            raise ValueError(f"structured: kinds must be among {list(KINDS)}, got {kind!r}")
+    return UnitPlan(structure, spec, chosen, scope, normalize)

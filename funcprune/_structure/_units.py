@@ -1,0 +1,147 @@
+"""The values of a model's structure: :class:`Member`, :class:`UnitGroup`, :class:`Structure`.
+
+A *unit* is what a structured plan prunes and ``shrink`` removes whole: an
+MLP channel, an attention head, a KV group (a key/value head with the query
+heads that read it), an expert. Units come in groups (the units of one
+layer, alike); each :class:`Member` of a group says which slice of one
+parameter each unit spans: unit ``u`` spans indices ``start + u * width``
+up to ``start + (u + 1) * width`` of dim ``dim``. A unit is all of its
+members' slices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal, final, get_args
+
+__all__ = ["KINDS", "Kind", "Member", "Structure", "UnitGroup"]
+
+#: The kinds of units.
+Kind = Literal["channels", "heads", "kv_groups", "experts"]
+KINDS: tuple[Kind, ...] = get_args(Kind)
+
+
+def _int(fn: str, name: str, value: object, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{fn}: {name} must be an int, got {value!r} of type {type(value).__name__}")
+    if value < least:
+        raise ValueError(f"{fn}: {name} must be at least {least}, got {value}")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Member:
+    """The slice of parameter ``name`` that each unit of a group spans.
+
+    Unit ``u`` spans indices ``start + u * width`` to ``start + (u + 1) * width``
+    (excluded) of dim ``dim``: an MLP channel spans one row of the up
+    projection (``Member("mlp.up_proj.weight", 0, 1)``) and one column of
+    the down projection; a head of size 64 spans 64 rows of the query
+    projection. A fused projection has one member per part (GPT-2's
+    ``c_attn`` holds queries, keys and values: three members, ``start`` 0,
+    ``hidden`` and ``2 * hidden``).
+
+    >>> import funcprune as fp
+    >>> member = fp.Member("attn.q_proj.weight", 0, 8)
+    >>> member.indices(2)
+    range(16, 24)
+    """
+
+    name: str
+    dim: int
+    width: int
+    start: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"Member: name must be a parameter name (a non-empty str), got {self.name!r}")
+        _int("Member", "dim", self.dim, 0)
+        _int("Member", "width", self.width, 1)
+        _int("Member", "start", self.start, 0)
+
+    def indices(self, unit: int) -> range:
+        """The indices along ``dim`` that unit ``unit`` spans."""
+        first = self.start + unit * self.width
+        return range(first, first + self.width)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class UnitGroup:
+    """``size`` units of one ``kind`` (the heads of one attention, the channels of one MLP...).
+
+    Attributes:
+        kind: ``"channels"``, ``"heads"``, ``"kv_groups"`` or ``"experts"``.
+        size: how many units the group has.
+        members: the parameter slices each unit spans (see :class:`Member`).
+    """
+
+    kind: Kind
+    size: int
+    members: tuple[Member, ...]
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"UnitGroup: kind must be one of {list(KINDS)}, got {self.kind!r}")
+        _int("UnitGroup", "size", self.size, 1)
+        if isinstance(self.members, list):
+            object.__setattr__(self, "members", tuple(self.members))
+        if not isinstance(self.members, tuple) or not self.members:
+            raise TypeError(f"UnitGroup: members must be a non-empty tuple of Member, got {self.members!r}")
+        for member in self.members:
+            if not isinstance(member, Member):
+                raise TypeError(f"UnitGroup: members must be Member values, got {member!r}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The parameters the units span, each once, in order."""
+        return tuple(dict.fromkeys(m.name for m in self.members))
+
+
+@final
+@dataclass(frozen=True)
+class Structure(Mapping[str, UnitGroup]):
+    """A model's structural unit groups by name: what :func:`structured` prunes and ``shrink`` removes.
+
+    A read-only mapping from group names (the module the units live in,
+    such as ``"model.layers.0.mlp"``) to :class:`UnitGroup`. Build one with
+    :func:`~funcprune.structure`, or by hand from groups.
+
+    >>> import funcprune as fp
+    >>> s = fp.Structure({"mlp": fp.UnitGroup("channels", 4, (fp.Member("up.weight", 0, 1),
+    ...                                                         fp.Member("down.weight", 1, 1)))})
+    >>> s
+    Structure(mlp: 4 channels)
+    >>> s["mlp"].names
+    ('up.weight', 'down.weight')
+    """
+
+    groups: Mapping[str, UnitGroup]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.groups, Mapping):
+            raise TypeError(f"Structure: groups must be a mapping of names to UnitGroup, got {self.groups!r}")
+        for name, group in self.groups.items():
+            if not isinstance(name, str) or not isinstance(group, UnitGroup):
+                raise TypeError(f"Structure: groups must map names (str) to UnitGroup, got {name!r}: {group!r}")
+        object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
+
+    def __getitem__(self, name: str) -> UnitGroup:
+        return self.groups[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.groups)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def __repr__(self) -> str:
+        shown = [f"{name}: {g.size} {g.kind}" for name, g in list(self.groups.items())[:6]]
+        more = f", ... ({len(self.groups)} groups)" if len(self.groups) > 6 else ""
+        return f"Structure({', '.join(shown)}{more})"
+
+    def of_kinds(self, *kinds: Kind) -> Structure:
+        """The groups of these kinds."""
+        return Structure({n: g for n, g in self.groups.items() if g.kind in kinds})

@@ -1,0 +1,105 @@
+"""``fp.structure``: the units of hand-built models and of the transformers matrix, and its errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import funcprune as fp
+
+Tensor = torch.Tensor
+
+
+def members(group: fp.UnitGroup) -> list[tuple[str, int, int, int]]:
+    return [(m.name, m.dim, m.width, m.start) for m in group.members]
+
+
+class Attention(nn.Module):
+    """Self-attention with ``heads`` query heads of 4 and ``kv`` key/value heads (GQA when fewer)."""
+
+    def __init__(self, heads: int = 4, kv: int = 4, dim: int = 16) -> None:
+        super().__init__()
+        self.heads, self.kv = heads, kv
+        self.q = nn.Linear(dim, heads * 4)
+        self.k = nn.Linear(dim, kv * 4)
+        self.v = nn.Linear(dim, kv * 4)
+        self.o = nn.Linear(heads * 4, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, -1, 4).transpose(1, 2)
+        k = self.k(x).view(b, s, -1, 4).transpose(1, 2)
+        v = self.v(x).view(b, s, -1, 4).transpose(1, 2)
+        if self.kv < self.heads:
+            k = k.repeat_interleave(self.heads // self.kv, dim=1)
+            v = v.repeat_interleave(self.heads // self.kv, dim=1)
+        h = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out: Tensor = self.o(h.transpose(1, 2).reshape(b, s, -1))
+        return x + out
+
+
+def test_a_plain_mlp_has_one_group_of_channels_per_hidden_layer() -> None:
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16), nn.GELU(), nn.Linear(16, 4))
+    s = fp.structure(model, torch.randn(2, 8))
+    assert {n: (g.kind, g.size) for n, g in s.items()} == {"0": ("channels", 32), "2": ("channels", 16)}
+    assert members(s["2"]) == [("2.weight", 0, 1, 0), ("2.bias", 0, 1, 0), ("4.weight", 1, 1, 0)]
+
+
+def test_conv_channels_carry_their_norms_and_the_next_layer_columns() -> None:
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(8, 5),
+    ).eval()  # fmt: skip
+    s = fp.structure(model, torch.randn(2, 3, 8, 8))
+    assert members(s["0"]) == [
+        ("0.weight", 0, 1, 0), ("0.bias", 0, 1, 0), ("1.weight", 0, 1, 0), ("1.bias", 0, 1, 0), ("5.weight", 1, 1, 0),
+    ]  # fmt: skip
+
+
+def test_heads_and_kv_groups_come_from_the_attention_op() -> None:
+    mha = fp.structure(Attention(4, 4), torch.randn(2, 5, 16))
+    assert {n: (g.kind, g.size) for n, g in mha.items()} == {"q": ("heads", 4)}  # the model: named by the first
+    (heads,) = mha.values()
+    assert members(heads) == [
+        ("q.weight", 0, 4, 0), ("q.bias", 0, 4, 0), ("k.weight", 0, 4, 0), ("k.bias", 0, 4, 0),
+        ("v.weight", 0, 4, 0), ("v.bias", 0, 4, 0), ("o.weight", 1, 4, 0),
+    ]  # fmt: skip
+    gqa = fp.structure(Attention(4, 2), torch.randn(2, 5, 16))
+    (groups,) = gqa.values()
+    assert (groups.kind, groups.size) == ("kv_groups", 2)
+    assert members(groups)[0] == ("q.weight", 0, 8, 0) and members(groups)[2] == ("k.weight", 0, 4, 0)
+
+
+def test_a_single_kv_head_is_all_of_its_side_and_cannot_go() -> None:
+    assert len(fp.structure(Attention(4, 1), torch.randn(2, 5, 16))) == 0
+
+
+def test_what_an_unknown_op_reads_and_the_outputs_are_left_out() -> None:
+    class Rolled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 6)
+            self.b = nn.Linear(6, 6)
+            self.c = nn.Linear(6, 2)
+
+        def forward(self, x: Tensor) -> Tensor:
+            out: Tensor = self.c(F.relu(self.b(torch.roll(self.a(x), 1, -1))))
+            return out
+
+    s = fp.structure(Rolled(), torch.randn(2, 4))
+    assert list(s) == ["b"]  # a's channels are rolled (refused), c's are the outputs
+
+
+def test_errors_name_the_argument() -> None:
+    with pytest.raises(TypeError, match="structure: model must be a torch.nn.Module, got str"):
+        fp.structure("model", torch.randn(1))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="structure: example_inputs must be a tensor"):
+        fp.structure(nn.Linear(2, 2), [torch.randn(1, 2)])
+    with pytest.raises(ValueError, match=r"structure: the model failed on example_inputs .*mat1 and mat2"):
+        fp.structure(nn.Linear(2, 2), torch.randn(1, 3))
+    hooked = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 1))
+    torch.nn.utils.prune.l1_unstructured(hooked[0], "weight", 0.5)
+    with pytest.raises(ValueError, match="structure: module is pruned in hook mode"):
+        fp.structure(hooked, torch.randn(1, 2))

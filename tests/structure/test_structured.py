@@ -1,0 +1,234 @@
+"""``fp.structured``: plans over units, against a brute-force reference, under vmap, and their errors."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import funcprune as fp
+
+Tensor = torch.Tensor
+
+
+def fused() -> tuple[fp.Structure, dict[str, Tensor]]:
+    """An MLP of 5 channels and a fused attention of 3 heads of 2 (q, k, v parts, as GPT-2's c_attn)."""
+    g = torch.Generator().manual_seed(0)
+    params = {
+        "up": torch.randn(5, 4, generator=g), "up_b": torch.randn(5, generator=g),
+        "down": torch.randn(4, 5, generator=g),
+        "qkv": torch.randn(4, 18, generator=g), "out": torch.randn(6, 4, generator=g),
+    }  # fmt: skip
+    structure = fp.Structure({
+        "mlp": fp.UnitGroup("channels", 5, (fp.Member("up", 0, 1), fp.Member("up_b", 0, 1), fp.Member("down", 1, 1))),
+        "attn": fp.UnitGroup("heads", 3, tuple(fp.Member("qkv", 1, 2, start) for start in (0, 6, 12))
+                             + (fp.Member("out", 0, 2),)),
+    })  # fmt: skip
+    return structure, params
+
+
+def unit_entries(group: fp.UnitGroup, unit: int, tensors: Mapping[str, Tensor]) -> Tensor:
+    """All entries of one unit, concatenated (the reference's way of scoring it)."""
+    parts = [tensors[m.name].index_select(m.dim, torch.tensor(list(m.indices(unit)))).flatten() for m in group.members]
+    return torch.cat(parts)
+
+
+def reference(
+    structure: fp.Structure, params: Mapping[str, Tensor], count: int, n: float, normalize: str | None
+) -> dict[str, Tensor]:
+    """The ``count`` units of smallest ``n``-norm (ties to the earlier unit) cleared, by loops."""
+    keys: list[tuple[float, int, str, int]] = []
+    position = 0
+    for name, group in structure.items():
+        norms = [float(torch.linalg.vector_norm(unit_entries(group, u, params), ord=n)) for u in range(group.size)]
+        scale = 1.0
+        if normalize == "mean":
+            scale = sum(norms) / len(norms)
+        elif normalize == "max":
+            scale = max(norms)
+        for u, norm in enumerate(norms):
+            keys.append((norm / scale if scale > 0 else norm, position, name, u))
+            position += 1
+    pruned = sorted(keys)[:count]
+    masks = {m.name: torch.ones_like(params[m.name], dtype=torch.bool) for g in structure.values() for m in g.members}
+    for _, _, name, u in pruned:
+        for m in structure[name].members:
+            masks[m.name].index_fill_(m.dim, torch.tensor(list(m.indices(u))), False)
+    return masks
+
+
+@given(
+    seed=st.integers(0, 2**31 - 1), count=st.integers(0, 8), n=st.sampled_from([1.0, 2.0, 3.0, math.inf]),
+    normalize=st.sampled_from([None, "mean", "max"]),
+)  # fmt: skip
+def test_units_go_by_their_norm_over_every_member_as_the_loops_say(
+    seed: int, count: int, n: float, normalize: str | None
+) -> None:
+    structure, _ = fused()
+    g = torch.Generator().manual_seed(seed)
+    params = {k: torch.randn(v.shape, generator=g).round(decimals=1) for k, v in fused()[1].items()}
+    masks = fp.structured(structure, fp.LnStructured(count, n=n), normalize=normalize)(params)  # type: ignore[arg-type]
+    expected = reference(structure, params, count, n, normalize)
+    assert masks.keys() == expected.keys()
+    for name in expected:
+        assert torch.equal(masks[name], expected[name]), name
+
+
+def test_the_count_is_of_units_and_every_pruned_unit_is_whole() -> None:
+    structure, params = fused()
+    masks = fp.structured(structure, fp.LnStructured(0.5, n=2))(params)  # round(0.5 * 8) = 4 units
+    pruned_channels = int((~masks["up"].all(1)).sum())
+    pruned_heads = int((~masks["out"].all(1)).sum()) // 2
+    assert pruned_channels + pruned_heads == 4
+    for m in structure["attn"].members:  # each head all-or-nothing in every member
+        kept = fp_units(masks[m.name], m, 3)
+        assert kept == fp_units(masks["out"], structure["attn"].members[-1], 3)
+
+
+def fp_units(mask: Tensor, member: fp.Member, size: int) -> list[bool]:
+    """Whether each unit's slice is kept (asserting it is all-or-nothing)."""
+    out = []
+    for u in range(size):
+        part = mask.index_select(member.dim, torch.tensor(list(member.indices(u))))
+        assert bool(part.all()) or not bool(part.any())
+        out.append(bool(part.all()))
+    return out
+
+
+def test_group_scope_applies_the_amount_in_each_group() -> None:
+    structure, params = fused()
+    masks = fp.structured(structure, fp.LnStructured(0.4, n=2), scope="group")(params)
+    assert int((~masks["up"].all(1)).sum()) == round(0.4 * 5)
+    assert int((~masks["out"].all(1)).sum()) == 2 * round(0.4 * 3)
+    for name, group in structure.items():  # the same as one plan per group
+        alone = fp.structured(fp.Structure({name: group}), fp.LnStructured(0.4, n=2))(params)
+        for key, mask in alone.items():
+            assert torch.equal(mask, masks[key]), key
+
+
+def test_kinds_select_the_groups() -> None:
+    structure, params = fused()
+    masks = fp.structured(structure, fp.LnStructured(2, n=1), kinds="heads")(params)
+    assert set(masks) == {"qkv", "out"}
+    assert int((~masks["out"].all(1)).sum()) == 4
+    both = fp.structured(structure, fp.LnStructured(2, n=1), kinds=["heads", "channels"])(params)
+    assert set(both) == {"up", "up_b", "down", "qkv", "out"}
+
+
+def test_sparsity_counts_earlier_units_and_nothing_is_revived() -> None:
+    structure, params = fused()
+    earlier = {"up": torch.ones(5, 4, dtype=torch.bool), "qkv": torch.rand(4, 18) > 0.2}
+    earlier["up"][3] = False  # channel 3 entirely pruned in one member: not eligible again
+    masks = fp.structured(structure, fp.LnStructured(sparsity=0.5, n=2))(params, earlier)
+    units = int((~masks["down"].all(0)).sum()) + int((~masks["out"].all(1)).sum()) // 2
+    assert units == 4 and not bool(masks["down"][:, 3].any())
+    for name, mask in earlier.items():
+        assert not bool((masks[name] & ~mask).any()), name
+
+
+def test_given_scores_rank_the_units() -> None:
+    structure, params = fused()
+    scores = {name: torch.ones_like(t) for name, t in params.items()}
+    scores["down"] = torch.zeros_like(params["down"])
+    scores["up"] = torch.zeros_like(params["up"])
+    scores["up_b"] = torch.zeros_like(params["up_b"])
+    scores["up"][4] = 1.0
+    masks = fp.structured(structure, fp.LnStructured(4, n=1), kinds="channels")(params, scores=scores)
+    assert masks["up"].all(1).tolist() == [False, False, False, False, True]
+
+
+def test_random_units_are_reproducible_and_follow_vmap_randomness() -> None:
+    structure, params = fused()
+    plan = fp.structured(structure, fp.RandomStructured(3))
+    first = plan(params, generator=torch.Generator().manual_seed(5))
+    again = plan(params, generator=torch.Generator().manual_seed(5))
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    batched = {k: v.expand(4, *v.shape) for k, v in params.items()}
+    same = torch.func.vmap(plan, randomness="same")(batched)
+    different = torch.func.vmap(plan, randomness="different")(batched)
+    assert all(torch.equal(m[0], m[i]) for m in same.values() for i in range(4))
+    assert not all(torch.equal(m[0], m[i]) for m in different.values() for i in range(1, 4))
+
+
+def test_vmap_equals_a_loop() -> None:
+    structure, params = fused()
+    g = torch.Generator().manual_seed(3)
+    batched = {k: torch.randn(3, *v.shape, generator=g) for k, v in params.items()}
+    earlier = {"qkv": torch.rand(3, 4, 18, generator=g) > 0.1}
+    plan = fp.structured(structure, fp.LnStructured(0.5, n=2), normalize="mean")
+    out = torch.func.vmap(lambda p, m: plan(p, m))(batched, earlier)
+    for i in range(3):
+        single = plan({k: v[i] for k, v in batched.items()}, {"qkv": earlier["qkv"][i]})
+        assert all(torch.equal(out[k][i], single[k]) for k in single)
+
+
+def test_nan_units_go_last() -> None:
+    structure, params = fused()
+    params = dict(params, up=params["up"].clone())
+    params["up"][0, 0] = float("nan")
+    masks = fp.structured(structure, fp.LnStructured(4, n=2), kinds="channels")(params)
+    assert masks["up"][0].all()
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda s: fp.structured({"mlp": None}, fp.LnStructured(1, n=2)), TypeError, "structure must be a funcprune.Structure"),  # type: ignore[arg-type]
+        (lambda s: fp.structured(s, fp.L1Unstructured(0.5)), TypeError, "LnStructured or RandomStructured"),  # type: ignore[arg-type]
+        (lambda s: fp.structured(s, fp.LnStructured(1, n="nuc")), ValueError, "nuclear norm"),
+        (lambda s: fp.structured(s, fp.LnStructured(1, n=2), kinds="experts"), ValueError, r"no unit group of kinds \['experts'\]; it has \['channels', 'heads'\]"),
+        (lambda s: fp.structured(s, fp.LnStructured(1, n=2), kinds="neurons"), ValueError, "kinds must be among"),  # type: ignore[arg-type]
+        (lambda s: fp.structured(s, fp.LnStructured(1, n=2), kinds=3), TypeError, "kinds must be a kind"),  # type: ignore[arg-type]
+        (lambda s: fp.structured(s, fp.LnStructured(1, n=2), scope="layer"), ValueError, "scope must be 'global' or 'group'"),  # type: ignore[arg-type]
+        (lambda s: fp.structured(s, fp.LnStructured(1, n=2), normalize="sum"), ValueError, "normalize must be None"),  # type: ignore[arg-type]
+        (lambda s: fp.structured(s, fp.RandomStructured(1), normalize="mean"), ValueError, "draws units at random"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_are_refused_when_the_plan_is_built(call: object, error: type[Exception], match: str) -> None:
+    structure, _ = fused()
+    with pytest.raises(error, match=match):
+        call(structure)  # type: ignore[operator]
+
+
+def test_members_that_do_not_fit_the_params_are_refused_when_called() -> None:
+    structure, params = fused()
+    plan = fp.structured(structure, fp.LnStructured(1, n=2))
+    with pytest.raises(KeyError, match="group 'attn' spans 'qkv', which params do not hold"):
+        plan({k: v for k, v in params.items() if k != "qkv"})
+    with pytest.raises(ValueError, match=r"group 'attn' spans 3 units of 2 along dim 1 of 'qkv' from 12, but its shape is \(4, 16\)"):
+        plan(dict(params, qkv=torch.randn(4, 16)))
+    with pytest.raises(ValueError, match="cannot prune the 8 units of 2 groups jointly with LnStructured"):
+        plan = fp.structured(structure, fp.LnStructured(9, n=2))
+        plan(params)
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda: fp.Member("", 0, 1), TypeError, "name must be a parameter name"),
+        (lambda: fp.Member("w", -1, 1), ValueError, "dim must be at least 0"),
+        (lambda: fp.Member("w", 0, 0), ValueError, "width must be at least 1"),
+        (lambda: fp.Member("w", 0, 1.0), TypeError, "width must be an int"),  # type: ignore[arg-type]
+        (lambda: fp.UnitGroup("neurons", 2, (fp.Member("w", 0, 1),)), ValueError, "kind must be one of"),  # type: ignore[arg-type]
+        (lambda: fp.UnitGroup("channels", 0, (fp.Member("w", 0, 1),)), ValueError, "size must be at least 1"),
+        (lambda: fp.UnitGroup("channels", 2, ()), TypeError, "members must be a non-empty tuple"),
+        (lambda: fp.UnitGroup("channels", 2, ("w",)), TypeError, "members must be Member values"),  # type: ignore[arg-type]
+        (lambda: fp.Structure({"g": "w"}), TypeError, "must map names"),  # type: ignore[dict-item]
+    ],
+)  # fmt: skip
+def test_bad_values_are_refused(make: object, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        make()  # type: ignore[operator]
+
+
+def test_a_structure_is_a_read_only_mapping() -> None:
+    structure, _ = fused()
+    assert list(structure) == ["mlp", "attn"] and len(structure) == 2
+    assert structure.of_kinds("heads") == fp.Structure({"attn": structure["attn"]})
+    with pytest.raises(TypeError):
+        structure.groups["x"] = structure["mlp"]  # type: ignore[index]
+    assert repr(structure) == "Structure(mlp: 5 channels, attn: 3 heads)"
