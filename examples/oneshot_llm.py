@@ -324,11 +324,11 @@ def perplexity(model: TinyLM, tokens: Tensor, masks: fp.Masks | None = None, *, 
 def linear_names(model: TinyLM) -> list[str]:
     """The weights to prune: every Linear of the blocks; not the embeddings, not the head.
 
-    ``fp.prunable(model)`` would list the head: it is a Linear, and its weight,
-    tied to the token embedding, is named ``tok.weight`` (the first name
-    ``named_parameters()`` gives it). Asking the blocks leaves it out.
+    ``fp.prunable(model)`` leaves out the embeddings and the head, whose
+    weight is tied to the token embedding (``outputs=True`` would list it,
+    as ``tok.weight``, the first name ``named_parameters()`` gives it).
     """
-    return [f"blocks.{name}" for name in fp.prunable(model.blocks)]
+    return fp.prunable(model)
 
 
 def magnitude_masks(model: TinyLM, spec: fp.Spec) -> fp.Masks:

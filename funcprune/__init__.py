@@ -9,7 +9,9 @@ functions, usable under ``torch.func.vmap``, ``grad`` and ``torch.compile``:
   and ``PerSlice`` (a spec within each slice); ``chain(*specs)`` composes
   them. Your own spec is a frozen dataclass subclassing ``Spec`` (set
   ``pruning_type``, implement ``compute_mask``).
-- **Which weights**: ``prunable(module)`` names the weights to prune, as plan keys.
+- **Which weights**: ``prunable(module)`` names the weights to prune, as plan keys
+  (output layers left out); ``input_dims(module)`` says where each weight's
+  input features run (0 for GPT-2's ``Conv1D``), for plans and ``wanda``.
 - **How much per tensor**: ``uniform_sparsity`` and ``erk_sparsity`` split a
   total sparsity across tensors (``dict[str, float]``, ready for a ``Plan``).
 - **When**: ``OneShot``, ``Polynomial``, ``Iterative`` (or your ``Schedule``
@@ -121,6 +123,7 @@ from ._targets import OneShot as OneShot
 from ._targets import Polynomial as Polynomial
 from ._targets import Schedule as Schedule
 from ._targets import erk_sparsity as erk_sparsity
+from ._targets import input_dims as input_dims
 from ._targets import prunable as prunable
 from ._targets import uniform_sparsity as uniform_sparsity
 from ._types import Amount as Amount
@@ -185,6 +188,7 @@ __all__ = [
     "functional_call_masked",
     "global_structured",
     "global_unstructured",
+    "input_dims",
     "input_norms",
     "load_shrunk",
     "mask_gradients",

@@ -13,7 +13,7 @@ DESIGN_NAMES = [
     "Identity", "RandomUnstructured", "L1Unstructured", "RandomStructured",
     "LnStructured", "CustomFromMask", "Chain", "chain", "compute_mask", "prune",
     "Plan", "global_unstructured", "apply_masks",
-    "saliency", "taylor", "wanda", "input_norms", "NM", "Block", "PerSlice",
+    "saliency", "taylor", "wanda", "input_norms", "NM", "Block", "PerSlice", "prunable", "input_dims",
     "global_structured", "bake", "propagate", "shrink", "to_sparse", "KeptChannelsWarning",
     "structure", "Structure", "UnitGroup", "Member", "structured", "load_shrunk",
 ]  # fmt: skip
@@ -28,14 +28,17 @@ DESIGN_SIGNATURES = {
     fp.L1Unstructured: "(amount=None, *, sparsity=None)",
     fp.saliency: "(params, grads)",
     fp.taylor: "(params, grads)",
-    fp.wanda: "(params, input_norms)",
+    fp.wanda: "(params, input_norms, *, input_dims=None)",  # DESIGN's, and issue 23's layout
+    fp.prunable: "(module, *, embeddings=False, types=(), outputs=False)",  # issue 23's
+    fp.input_dims: "(module)",
+    fp.Plan: "(rules, *, input_dims=None)",
     fp.input_norms: "(module, batches, names, *, across=None)",  # DESIGN's, and a keyword-only extra
     # the card's (n, m, dim=-1), (amount, shape) with sparsity= as for every amount spec
     # (shape is required: its default only lets amount have one) and (spec, dim=0)
     fp.NM: "(n, m, dim=-1)",
     fp.Block: "(amount=None, shape=None, *, sparsity=None)",
     fp.PerSlice: "(spec, dim=0)",
-    fp.global_structured: "(names, spec, *, normalize=None)",
+    fp.global_structured: "(names, spec, *, normalize=None, input_dims=None)",
     fp.bake: "(module, masks)",
     fp.propagate: "(module, masks, example_inputs)",
     fp.shrink: "(module, masks, example_inputs)",

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .._names import UnknownNameError, unknown_name
-from .._types import Tensor
+from .._types import Tensor, is_conv1d
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -32,11 +32,19 @@ def input_norms(
 
     Runs ``module`` on every batch, under :func:`torch.no_grad`, and for
     each weight in ``names`` collects the inputs reaching the module that
-    owns it: an :class:`~torch.nn.Linear` (features: the last dim of its
-    input; every other dim counts tokens) or a ``Conv1d/2d/3d`` with
-    ``groups=1`` (features: the input channels; batch and spatial positions
-    count tokens). The result feeds :func:`wanda`. A module called several
-    times per batch (a shared layer) counts every call.
+    owns it: an :class:`~torch.nn.Linear` or transformers' ``Conv1D``
+    (GPT-2's layers; features: the last dim of its input; every other dim
+    counts tokens) or a ``Conv1d/2d/3d`` with ``groups=1`` (features: the
+    input channels; batch and spatial positions count tokens). The result
+    feeds :func:`wanda`. A module called several times per batch (a shared
+    layer) counts every call.
+
+    The norms of a weight come shaped to scale it as it is stored: a 1-D
+    tensor of ``in`` norms for a Linear or Conv weight (``(out, in,
+    *kernel)``, features along dim 1), and a column of shape ``(in, 1)``
+    for a ``Conv1D`` weight (stored ``(in, out)``, features along dim 0), so
+    that :func:`wanda` scales each along its input dim with no more
+    argument (``norms.flatten()`` gives the plain vector).
 
     Sums of squares are accumulated in ``float64`` for inputs narrower than
     ``float32`` (``float16``, ``bfloat16``: their squares overflow early),
@@ -69,8 +77,9 @@ def input_norms(
             only.
 
     Returns:
-        A new dict ``{name: norms}``, in the order of ``names``, each norms a
-        1-D tensor with one entry per input feature.
+        A new dict ``{name: norms}``, in the order of ``names``, each with
+        one entry per input feature: a 1-D tensor, or a ``(in, 1)`` column
+        for a ``Conv1D`` weight.
 
     Raises:
         TypeError: if an argument or a batch has the wrong type, or an input
@@ -126,7 +135,7 @@ def _norms(fn: str, ran: int, targets: list[_Target], sums: dict[str, Tensor], w
             "is never called)"
         )
     return {
-        t.name: sums[t.name].sqrt().to(torch.float64 if t.name in wide else torch.float32)
+        t.name: sums[t.name].sqrt().to(torch.float64 if t.name in wide else torch.float32).reshape(t.shape)
         for t in targets
     }
 
@@ -156,11 +165,11 @@ def _across(
         ran = _run(fn, module, batches)
     except Exception as e:  # noqa: BLE001 (raised below, on every process)
         failure = e
-    widths = [_features(t.owner) for t in targets]
+    widths = [t.features for t in targets]
     head = [float(failure is not None), float(ran)]
     head += [float(t.name in sums) for t in targets] + [float(t.name in wide) for t in targets]
     weight = targets[0].owner.weight
-    assert isinstance(weight, torch.Tensor)  # a Linear's or Conv's
+    assert isinstance(weight, torch.Tensor)  # a Linear's, Conv1D's or Conv's
     device = weight.device  # the same on every process, batches run or not (a CUDA group's)
     parts = [torch.tensor(head, dtype=torch.float64, device=device)]
     for t, n in zip(targets, widths, strict=True):
@@ -181,29 +190,27 @@ def _across(
     return _norms(fn, int(flat[1]), targets, total, widened)
 
 
-def _features(owner: nn.Module) -> int:
-    """How many input features the Linear or Conv ``owner`` has."""
-    if isinstance(owner, nn.Linear):
-        return owner.in_features
-    assert isinstance(owner, (nn.Conv1d, nn.Conv2d, nn.Conv3d))  # _target accepts Linear and Conv only
-    return owner.in_channels
-
-
 # --- gradient criteria -------------------------------------------------------
 
 
 @final
 @dataclass(frozen=True, slots=True)
 class _Target:
-    """A weight whose inputs are collected: its name, its module and where its features are."""
+    """A weight whose inputs are collected: its name, its module, where its features are and how many."""
 
     name: str
     path: str
     owner: nn.Module
     #: The dim of an input that holds the features, counted from the end
-    #: (so that unbatched inputs work too): -1 for Linear, -(k + 1) for a
-    #: Conv with a k-dim kernel.
+    #: (so that unbatched inputs work too): -1 for Linear and Conv1D, -(k + 1)
+    #: for a Conv with a k-dim kernel.
     feature_dim: int
+    #: How many input features the module has.
+    features: int
+    #: The shape of the norms returned: ``(features,)``, or ``(features, 1)``
+    #: for a weight stored ``(in, out)`` (Conv1D), so that they broadcast
+    #: against the weight as stored.
+    shape: tuple[int, ...]
 
 
 def _holder(path: str) -> str:
@@ -250,17 +257,24 @@ def _target(fn: str, module: nn.Module, name: str) -> _Target:
     path, _, attr = name.rpartition(".")
     owner = module.get_submodule(path)
     where = f"{name!r} belongs to {_holder(path)}, of type {type(owner).__name__}"
-    supported = "input_norms supports the weight of nn.Linear and of nn.Conv1d/2d/3d with groups=1"
+    supported = (
+        "input_norms supports the weight of nn.Linear and of nn.Conv1d/2d/3d with groups=1, "
+        "and of transformers' Conv1D"
+    )
+    if attr == "weight" and is_conv1d(owner):  # x @ W, W stored (in, out)
+        features = params[name].shape[0]
+        return _Target(name, path, owner, -1, features, (features, 1))
     if attr != "weight" or not isinstance(owner, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)):
         raise ValueError(f"{fn}: {where}; {supported}")
     if isinstance(owner, nn.Linear):
-        return _Target(name, path, owner, -1)
+        return _Target(name, path, owner, -1, owner.in_features, (owner.in_features,))
     if owner.groups != 1:
         raise ValueError(
             f"{fn}: {where} with groups={owner.groups}: its weight's dim 1 counts the input "
             f"channels of one group, not all {owner.in_channels}; {supported}"
         )
-    return _Target(name, path, owner, -(len(owner.kernel_size) + 1))
+    features = owner.in_channels
+    return _Target(name, path, owner, -(len(owner.kernel_size) + 1), features, (features,))
 
 
 def _collector(
@@ -274,7 +288,7 @@ def _collector(
             got = f"dtype {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
             raise TypeError(f"{fn}: the input of {_holder(target.path)} must be a floating-point "
                             f"tensor, got {got}")  # fmt: skip
-        features = owner.in_features if isinstance(owner, nn.Linear) else owner.in_channels
+        features = target.features
         if x.dim() < -target.feature_dim or x.shape[target.feature_dim] != features:
             raise ValueError(
                 f"{fn}: {_holder(target.path)} received an input of shape {tuple(x.shape)}; "

@@ -89,7 +89,9 @@ def taylor(params: Params, grads: Mapping[str, Tensor | None]) -> dict[str, Tens
     return {name: product.square() for name, product in _products("taylor", params, grads).items()}
 
 
-def wanda(params: Params, input_norms: Mapping[str, Tensor]) -> dict[str, Tensor]:
+def wanda(
+    params: Params, input_norms: Mapping[str, Tensor], *, input_dims: Mapping[str, int] | None = None
+) -> dict[str, Tensor]:
     """``|W[i, j, ...]| * norm[j]``: Wanda's weights-and-activations score.
 
     Sun et al. 2023, "A Simple and Effective Pruning Approach for Large
@@ -99,13 +101,36 @@ def wanda(params: Params, input_norms: Mapping[str, Tensor]) -> dict[str, Tensor
     ``fp.PerSlice(spec, dim=0)`` for that, or with a plain spec to compare
     across the whole tensor.
 
+    Each weight is scaled along its input dim, the dim along which its input
+    features run, found from the first that applies:
+
+    1. ``input_dims[name]``, where given (:func:`input_dims` gives them all:
+       0 for transformers' ``Conv1D``, stored ``(in, out)``);
+    2. norms shaped to broadcast against the weight as stored (as many dims
+       as the weight, all of size 1 but one): the dim they run along. This
+       is how :func:`input_norms` returns a ``Conv1D`` weight's norms,
+       ``(in, 1)``, so they need no more argument;
+    3. 1-D norms: dim 1, the input dim of Linear and Conv weights
+       (``(out, in, *kernel)``), as :func:`input_norms` gives them.
+
+    Rule 3 is a convention: the shapes of a square weight cannot say how it
+    is stored, so 1-D norms of a square ``(in, out)`` weight would scale its
+    outputs. :func:`input_norms` never gives 1-D norms for such a weight;
+    norms you build yourself for one need ``input_dims`` or the ``(in, 1)``
+    shape. Where the norms do not fit the dim found, the error says so
+    (1-D norms for a non-square ``Conv1D`` weight are refused, never
+    applied to the wrong dim).
+
     Args:
         params: the parameters, keyed like ``named_parameters()``; each
-            scored weight has the shape ``(out, in, *kernel)`` of a Linear or
-            Conv weight (dim 1 is the input feature).
-        input_norms: for some names of ``params``, the 1-D tensor of the
-            ``in`` norms of its input features, on the weight's device:
-            what :func:`input_norms` returns.
+            scored weight has at least 2 dims.
+        input_norms: for some names of ``params``, the norms of the
+            weight's input features, on the weight's device, 1-D or shaped
+            to broadcast against the weight (above): what
+            :func:`input_norms` returns.
+        input_dims: the input dim of some weights by name (ints), such as
+            ``fp.input_dims(model)``; names not scored here are ignored.
+            ``None``: as the norms say (rules 2 and 3).
 
     Returns:
         A new dict with a score for each name in ``input_norms``, in its
@@ -118,16 +143,25 @@ def wanda(params: Params, input_norms: Mapping[str, Tensor]) -> dict[str, Tensor
         :func:`input_norms` gives them).
 
     Raises:
-        TypeError: if an argument is not a mapping of names to tensors, or a
-            tensor is not floating-point.
+        TypeError: if an argument is not a mapping of names to tensors (or
+            of names to ints, for ``input_dims``), or a tensor is not
+            floating-point.
         UnknownNameError: if a name of ``input_norms`` is no parameter's.
-        ValueError: if a weight has fewer than 2 dims, a norm vector is not
-            1-D, its length is not the weight's ``shape[1]``, or it is on
-            another device.
+        ValueError: if a weight has fewer than 2 dims, its input dim is not
+            one of its dims, its norms do not fit that dim (their length is
+            not the weight's size there, or they vary along another dim), or
+            they are on another device.
 
     >>> import torch, funcprune as fp
     >>> params = {"fc.weight": torch.tensor([[1.0, -1.0, 2.0], [-4.0, 0.5, 1.0]])}
     >>> fp.wanda(params, {"fc.weight": torch.tensor([1.0, 10.0, 0.0])})["fc.weight"]
+    tensor([[ 1., 10.,  0.],
+            [ 4.,  5.,  0.]])
+    >>> stored = {"c_fc.weight": params["fc.weight"].T}  # the same layer as a Conv1D: (in, out)
+    >>> fp.wanda(stored, {"c_fc.weight": torch.tensor([[1.0], [10.0], [0.0]])})["c_fc.weight"].T
+    tensor([[ 1., 10.,  0.],
+            [ 4.,  5.,  0.]])
+    >>> fp.wanda(stored, {"c_fc.weight": torch.tensor([1.0, 10.0, 0.0])}, input_dims={"c_fc.weight": 0})["c_fc.weight"].T
     tensor([[ 1., 10.,  0.],
             [ 4.,  5.,  0.]])
     """
@@ -135,27 +169,34 @@ def wanda(params: Params, input_norms: Mapping[str, Tensor]) -> dict[str, Tensor
     check_params(fn, params)
     if not isinstance(input_norms, Mapping):
         raise TypeError(
-            f"{fn}: input_norms must be a mapping of names to 1-D tensors, got "
+            f"{fn}: input_norms must be a mapping of names to tensors, got "
             f"{type(input_norms).__name__}; fp.input_norms(module, batches, names) makes one"
         )
+    dims = _check_input_dims(fn, input_dims)
     scores: dict[str, Tensor] = {}
     for name, norms in input_norms.items():
         weight = _weight_for_norms(fn, name, norms, params)
+        dim = _input_dim(fn, name, weight, norms, dims.get(name))
         dtype = _score_dtype(weight, norms)
         if is_dtensor(weight):  # each process its block, with the norms of its block's input features
-            scores[name] = _wanda_block(fn, name, weight, norms, dtype)
+            scores[name] = _wanda_block(fn, name, weight, norms, dim, dtype)
             continue
-        per_feature = norms.detach().to(dtype).reshape(-1, *(1,) * (weight.dim() - 2))
-        scores[name] = weight.detach().abs().to(dtype) * per_feature
+        scores[name] = weight.detach().abs().to(dtype) * _along(norms.detach().to(dtype), dim, weight.dim())
     return scores
 
 
-def _wanda_block(fn: str, name: str, weight: DTensor, norms: Tensor, dtype: torch.dtype) -> Tensor:
+def _along(norms: Tensor, dim: int, rank: int) -> Tensor:
+    """``norms`` shaped to broadcast against a weight of ``rank`` dims along ``dim``."""
+    return norms.reshape(*(1,) * dim, -1, *(1,) * (rank - dim - 1))
+
+
+def _wanda_block(fn: str, name: str, weight: DTensor, norms: Tensor, dim: int, dtype: torch.dtype) -> Tensor:
     """Wanda's score of a DTensor weight: a DTensor of its layout, computed block by block, nothing sent.
 
     ``norms`` is the whole vector (every process holds it, as
     :func:`input_norms` gives it on each) or a replicated DTensor; each
-    process scales its block by the norms of the input features it holds.
+    process scales its block by the norms of the input features it holds,
+    along the input dim ``dim``.
     """
     if is_dtensor(norms):
         if any(not p.is_replicate() for p in norms.placements):
@@ -165,9 +206,9 @@ def _wanda_block(fn: str, name: str, weight: DTensor, norms: Tensor, dtype: torc
             )
         norms = norms.to_local()
     layout = layout_of(fn, f"the parameter {name!r}", weight)
-    start, count = layout.offsets[1], layout.size[1]
-    per_feature = norms.detach()[start : start + count].to(dtype).reshape(-1, *(1,) * (weight.dim() - 2))
-    return wrap(weight.to_local().detach().abs().to(dtype) * per_feature, layout)
+    start, count = layout.offsets[dim], layout.size[dim]
+    mine = norms.detach().flatten()[start : start + count].to(dtype)
+    return wrap(weight.to_local().detach().abs().to(dtype) * _along(mine, dim, weight.dim()), layout)
 
 
 def _products(fn: str, params: Params, grads: object) -> dict[str, Tensor]:
@@ -231,13 +272,8 @@ def _weight_for_norms(fn: str, name: str, norms: object, params: Params) -> Tens
     if weight.dim() < 2:
         raise ValueError(
             f"{fn}: the parameter {name!r} has shape {tuple(weight.shape)}; wanda scores weights "
-            "of shape (out, in, *kernel), whose dim 1 is the input feature"
-        )
-    if norms.dim() != 1 or norms.shape[0] != weight.shape[1]:
-        raise ValueError(
-            f"{fn}: input_norms[{name!r}] has shape {tuple(norms.shape)} but the parameter has "
-            f"{weight.shape[1]} input features (shape {tuple(weight.shape)}, dim 1); expected "
-            f"a 1-D tensor of {weight.shape[1]} norms"
+            "of shape (out, in, *kernel), whose dim 1 is the input feature, or of 2 dims or more "
+            "with their input dim given"
         )
     if norms.device != weight.device:
         raise ValueError(
@@ -247,4 +283,62 @@ def _weight_for_norms(fn: str, name: str, norms: object, params: Params) -> Tens
     return weight
 
 
-# --- collecting input norms --------------------------------------------------
+def _check_input_dims(fn: str, input_dims: object) -> Mapping[str, int]:
+    """``input_dims`` as a mapping of names to ints (empty for ``None``), or a TypeError."""
+    if input_dims is None:
+        return {}
+    if not isinstance(input_dims, Mapping):
+        raise TypeError(
+            f"{fn}: input_dims must be a mapping of parameter names to ints or None, got "
+            f"{type(input_dims).__name__}; fp.input_dims(model) makes one"
+        )
+    for name, dim in input_dims.items():
+        if not isinstance(name, str) or isinstance(dim, bool) or not isinstance(dim, int):
+            raise TypeError(
+                f"{fn}: input_dims must map parameter names (str) to ints, got {name!r}: {dim!r}"
+            )
+    return input_dims
+
+
+def _input_dim(fn: str, name: str, weight: Tensor, norms: Tensor, given: int | None) -> int:
+    """The dim of ``weight`` that ``norms`` scale: ``given``, else as the norms' shape says (see :func:`wanda`)."""
+    rank, shape = weight.dim(), tuple(weight.shape)
+    if given is not None and not 0 <= given < rank:
+        raise ValueError(
+            f"{fn}: input_dims[{name!r}] is {given} but the parameter has shape {shape}; expected "
+            f"a dim in [0, {rank})"
+        )
+    if norms.dim() == 1:
+        dim = 1 if given is None else given
+        if norms.shape[0] == weight.shape[dim]:
+            return dim
+        why = (
+            f"input_dims[{name!r}]"
+            if given is not None
+            else "1-D norms scale dim 1, the input dim of a Linear or Conv weight; a weight stored "
+            "(in, out), as transformers' Conv1D stores it, reads its inputs along dim 0: pass "
+            "input_dims=fp.input_dims(model), or its norms shaped (in, 1) as fp.input_norms returns them"
+        )
+        raise ValueError(
+            f"{fn}: input_norms[{name!r}] has shape {tuple(norms.shape)} but the parameter has "
+            f"{weight.shape[dim]} input features (shape {shape}, dim {dim}); expected a 1-D "
+            f"tensor of {weight.shape[dim]} norms ({why})"
+        )
+    candidates = range(rank) if given is None else (given,)
+    fits = [
+        d for d in candidates
+        if norms.dim() == rank and all(norms.shape[e] == (shape[e] if e == d else 1) for e in range(rank))
+    ]  # fmt: skip
+    if fits:  # several only where the norms are one number: any scales alike
+        return fits[0]
+    along = "of any dim" if given is None else f"of dim {given} (input_dims)"
+    raise ValueError(
+        f"{fn}: input_norms[{name!r}] has shape {tuple(norms.shape)}, which does not fit the "
+        f"parameter's shape {shape}: expected 1-D norms, or norms of {rank} dims all of size 1 but "
+        f"the input features {along}, such as {_along_shape(shape, 0 if given is None else given)}"
+    )
+
+
+def _along_shape(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
+    """The shape of norms along ``dim`` of a weight of ``shape``."""
+    return tuple(size if d == dim else 1 for d, size in enumerate(shape))

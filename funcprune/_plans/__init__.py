@@ -3,7 +3,8 @@
 ``_compute.py`` holds the public mask functions, where plain and DTensor
 inputs part ways; ``_plan.py`` the plan protocol (``AbstractPlan``), ``Plan``
 and ``compose``; ``_global.py`` and ``_global_structured.py`` the global
-plans. Plans fold specs through ``funcprune._specs`` and hand DTensors to
+plans; ``_input_dims.py`` shows the specs a weight stored ``(in, out)``
+(a ``Conv1D``'s) as ``(out, in)``. Plans fold specs through ``funcprune._specs`` and hand DTensors to
 ``funcprune._dtensor``; they never reach below the fold.
 """
 

@@ -10,7 +10,7 @@ scores each tensor as the plans do; the channels are ranked by the kernel
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, final
 
@@ -28,6 +28,7 @@ from .._specs import (
     keep_channels,
 )
 from .._types import Params, Scores, Tensor, is_dtensor
+from ._input_dims import Swapped, as_seen, as_stored, check_input_dims, check_swappable, input_dims_repr
 from ._plan import AbstractPlan, naming, scores_for
 
 __all__ = ["GlobalStructuredPlan", "Normalize", "global_structured"]
@@ -47,10 +48,20 @@ class GlobalStructuredPlan(AbstractPlan):
     names: tuple[str, ...]
     spec: StructuredSpec
     normalize: Normalize = None
+    #: The names of the weights whose input dim is 0 (seen with dims 0 and 1
+    #: swapped), sorted; :func:`global_structured` reads them from its
+    #: ``input_dims``.
+    swapped: Swapped = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.names, list):
             object.__setattr__(self, "names", tuple(self.names))
+        if not (isinstance(self.swapped, tuple) and all(isinstance(n, str) and n for n in self.swapped)):
+            raise TypeError(
+                f"GlobalStructuredPlan.swapped must be a tuple of parameter names, got {self.swapped!r}; "
+                "build the plan with funcprune.global_structured(..., input_dims=...)"
+            )
+        object.__setattr__(self, "swapped", tuple(sorted(set(self.swapped))))
         if not self.names or not all(isinstance(n, str) and n for n in self.names):
             raise TypeError(
                 f"global_structured: names must be a non-empty list of parameter names or "
@@ -66,7 +77,12 @@ class GlobalStructuredPlan(AbstractPlan):
 
     def __repr__(self) -> str:
         extra = "" if self.normalize is None else f", normalize={self.normalize!r}"
-        return f"global_structured({list(self.names)!r}, {self.spec!r}{extra})"
+        return f"global_structured({list(self.names)!r}, {self.spec!r}{extra}{input_dims_repr(self.swapped)})"
+
+    @property
+    def input_dims(self) -> dict[str, int]:
+        """The weights whose input dim is 0, as a new dict (the only ``input_dims`` that matter)."""
+        return dict.fromkeys(self.swapped, 0)
 
     def masks_for(
         self,
@@ -75,18 +91,37 @@ class GlobalStructuredPlan(AbstractPlan):
         scores: Scores,
         generator: torch.Generator | None,
     ) -> dict[str, Tensor]:
+        selected = select_names(self._FN, self.names, tuple(params))
+        turned = [name for name in selected if name in self.swapped]
+        for name in turned:
+            check_swappable(self._FN, name, params[name])
+        if turned:  # the specs see (out, in); the masks go back as stored
+            params = {**params, **{n: as_seen(params[n], True) for n in turned}}
+            seen = {**masks, **{n: as_seen(masks[n], True) for n in turned if n in masks}}
+            scores = {**scores, **{n: as_seen(scores[n], True) for n in turned if n in scores}}
+            kept = self._kept(selected, params, seen, scores, generator)
+            return {**masks, **{n: as_stored(m, n in turned) for n, m in zip(selected, kept, strict=True)}}
+        return {**masks, **dict(zip(selected, self._kept(selected, params, masks, scores, generator), strict=True))}
+
+    def _kept(
+        self,
+        selected: Sequence[str],
+        params: Params,
+        masks: dict[str, Tensor],
+        scores: Scores,
+        generator: torch.Generator | None,
+    ) -> list[Tensor]:
+        """The masks of the ``selected`` tensors, their channels ranked together."""
         fn, spec = self._FN, self.spec
-        selected = select_names(fn, self.names, tuple(params))
 
         def scores_of(name: str) -> Tensor:
             return scores_for(params[name], masks.get(name), scores.get(name))
 
         if any(is_dtensor(params[name]) for name in selected):
-            kept = dtensor.keep_channels_across(
+            return dtensor.keep_channels_across(
                 fn, spec, selected, params, masks, scores_of, self.normalize, generator,
                 lambda what, step: naming(fn, what, step),
             )  # fmt: skip
-            return {**masks, **dict(zip(selected, kept, strict=True))}
         parts = []
         for name in selected:
             with naming(fn, repr(name), spec):
@@ -94,8 +129,7 @@ class GlobalStructuredPlan(AbstractPlan):
         total = sum(part.keys.shape[0] for part in parts)
         what = f"the {total} channels of [" + ", ".join(map(repr, selected)) + "] jointly"
         with naming(fn, what, spec):
-            kept = keep_channels(spec, parts, generator)
-        return {**masks, **dict(zip(selected, kept, strict=True))}
+            return keep_channels(spec, parts, generator)
 
 
 def _check_normalize(normalize: object, spec: Spec) -> None:
@@ -114,7 +148,11 @@ def _check_normalize(normalize: object, spec: Spec) -> None:
 
 
 def global_structured(
-    names: Sequence[str], spec: StructuredSpec, *, normalize: Normalize = None
+    names: Sequence[str],
+    spec: StructuredSpec,
+    *,
+    normalize: Normalize = None,
+    input_dims: Mapping[str, int] | None = None,
 ) -> GlobalStructuredPlan:
     """A plan that prunes whole channels of the listed tensors, ranked together.
 
@@ -127,6 +165,12 @@ def global_structured(
     - ``spec.dim`` names the channels' dim of every tensor (negative as in
       torch), so tensors of different ranks (Linear and Conv weights, with
       ``dim=0``) can share a group. Each tensor needs at least 2 dims.
+    - With ``input_dims`` (from :func:`~funcprune.input_dims`), a weight
+      whose input dim is 0 (transformers' ``Conv1D``, stored ``(in, out)``)
+      is seen as a Linear weight ``(out, in)``, as in
+      :class:`~funcprune.Plan`: ``dim=0`` then ranks the output channels of
+      Linear and ``Conv1D`` weights alike, and the masks come back in the
+      layout stored. Without it, every weight is read as stored.
     - The amount counts channels of the whole group: an ``int`` is a number
       of channels, a ``float`` a fraction of the channels not yet entirely
       pruned (earlier masks, as torch's fold for structured methods), and
@@ -171,6 +215,11 @@ def global_structured(
             best channel scores 1). NaN and infinite norms are left out of
             that mean or max; a tensor whose mean or max is 0 keeps its raw
             norms (all 0).
+        input_dims: the dim along which each weight's input features run,
+            by exact parameter name (0 or 1), such as
+            ``fp.input_dims(model)``; as for :class:`~funcprune.Plan`
+            (names outside the group are ignored; the plan keeps those of
+            input dim 0, and its repr and equality show them).
 
     Returns:
         A plan; ``plan(params, masks=None, scores=None, generator=None)``
@@ -178,10 +227,12 @@ def global_structured(
 
     Raises:
         TypeError: if ``names`` is not a non-empty list of strings, ``spec``
-            is not ``LnStructured`` or ``RandomStructured`` or ``normalize``
-            not a string or ``None``.
+            is not ``LnStructured`` or ``RandomStructured``, ``normalize``
+            not a string or ``None``, or ``input_dims`` not a mapping of
+            names to ints.
         ValueError: if ``normalize`` is not ``None``, ``"mean"`` or
-            ``"max"``, or is given with ``RandomStructured``. When the plan
+            ``"max"``, or is given with ``RandomStructured``, or an input
+            dim is not 0 or 1. When the plan
             is called: as a :class:`Plan` (an ``IndexError`` for a ``dim``
             that does not index a tensor; a ``ValueError`` for an ``int``
             amount larger than the group's unpruned channels; for DTensors,
@@ -211,4 +262,4 @@ def global_structured(
             f"global_structured: names must be a list of parameter names or patterns, "
             f"got {names!r}; wrap a single name in a list"
         )
-    return GlobalStructuredPlan(tuple(names), spec, normalize)
+    return GlobalStructuredPlan(tuple(names), spec, normalize, check_input_dims("global_structured", input_dims))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Union, final
 
@@ -36,6 +36,7 @@ from .._names import (
 from .._specs import Chain, ScoresOf, Spec, chain, checked_mask, fold
 from .._types import Mask, Masks, Params, Scores, Tensor, is_dtensor
 from .._validate import check_generator
+from ._input_dims import Swapped, as_seen, as_stored, check_input_dims, check_swappable, input_dims_repr
 
 __all__ = ["AbstractPlan", "Plan", "ComposedPlan", "Rule", "compose"]
 
@@ -203,12 +204,33 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
     A plan is an immutable mapping from its patterns to their specs (a list
     reads back as a ``Chain``); its repr reads like the rules.
 
+    A weight stored ``(in, out)`` (transformers' ``Conv1D``, GPT-2's
+    layers) is told apart by ``input_dims`` (:func:`~funcprune.input_dims`
+    gives it for a model): a weight whose input dim is 0 is shown to the
+    specs as a Linear weight ``(out, in)``, its dims 0 and 1 swapped (its
+    scores and earlier mask too), and its mask swapped back (contiguous).
+    So ``NM(2, 4)`` groups along the inputs, ``LnStructured(dim=0)`` prunes
+    output channels and ``PerSlice(spec, dim=0)`` works per output row, on
+    a Linear and a ``Conv1D`` alike. Without ``input_dims`` a plan reads
+    every weight as it is stored: ``NM(2, 4)`` on a ``Conv1D`` weight would
+    group along its outputs. (A grouped ``ConvTranspose`` weight, ``(in,
+    out / groups, *kernel)``, is seen as ``(out / groups, in, *kernel)``.)
+
     Args:
         rules: a mapping from names or patterns to a spec or list of specs.
+        input_dims: the dim along which each weight's input features run,
+            by exact parameter name (0 or 1), such as
+            ``fp.input_dims(model)``; names the rules do not select are
+            ignored, so one dict serves the whole model. Only the names of
+            input dim 0 change anything: a plan keeps those (its repr and
+            equality show them). ``None``: every weight as stored.
 
     Raises:
         TypeError: if ``rules`` is not a mapping, a key not a non-empty
-            string, or a value not a spec or a list of specs.
+            string, or a value not a spec or a list of specs; or
+            ``input_dims`` not a mapping of names to ints.
+        ValueError: if an input dim is not 0 or 1. When called: also if a
+            weight of input dim 0 has fewer than 2 dims.
 
     >>> import torch, funcprune as fp
     >>> plan = fp.Plan({"fc*.weight": fp.L1Unstructured(0.5), "fc2.bias": [fp.L1Unstructured(1)]})
@@ -219,13 +241,21 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
     >>> plan(params)
     {'fc1.weight': tensor([[False,  True],
             [ True, False]]), 'fc2.bias': tensor([ True, False,  True])}
+    >>> c_fc = params["fc1.weight"].T  # the same layer stored (in, out), as by a Conv1D
+    >>> by_rows = fp.Plan({"c_fc.weight": fp.LnStructured(1, n=1, dim=0)}, input_dims={"c_fc.weight": 0})
+    >>> by_rows
+    Plan({'c_fc.weight': LnStructured(amount=1, n=1, dim=0)}, input_dims={'c_fc.weight': 0})
+    >>> by_rows({"c_fc.weight": c_fc})["c_fc.weight"]  # output 0 (column 0 as stored) goes
+    tensor([[False,  True],
+            [False,  True]])
     """
 
-    __slots__ = ("_rules",)
+    __slots__ = ("_rules", "_swapped")
     _FN = "Plan"
     _rules: tuple[tuple[str, Spec], ...]
+    _swapped: Swapped
 
-    def __init__(self, rules: Mapping[str, Rule]) -> None:
+    def __init__(self, rules: Mapping[str, Rule], *, input_dims: Mapping[str, int] | None = None) -> None:
         if not isinstance(rules, Mapping):
             is_list = isinstance(rules, (list, tuple))
             hint = "; to apply plans in order use funcprune.compose(*plans)" if is_list else ""
@@ -239,6 +269,7 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
                 raise TypeError(f"Plan: rule keys must be non-empty strings, got {pattern!r}")
             checked.append((pattern, as_spec(pattern, value)))
         object.__setattr__(self, "_rules", tuple(checked))
+        object.__setattr__(self, "_swapped", check_input_dims(self._FN, input_dims))
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"Plan is immutable; build a new one instead of setting {name!r}")
@@ -255,21 +286,26 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
     def __len__(self) -> int:
         return len(self._rules)
 
+    @property
+    def input_dims(self) -> dict[str, int]:
+        """The weights whose input dim is 0, as a new dict (the only ``input_dims`` that matter)."""
+        return dict.fromkeys(self._swapped, 0)
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Plan):
-            return self._rules == other._rules  # order matters
+            return self._rules == other._rules and self._swapped == other._swapped  # rule order matters
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash(self._rules)
+        return hash((self._rules, self._swapped))
 
-    def __reduce__(self) -> tuple[type[Plan], tuple[dict[str, Spec]]]:
-        """Rebuild from the rules: ``copy``, ``deepcopy`` and ``pickle`` work."""
-        return (Plan, (dict(self._rules),))
+    def __reduce__(self) -> tuple[Callable[..., Plan], tuple[dict[str, Spec], dict[str, int]]]:
+        """Rebuild from the rules and input dims: ``copy``, ``deepcopy`` and ``pickle`` work."""
+        return (_plan, (dict(self._rules), self.input_dims))
 
     def __repr__(self) -> str:
         body = ", ".join(f"{key!r}: {spec_repr(spec)}" for key, spec in self._rules)
-        return f"Plan({{{body}}})"
+        return f"Plan({{{body}}}{input_dims_repr(self._swapped)})"
 
     def masks_for(
         self,
@@ -280,25 +316,41 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
     ) -> dict[str, Tensor]:
         names = tuple(params)
         matched = [(spec, match_names(self._FN, "rule", key, names)) for key, spec in self._rules]
+        swapped = frozenset(self._swapped)
+        for name in dict.fromkeys(name for _, selected in matched for name in selected if name in swapped):
+            check_swappable(self._FN, name, params[name])  # before any work
         out = dict(masks)
         for spec, selected in matched:
             # A chain's steps run one by one, each scored like a new torch call:
             # as the tensor currently is, or by the given scores as they are.
-            items = [
-                dtensor.RuleItem(name, params[name], _scores_of(params[name], scores.get(name)), out.get(name))
-                for name in selected
-            ]
+            # A weight stored (in, out) is seen as (out, in), and its mask stored back.
+            items = [self._item(name, name in swapped, params, scores, out) for name in selected]
             if any(is_dtensor(item.param) for item in items):  # block by block, nothing gathered
-                out.update(dtensor.fold_rule(self._FN, spec, items, generator, self._naming))
-                continue
-            steps = spec.specs if isinstance(spec, Chain) else (spec,)
-            for item in items:
-                with naming(self._FN, repr(item.name), spec):
-                    out[item.name] = fold(steps, item.scores_of, item.mask, generator, step=checked_mask)
+                new = dtensor.fold_rule(self._FN, spec, items, generator, self._naming)
+            else:
+                steps = spec.specs if isinstance(spec, Chain) else (spec,)
+                new = {}
+                for item in items:
+                    with naming(self._FN, repr(item.name), spec):
+                        new[item.name] = fold(steps, item.scores_of, item.mask, generator, step=checked_mask)
+            out.update((name, as_stored(mask, name in swapped)) for name, mask in new.items())
         return out
+
+    @staticmethod
+    def _item(
+        name: str, swap: bool, params: Params, scores: Scores, masks: dict[str, Tensor]
+    ) -> dtensor.RuleItem:
+        """A parameter a rule selects, as the specs see it (dims 0 and 1 swapped for ``swap``)."""
+        param, given = as_seen(params[name], swap), as_seen(scores.get(name), swap)
+        return dtensor.RuleItem(name, param, _scores_of(param, given), as_seen(masks.get(name), swap))
 
     def _naming(self, what: str, spec: Spec) -> contextlib.AbstractContextManager[None]:
         return naming(self._FN, what, spec)
+
+
+def _plan(rules: dict[str, Spec], input_dims: dict[str, int]) -> Plan:
+    """A plan rebuilt by :meth:`Plan.__reduce__`."""
+    return Plan(rules, input_dims=input_dims)
 
 
 def _scores_of(param: Tensor, given: Tensor | None) -> ScoresOf:

@@ -34,7 +34,10 @@ class NM(Spec):
     kept first. With an earlier mask, entries already pruned count among a
     group's ``m - n`` pruned: a group keeps ``min(n, entries still kept)``.
     2:4 along the input dim (``NM(2, 4)`` on a Linear weight) is the pattern
-    sparse tensor cores run.
+    sparse tensor cores run. A weight stored ``(in, out)`` (transformers'
+    ``Conv1D``, GPT-2's layers) has its inputs along dim 0: use ``dim=0``,
+    or a plan given ``input_dims=fp.input_dims(model)``, which shows the
+    specs every weight as ``(out, in)``.
 
     Args:
         n: entries kept per group, ``0 <= n <= m``.

@@ -10,35 +10,15 @@ It reads module types only, never tensor values.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 
-import torch
 from torch import nn
 
 from .._names import check_not_hook_mode
+from ._layers import is_target, is_weight
+from ._outputs import output_parameters
 
 __all__ = ["prunable"]
-
-#: Layers whose parameter named ``weight`` is selected (subclasses included:
-#: ``NonDynamicallyQuantizableLinear``, the lazy layers once materialized).
-_WEIGHTED: tuple[type[nn.Module], ...] = (
-    nn.Linear, nn.Bilinear,
-    nn.Conv1d, nn.Conv2d, nn.Conv3d,
-    nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
-)  # fmt: skip
-#: Layers whose ``weight`` is selected only with ``embeddings=True``.
-_EMBEDDINGS: tuple[type[nn.Module], ...] = (nn.Embedding, nn.EmbeddingBag)
-#: The input projections of :class:`torch.nn.MultiheadAttention` (its output
-#: projection is a Linear of its own, ``out_proj``).
-_ATTENTION_WEIGHTS = frozenset(
-    {"in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight"}
-)
-#: The weights of :class:`torch.nn.RNNBase` layer by layer (``hr``: LSTM's
-#: ``proj_size`` projection), reverse directions included; never the biases.
-_RECURRENT_WEIGHT = re.compile(r"weight_(ih|hh|hr)_l[0-9]+(_reverse)?")
-#: The weights of the single-step cells (:class:`torch.nn.RNNCellBase`).
-_CELL_WEIGHTS = frozenset({"weight_ih", "weight_hh"})
 
 
 def prunable(
@@ -46,6 +26,7 @@ def prunable(
     *,
     embeddings: bool = False,
     types: Iterable[type[nn.Module]] = (),
+    outputs: bool = False,
 ) -> list[str]:
     """The names of the weights pruning conventionally targets, in parameter order.
 
@@ -55,6 +36,10 @@ def prunable(
       ``MultiheadAttention.out_proj`` too), :class:`~torch.nn.Bilinear`,
       ``Conv1d/2d/3d`` and ``ConvTranspose1d/2d/3d``; a lazy layer
       (``LazyLinear``, ``LazyConv2d``, ...) once materialized;
+    - the ``weight`` of transformers' ``Conv1D`` (GPT-2's Linear layers,
+      their weight stored ``(in, out)``: :func:`~funcprune.input_dims`
+      says so to plans and :func:`~funcprune.wanda`), recognized without
+      importing transformers by its class name, ``nf`` and weight shape;
     - :class:`~torch.nn.MultiheadAttention`'s ``in_proj_weight``, or its
       ``q_proj_weight``, ``k_proj_weight`` and ``v_proj_weight`` when
       ``kdim`` or ``vdim`` differ from ``embed_dim``;
@@ -68,6 +53,25 @@ def prunable(
     - the ``weight`` of every module whose type is in ``types``: this is how
       your own layer types are selected.
 
+    Left out unless ``outputs=True``: the parameters of the output layers,
+    where the model says which they are (nothing is guessed from names or
+    positions):
+
+    - in a transformers model (``transformers.PreTrainedModel``, recognized
+      without importing transformers by its ``base_model_prefix`` and
+      ``get_output_embeddings``; the model itself, or one inside your
+      module): every module outside its base model
+      (``getattr(model, model.base_model_prefix)``), that is the task heads
+      (``lm_head``, ``classifier``, ``score``, ``qa_outputs``, ...); the
+      base model's ``pooler`` (BERT's); and ``get_output_embeddings()``;
+    - in any model, a weight tied to an input embedding: the weight of an
+      ``Embedding`` or ``EmbeddingBag`` that another kind of module holds
+      too (an LM head sharing the token embedding), also with
+      ``embeddings=True``: pruning it would prune the head.
+
+    In a model of your own, the last Linear is not taken for an output
+    layer: leave it out by name (``fp.prunable(model)[:-1]``, say).
+
     Never selected: biases, normalization layers (``BatchNorm*``,
     ``LayerNorm``, ``GroupNorm``, ``InstanceNorm*``, ``RMSNorm``), any other
     layer, a lazy parameter not yet materialized, and anything that is not a
@@ -80,11 +84,11 @@ def prunable(
     about which of them train.
 
     The names are those of ``module.named_parameters()`` (duplicates
-    removed), in its order: a weight tied to several layers appears once,
+    removed), in its order: a weight shared by several layers appears once,
     under the first name ``named_parameters()`` gives it, if any layer that
-    holds it is selected (a Linear tied to an Embedding is listed with
-    ``embeddings=False``, perhaps under the Embedding's name). The list works
-    as :class:`~funcprune.Plan` keys and
+    holds it is selected (with ``outputs=True``, a Linear head tied to an
+    Embedding is listed with ``embeddings=False``, perhaps under the
+    Embedding's name). The list works as :class:`~funcprune.Plan` keys and
     :func:`~funcprune.global_unstructured` names as it is.
 
     Args:
@@ -92,14 +96,16 @@ def prunable(
         embeddings: whether to select the weights of embedding layers too.
         types: more module types (:class:`torch.nn.Module` subclasses) whose
             parameter named ``weight`` is selected, subclasses included.
+        outputs: whether to select the output layers' weights too (and a
+            weight tied to an input embedding); the default leaves them out.
 
     Returns:
         A new list of parameter names.
 
     Raises:
         TypeError: if ``module`` is not an :class:`torch.nn.Module`,
-            ``embeddings`` not a ``bool``, or ``types`` not an iterable of
-            :class:`torch.nn.Module` subclasses.
+            ``embeddings`` or ``outputs`` not a ``bool``, or ``types`` not an
+            iterable of :class:`torch.nn.Module` subclasses.
         ValueError: if the module is pruned in hook mode
             (``torch.nn.utils.prune`` or ``funcprune.compat``): its pruned
             weights are ``weight_orig`` parameters, which no plan names.
@@ -113,43 +119,26 @@ def prunable(
     ['0.weight', '2.weight']
     >>> fp.prunable(model, types=(nn.LayerNorm,))
     ['1.weight', '2.weight']
+    >>> lm = nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 8), nn.Linear(8, 10))
+    >>> lm[2].weight = lm[0].weight  # the head tied to the token embedding
+    >>> fp.prunable(lm), fp.prunable(lm, outputs=True)
+    (['1.weight'], ['0.weight', '1.weight'])
     """
-    extra = _check_arguments(module, embeddings, types)
+    extra = _check_arguments(module, embeddings, types, outputs)
     check_not_hook_mode("prunable", dict(module.named_parameters()))
     selected = {
         id(param)
         for _, owner in module.named_modules()
         for name, param in owner.named_parameters(recurse=False)
-        if _is_weight(param) and _is_target(owner, name, embeddings=embeddings, types=extra)
+        if is_weight(param) and is_target(owner, name, embeddings=embeddings, types=extra)
     }
+    if not outputs:
+        selected -= output_parameters(module)
     return [name for name, param in module.named_parameters() if id(param) in selected]
 
 
-def _is_target(
-    owner: nn.Module, name: str, *, embeddings: bool, types: tuple[type[nn.Module], ...]
-) -> bool:
-    """Whether ``owner``'s own parameter ``name`` is one pruning targets."""
-    if isinstance(owner, nn.MultiheadAttention) and name in _ATTENTION_WEIGHTS:
-        return True
-    if isinstance(owner, nn.RNNBase) and _RECURRENT_WEIGHT.fullmatch(name):
-        return True
-    if isinstance(owner, nn.RNNCellBase) and name in _CELL_WEIGHTS:
-        return True
-    if name != "weight":
-        return False
-    return isinstance(owner, _WEIGHTED + types) or (
-        embeddings and isinstance(owner, _EMBEDDINGS)
-    )
-
-
-def _is_weight(param: torch.Tensor) -> bool:
-    """A materialized leaf :class:`~torch.nn.Parameter` (not a swapped-in tensor)."""
-    lazy = isinstance(param, nn.parameter.UninitializedParameter)
-    return isinstance(param, nn.Parameter) and param.is_leaf and not lazy
-
-
 def _check_arguments(
-    module: object, embeddings: object, types: object
+    module: object, embeddings: object, types: object, outputs: object
 ) -> tuple[type[nn.Module], ...]:
     """Refuse bad arguments; return ``types`` as a tuple."""
     if not isinstance(module, nn.Module):
@@ -162,11 +151,11 @@ def _check_arguments(
         raise TypeError(
             f"prunable: module must be a torch.nn.Module, got {type(module).__name__}{hint}"
         )
-    if not isinstance(embeddings, bool):
-        raise TypeError(
-            f"prunable: embeddings must be a bool, got {embeddings!r} of type "
-            f"{type(embeddings).__name__}"
-        )
+    for flag, value in (("embeddings", embeddings), ("outputs", outputs)):
+        if not isinstance(value, bool):
+            raise TypeError(
+                f"prunable: {flag} must be a bool, got {value!r} of type {type(value).__name__}"
+            )
     return _check_types(types)
 
 

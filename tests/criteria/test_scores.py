@@ -226,8 +226,8 @@ def test_wanda_errors() -> None:
         "(shape (2, 3), dim 1)"
     )):  # fmt: skip
         fp.wanda(params, {"fc.weight": torch.ones(4)})
-    with pytest.raises(ValueError, match=r"input_norms\['fc.weight'\] has shape \(1, 3\)"):
-        fp.wanda(params, {"fc.weight": torch.ones(1, 3)})
+    with pytest.raises(ValueError, match=r"input_norms\['fc.weight'\] has shape \(3, 1\), which does not fit"):
+        fp.wanda(params, {"fc.weight": torch.ones(3, 1)})
     with pytest.raises(ValueError, match=r"^wanda: the parameter 'fc.bias' has shape \(2,\); wanda "
                        r"scores weights of shape \(out, in, \*kernel\)"):  # fmt: skip
         fp.wanda(params, {"fc.bias": torch.ones(2)})
