@@ -46,7 +46,8 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._criteria": BASE | {"funcprune._dtensor"},
     "funcprune._apply": BASE | {"funcprune._native", "funcprune._dtensor"},
     "funcprune._graph": BASE,
-    "funcprune._structure": BASE | {"funcprune._specs", "funcprune._dtensor", "funcprune._plans", "funcprune._graph"},
+    "funcprune._structure": BASE
+    | {"funcprune._specs", "funcprune._dtensor", "funcprune._plans", "funcprune._targets", "funcprune._graph"},
     "funcprune._payoff": BASE | {"funcprune._specs", "funcprune._dtensor", "funcprune._graph"},
     "funcprune.compat": BASE | {"funcprune._specs", "funcprune._plans"},
     "funcprune._demo": BASE

@@ -43,7 +43,7 @@ DESIGN_SIGNATURES = {
     fp.propagate: "(module, masks, example_inputs)",
     fp.shrink: "(module, masks, example_inputs)",
     fp.to_sparse: "(params, masks, *, layout, blocksize=None, below_break_even='warn')",
-    fp.structure: "(model, example_inputs)",
+    fp.structure: "(model, example_inputs, *, outputs=False)",  # DESIGN's, and prunable's outputs=
     fp.structured: "(structure, spec, *, kinds=None, scope='global', normalize=None)",
     fp.UnitGroup: "(kind, size, members)",
     fp.Member: "(name, dim, width, start=0)",

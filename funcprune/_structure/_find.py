@@ -12,13 +12,14 @@ run per member, unit after unit.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 
 from torch import nn
 
 from .. import _graph as graph
 from .._dtensor import refuse_in
 from .._names import check_not_hooked
+from .._targets import output_parameters
 from ._units import Kind, Member, Structure, UnitGroup
 
 __all__ = ["structure"]
@@ -27,7 +28,7 @@ __all__ = ["structure"]
 _Footprints = dict[int, dict[tuple[str, int], list[int]]]
 
 
-def structure(model: nn.Module, example_inputs: object) -> Structure:
+def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False) -> Structure:
     """The structural units of ``model``: MLP channels, attention heads, KV groups.
 
     The model is exported and analyzed as :func:`~funcprune.shrink` does
@@ -50,12 +51,17 @@ def structure(model: nn.Module, example_inputs: object) -> Structure:
     transformer (the residual stream, normalized across its channels), the
     model's outputs, channels read by an op the analysis cannot follow, and
     a unit that is all of a layer's side (an attention with one KV head).
+    So are the channels an output layer makes (BERT's pooler), as
+    :func:`~funcprune.prunable` leaves output layers out, unless
+    ``outputs=True``.
 
     Args:
         model: the model (not modified). Not in hook mode, no DTensors.
         example_inputs: the inputs of ``forward``, as for :func:`~funcprune.shrink`:
             a tensor, a tuple of positional arguments, or a dict of keyword
             arguments (transformers models run with ``use_cache=False``).
+        outputs: whether the channels of output layers (a transformers
+            model's task head, its pooler, its output embeddings) are units.
 
     Returns:
         A :class:`~funcprune.Structure`: group names to unit groups, in the
@@ -81,12 +87,21 @@ def structure(model: nn.Module, example_inputs: object) -> Structure:
         raise TypeError(f"{fn}: model must be a torch.nn.Module, got {type(model).__name__}")
     check_not_hooked(fn, model, then=f"{fn}(model, example_inputs)")
     refuse_in(fn, dict(model.named_parameters()))
+    if not isinstance(outputs, bool):
+        raise TypeError(f"{fn}: outputs must be a bool, got {outputs!r}")
     analysis = graph.analyze(fn, model, graph.as_inputs(fn, model, example_inputs))
-    return units_of(analysis, {name: tuple(p.shape) for name, p in model.named_parameters()})
+    heads = set() if outputs else output_parameters(model)
+    excluded = {name for name, p in model.named_parameters() if id(p) in heads}
+    return units_of(analysis, {name: tuple(p.shape) for name, p in model.named_parameters()}, excluded)
 
 
-def units_of(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]]) -> Structure:
-    """The unit groups of an analysis (``shapes``: each parameter's, by first name, in order)."""
+def units_of(
+    analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]], excluded: Set[str] = frozenset()
+) -> Structure:
+    """The unit groups of an analysis (``shapes``: each parameter's, by first name, in order).
+
+    Units made by a parameter of ``excluded`` (output layers) are left out.
+    """
     footprints = _footprints(analysis, shapes)
     kinds = _kinds(analysis)
     order = {name: i for i, name in enumerate(shapes)}
@@ -94,6 +109,8 @@ def units_of(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]]) ->
     for unit in sorted(analysis.made):
         feet = footprints.get(unit)
         if not feet or unit in analysis.blocked or unit in analysis.refused:
+            continue
+        if any(made.tensor in excluded for made in analysis.made[unit]):
             continue
         if any(len(indices) == shapes[name][dim] for (name, dim), indices in feet.items()):
             continue  # all of a layer's side: it cannot go

@@ -12,6 +12,7 @@ computes a mask.
 from ._allocate import erk_sparsity as erk_sparsity
 from ._allocate import uniform_sparsity as uniform_sparsity
 from ._input_dims import input_dims as input_dims
+from ._outputs import output_parameters as output_parameters
 from ._prunable import prunable as prunable
 from ._schedules import Iterative as Iterative
 from ._schedules import OneShot as OneShot

@@ -79,8 +79,7 @@ def test_structure_finds_the_units_of_every_layer(name: str) -> None:
         assert (s[group].kind, s[group].size) == (kind, size), group
         again = group.replace(".0", ".1", 1)
         assert (s[again].kind, s[again].size) == (kind, size), again
-    extra = {g for g in s if ".0" not in g and ".1" not in g}
-    assert extra == ({"bert.pooler.dense"} if name == "bert" else set())
+    assert all(".0" in g or ".1" in g for g in s)  # the output layers (BERT's pooler) are left out
     params = dict(t.model.named_parameters())
     for units in s.values():  # every member fits its parameter
         for m in units.members:
@@ -103,7 +102,6 @@ def test_non_uniform_units_go_and_reload_with_load_shrunk(name: str, tmp_path: P
 @pytest.mark.parametrize("name", MATRIX)
 def test_uniform_widths_are_in_the_config_and_reload_with_plain_from_pretrained(name: str, tmp_path: Path) -> None:
     t, s = model_and_structure(name)
-    s = fp.Structure({g: units for g, units in s.items() if "pooler" not in g})  # BERT's pooler is the hidden size
     plan = fp.structured(s, fp.LnStructured(0.5, n=2), kinds=CONFIG_KINDS[name], scope="group")
     small = shrunk(t, plan(dict(t.model.named_parameters())))
     config, before = small.config, getattr(t.model, "config")
@@ -132,6 +130,13 @@ def test_heads_the_config_cannot_count_are_recorded(name: str, tmp_path: Path) -
     assert record["attributes"][attention][heads] == 3
     small.save_pretrained(tmp_path)
     torch.testing.assert_close(logits(fp.load_shrunk(tmp_path), inputs(t)), logits(small, inputs(t)), atol=0, rtol=0)
+
+
+def test_output_layers_are_units_only_when_asked() -> None:
+    t, s = model_and_structure("bert")
+    with_outputs = fp.structure(t.model, inputs(t), outputs=True)
+    assert set(with_outputs) - set(s) == {"bert.pooler.dense"}
+    assert with_outputs["bert.pooler.dense"].names == ("bert.pooler.dense.weight", "bert.pooler.dense.bias", "classifier.weight")
 
 
 def test_load_shrunk_errors_name_the_path(tmp_path: Path) -> None:
