@@ -23,6 +23,9 @@ transformers = pytest.importorskip("transformers")
 
 #: The families of the matrix, and whether each repeats one decoder or encoder layer.
 MATRIX = ("gpt2", "llama", "qwen3", "mistral", "opt", "bert", "vit", "mixtral")
+#: The mixture-of-experts models (4 experts, top 2): Mixtral (top-k renormalized) and, beside the matrix,
+#: Qwen2-MoE (top-k not renormalized, a shared expert beside the routed ones).
+MOE = ("mixtral", "qwen2_moe")
 VOCAB = 64
 SEQUENCE = 8
 
@@ -70,7 +73,10 @@ def _config(name: str, layers: int) -> Any:
                            num_hidden_layers=layers, num_attention_heads=4, num_labels=3)  # fmt: skip
     if name == "mixtral":
         return t.MixtralConfig(**llama_like, num_local_experts=4, num_experts_per_tok=2)
-    raise ValueError(f"no tiny config for {name!r}; the matrix is {MATRIX}")
+    if name == "qwen2_moe":
+        return t.Qwen2MoeConfig(**llama_like, moe_intermediate_size=24, shared_expert_intermediate_size=40,
+                                num_experts=4, num_experts_per_tok=2, norm_topk_prob=False)  # fmt: skip
+    raise ValueError(f"no tiny config for {name!r}; the matrix is {MATRIX}, with {MOE[1:]} beside it")
 
 
 _CLASSES: dict[str, Callable[[Any], nn.Module]] = {
@@ -82,6 +88,7 @@ _CLASSES: dict[str, Callable[[Any], nn.Module]] = {
     "bert": lambda c: transformers.BertForSequenceClassification(c),
     "vit": lambda c: transformers.ViTForImageClassification(c),
     "mixtral": lambda c: transformers.MixtralForCausalLM(c),
+    "qwen2_moe": lambda c: transformers.Qwen2MoeForCausalLM(c),
 }
 
 

@@ -31,12 +31,15 @@ PACKAGE = Path(funcprune.__file__).parent
 
 #: Which rooms each room may import from, through their doors: the base modules first, then the
 #: subpackages, bottom to top. The spine runs _native <- _select <- _specs <- _dtensor <- _plans <- compat.
-BASE = frozenset({"funcprune._torch_private", "funcprune._types", "funcprune._validate", "funcprune._names"})
+BASE = frozenset({
+    "funcprune._torch_private", "funcprune._types", "funcprune._validate", "funcprune._names", "funcprune._experts",
+})  # fmt: skip
 MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._torch_private": frozenset(),
     "funcprune._types": frozenset(),
     "funcprune._validate": frozenset({"funcprune._torch_private", "funcprune._types"}),
     "funcprune._names": frozenset({"funcprune._types", "funcprune._validate"}),
+    "funcprune._experts": frozenset({"funcprune._types"}),
     "funcprune._native": BASE,
     "funcprune._select": BASE | {"funcprune._native"},
     "funcprune._specs": BASE | {"funcprune._select"},

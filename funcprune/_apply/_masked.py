@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .._dtensor import check_layouts, check_not_fsdp
+from .._experts import never_routed
 from .._names import check_masks, check_params, unknown_name
 from .._types import Params, Tensor
 from ._multiply import as_multiplier, masked_multiply
@@ -194,6 +195,12 @@ def functional_call_masked(
     The module itself is not touched: ``apply_masks(params, masks)`` and the
     buffers replace its tensors for this one call.
 
+    In a mixture-of-experts model (a transformers MoE layer: a router and
+    its stacked experts), an expert whose router row the masks prune
+    entirely is removed: it is never routed to (its router logit is
+    ``-inf``), as in the model :func:`~funcprune.shrink` makes without it.
+    At least ``top_k`` experts stay routed.
+
     Args:
         module: the module whose ``forward`` runs.
         params: its parameters by name (all or some of them; the others
@@ -222,7 +229,8 @@ def functional_call_masked(
     masked = apply_masks(params, masks, strict=strict)
     tensors = dict(net.named_buffers()) if buffers is None else dict(buffers)
     tensors.update(masked)
-    out: _Out = torch.func.functional_call(net, tensors, args, kwargs)
+    with never_routed(net, masks):
+        out: _Out = torch.func.functional_call(net, tensors, args, kwargs)
     return out
 
 

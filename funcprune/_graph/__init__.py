@@ -5,6 +5,7 @@ What the rest of funcprune may use of this folder; ``README.md`` has the design.
 
 from ._analysis import Analysis as Analysis
 from ._analysis import Attention as Attention
+from ._analysis import Experts as Experts
 from ._analysis import analyze as analyze
 from ._atoms import Slice as Slice
 from ._export import Inputs as Inputs

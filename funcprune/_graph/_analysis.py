@@ -15,12 +15,13 @@ from typing import Any, final
 
 from torch import nn
 
+from .._experts import Router, routers
 from ._atoms import Related, Slice
 from ._export import Inputs, export_model
 from ._ops import OPS
 from ._walk import NodeFailed, Walk
 
-__all__ = ["Analysis", "Attention", "analyze"]
+__all__ = ["Analysis", "Attention", "Experts", "analyze"]
 
 
 @final
@@ -32,6 +33,15 @@ class Attention:
     module: str
     heads: tuple[int, ...]  # the group of each query head
     kv_heads: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Experts:
+    """One MoE layer: its router and experts, and the group of each expert (its router row)."""
+
+    router: Router
+    groups: tuple[int, ...]
 
 
 @final
@@ -48,6 +58,9 @@ class Analysis:
         refused: the groups an op the analysis cannot reason about reads (that op).
         coupled: for groups made all-or-nothing along an axis, the op that did it.
         attention: the attention ops, with their heads' groups.
+        experts: the MoE layers, with their experts' groups.
+        least: for a tensor's dim, how many indices must stay (at least one
+            everywhere; a router's ``top_k`` experts).
     """
 
     model: nn.Module
@@ -58,6 +71,8 @@ class Analysis:
     refused: Mapping[int, str]
     coupled: Mapping[int, str]
     attention: tuple[Attention, ...]
+    experts: tuple[Experts, ...]
+    least: Mapping[tuple[str, int], int]
 
 
 def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
@@ -68,7 +83,8 @@ def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
             an op's handler fails on a graph stranger than it expects (naming the node).
     """
     exported = export_model(fn, module, inputs)
-    walk = Walk(exported, OPS)
+    layers = routers(exported.model)
+    walk = Walk(exported, OPS, layers)
     try:
         walk.run()
     except NodeFailed as e:
@@ -96,6 +112,8 @@ def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
         _by_root(atoms.refused, roots),
         atoms.why_coupled(roots),
         tuple(_attention(walk, roots)),
+        tuple(_experts(layers, related)),
+        {(layer.weight, 0): layer.top_k for layer in layers},
     )
 
 
@@ -114,6 +132,15 @@ def _attention(walk: Walk, roots: list[int]) -> list[Attention]:
         heads = ids.shape[-3]
         groups = tuple(roots[int(a)] if int(a) >= 0 else -1 for a in ids.movedim(-3, 0).reshape(heads, -1).amax(1))
         found.append(Attention(node.name, str(node.meta.get("funcprune_module", "")), groups, len(set(groups))))
+    return found
+
+
+def _experts(layers: tuple[Router, ...], related: Related) -> list[Experts]:
+    found = []
+    for layer in layers:
+        by_index = related.get(layer.weight, {}).get(0, {})
+        if len(by_index) == layer.count:
+            found.append(Experts(layer, tuple(min(by_index[e]) for e in range(layer.count))))
     return found
 
 

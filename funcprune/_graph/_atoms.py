@@ -22,7 +22,7 @@ import torch
 
 from .._types import Tensor
 
-__all__ = ["Atoms", "Related", "Slice", "broadcast"]
+__all__ = ["Atoms", "Related", "Slice", "broadcast", "pairs"]
 
 
 @final
@@ -75,12 +75,7 @@ class Atoms:
 
     def couple(self, a: Tensor, b: Tensor) -> None:
         """Couple ``a[i]`` with ``b[i]`` wherever both are atoms (same shapes, or broadcastable)."""
-        a, b = broadcast(a, b)
-        both = (a >= 0) & (b >= 0)
-        if not bool(both.any()):
-            return
-        pairs = torch.unique(torch.stack([a[both], b[both]], 1), dim=0)
-        for x, y in pairs.tolist():
+        for x, y in pairs(a, b):
             self.union(x, y)
 
     def couple_along(self, ids: Tensor, dims: Iterable[int], why: str) -> None:
@@ -114,12 +109,11 @@ class Atoms:
         twice). Without, the index goes when all of them go (a norm's weight
         shared by the heads of an attention).
         """
-        index, ids = broadcast(index, ids)
-        keep = ids >= 0
-        if not bool(keep.any()):
+        found = pairs(index, ids)
+        if not found:
             return
         by_index = self._related.setdefault(tensor, {}).setdefault(dim, {})
-        for i, atom in torch.unique(torch.stack([index[keep], ids[keep]], 1), dim=0).tolist():
+        for i, atom in found:
             atoms = by_index.setdefault(i, set())
             if couple and atoms:
                 self.union(next(iter(atoms)), atom)
@@ -138,6 +132,26 @@ class Atoms:
 
     def related(self) -> Related:
         return {t: {d: {i: frozenset(a) for i, a in by.items()} for d, by in dims.items()} for t, dims in self._related.items()}
+
+
+def pairs(a: Tensor, b: Tensor) -> list[tuple[int, int]]:
+    """The distinct pairs ``(a[i], b[i])`` where both are atoms (``>= 0``; broadcastable shapes), sorted.
+
+    Dims along which the pairs repeat (the tokens of an activation) are cut
+    to one slice before ``unique`` sorts what is left.
+    """
+    a, b = broadcast(a, b)
+    valid = (a >= 0) & (b >= 0)
+    if not bool(valid.any()):
+        return []
+    span = int(b.max()) + 1
+    keys = torch.where(valid, a * span + b, -1)
+    for dim in range(keys.dim()):
+        if keys.shape[dim] > 1 and bool((keys == keys.narrow(dim, 0, 1)).all()):
+            keys = keys.narrow(dim, 0, 1)
+    keys = torch.unique(keys)
+    keys = keys[keys >= 0]
+    return list(zip((keys // span).tolist(), (keys % span).tolist(), strict=True))
 
 
 def _atoms_in(ids: Tensor) -> list[int]:

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import fx
 
 from .._types import Tensor
-from ._atoms import Slice, broadcast
+from ._atoms import Slice, broadcast, pairs
 from ._walk import Handler, Ops, Origin, Walk, describe
 from ._walk import _map_nodes as walk_map
 
@@ -215,7 +215,8 @@ def _varying_axes(value: Tensor, shape: tuple[int, ...]) -> list[int]:
 
 def _relate_follower(walk: Walk, origin: Origin, out: Tensor, shape: tuple[int, ...]) -> None:
     """A parameter meeting atoms elementwise: each of its entries goes when every atom it meets goes."""
-    flat = origin.flat.expand(shape) if origin.flat.dim() <= len(shape) else origin.flat
+    flat = origin.flat
+    flat = flat.expand(shape) if flat.dim() <= len(shape) else flat
     coords = torch.unravel_index(flat, origin.shape) if origin.shape else ()
     for dim, index in enumerate(coords):
         walk.atoms.relate(origin.name, dim, index, out)
@@ -305,8 +306,11 @@ def _first_input(node: fx.Node) -> object:
 
 def _axis_dim(origin: Origin, axis: int) -> tuple[int, Tensor] | None:
     """The source dim that axis ``axis`` of the weight runs along, and the index along it of each position."""
+    fast = origin.axis_dim(axis)
+    if fast is not None:
+        return fast
     coords = origin.coords()
-    size = origin.flat.shape[axis]
+    size = origin.size[axis]
     for dim, index in enumerate(coords):
         line = index.movedim(axis, -1).reshape(-1, size)
         if bool((line == line[:1]).all()) and (size == 1 or bool((line[0, 1:] != line[0, :1]).any())):
@@ -325,12 +329,9 @@ def _read_columns(walk: Walk, node: fx.Node, x: object, origin: Origin, axis: in
         return
     dim, index = found
     per_column = ids.movedim(x_axis, -1).reshape(-1, ids.shape[x_axis])
-    for column in range(per_column.shape[1]):
-        atoms = per_column[:, column]
-        atoms = atoms[atoms >= 0]
-        for other in torch.unique(atoms).tolist()[1:]:
-            walk.atoms.union(int(atoms[0]), other)
-    first = per_column.amax(0)
+    first = per_column.amax(0)  # an atom of each column (or -1): the others of the column join it
+    for a, b in pairs(first, torch.where(per_column != first, per_column, -1)):
+        walk.atoms.union(a, b)
     walk.atoms.relate(origin.name, dim, index, first, couple=True)
 
 
@@ -344,7 +345,7 @@ def _new_rows(walk: Walk, node: fx.Node, origin: Origin, axis: int, biases: Sequ
     walk.atoms.relate(origin.name, dim, index, atoms, couple=True)
     for bias in biases:
         bias_origin = walk.origin(bias)
-        if bias_origin is not None and bias_origin.flat.dim() == 1:
+        if bias_origin is not None and len(bias_origin.size) == 1:
             walk.atoms.relate(bias_origin.name, 0, bias_origin.coords()[0], atoms)
     return atoms
 
@@ -358,8 +359,42 @@ def _linear(walk: Walk, node: fx.Node) -> Any:
     if origin is None:
         return None
     _read_columns(walk, node, x, origin, 1, -1)
+    if origin.name in walk.routers:
+        return _router(walk, node, origin, bias)
     rows = _new_rows(walk, node, origin, 0, [bias] if bias is not None else [])
     return None if rows is None else rows.expand(shape)
+
+
+def _router(walk: Walk, node: fx.Node, origin: Origin, bias: object) -> None:
+    """A MoE router's linear: its rows are the experts (new atoms), each with its index of every expert weight.
+
+    The logits carry no atoms on: which experts a token goes to is a value
+    (top-k of the logits), not a channel, and a removed expert is never
+    routed to (its logit is ``-inf`` in the masked model's reference).
+    """
+    router = walk.routers[origin.name]
+    experts = _new_rows(walk, node, origin, 0, [bias] if bias is not None else [])
+    if experts is None:
+        return None
+    for name in router.parameters:
+        walk.atoms.relate(name, 0, torch.arange(router.count), experts, couple=True)
+    return None
+
+
+def _grouped_mm(walk: Walk, node: fx.Node) -> Any:
+    """MoE experts' matmul ``(tokens, in) x (experts, in, out)``: each expert's columns read, its outputs new atoms.
+
+    Output channel ``j`` is made by column ``j`` of every expert: the
+    channels of all experts' position ``j`` go together.
+    """
+    x, w = node.args[0], node.args[1]
+    origin = _weight(walk, node, w, "grouped matmul")
+    if origin is None or len(origin.size) != 3:
+        walk.atoms.refuse(walk.ids_or_none(x), f"{describe(node)}, whose weight is no stack of expert weights,")
+        return None
+    _read_columns(walk, node, x, origin, 1, -1)
+    rows = _new_rows(walk, node, origin, 2)
+    return None if rows is None else rows.expand(_shape(walk, node))
 
 
 def _addmm(walk: Walk, node: fx.Node) -> Any:
@@ -491,7 +526,7 @@ def _batch_norm(walk: Walk, node: fx.Node) -> Any:
     channels = _per_channel(ids)
     for arg in node.args[1:5]:
         origin = walk.origin(arg)
-        if origin is not None and origin.flat.dim() == 1:
+        if origin is not None and len(origin.size) == 1:
             walk.atoms.relate(origin.name, 0, origin.coords()[0], channels)
     value = walk.values[node]
     if isinstance(value, (list, tuple)):
@@ -526,7 +561,7 @@ def _group_norm(walk: Walk, node: fx.Node) -> Any:
     channels = _per_channel(ids)
     for arg in node.args[1:3] if node.target is not aten.group_norm.default else node.args[2:4]:
         origin = walk.origin(arg)
-        if origin is not None and origin.flat.dim() == 1:
+        if origin is not None and len(origin.size) == 1:
             walk.atoms.relate(origin.name, 0, origin.coords()[0], channels)
     value = walk.values[node]
     if isinstance(value, (list, tuple)):
@@ -592,14 +627,21 @@ def _handler_table() -> dict[object, Handler]:
         aten.group_norm: _group_norm, aten.native_group_norm: _group_norm, aten.rms_norm: _layer_norm,
         aten.scaled_dot_product_attention: _attention,
     })  # fmt: skip
+    for name in _GROUPED_MM:
+        table[name] = _grouped_mm
     return table
+
+
+#: The grouped matmuls of MoE experts, by name (transformers registers its op when it loads): torch's, and
+#: the fallback transformers uses where torch's does not run.
+_GROUPED_MM = ("aten::_grouped_mm", "transformers::grouped_mm_fallback")
 
 
 HANDLERS: Mapping[object, Handler] = _handler_table()
 #: Ops that make new atoms even when their input carries none (the first layer of a model).
 PRODUCERS: frozenset[object] = frozenset({
     aten.linear, aten.addmm, aten.mm, aten.matmul, aten.embedding, aten.conv1d, aten.conv2d, aten.conv3d,
-    aten.convolution, aten.conv_transpose1d, aten.conv_transpose2d,
+    aten.convolution, aten.conv_transpose1d, aten.conv_transpose2d, *_GROUPED_MM,
 })  # fmt: skip
 #: For each layer op, the argument positions (and names) that hold its parameters.
 LAYER_SLOTS: Mapping[object, frozenset[object]] = {
@@ -616,6 +658,7 @@ LAYER_SLOTS: Mapping[object, frozenset[object]] = {
     **{op: frozenset({2, 3, "weight", "bias"}) for op in (aten.layer_norm, aten.native_layer_norm, aten.rms_norm)},
     aten.group_norm: frozenset({2, 3}),
     aten.native_group_norm: frozenset({1, 2}),
+    **{name: frozenset({1}) for name in _GROUPED_MM},
 }  # fmt: skip
 
 #: All the analysis knows about ops.

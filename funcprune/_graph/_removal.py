@@ -88,7 +88,11 @@ def _module(tensor: str) -> str:
 
 
 def _keep_one_per_side(analysis: Analysis, removed: set[int], sizes: Mapping[str, tuple[int, ...]]) -> dict[int, str]:
-    """Keep the first index's groups of any tensor dim that would lose every index (in place)."""
+    """Keep the first indices' groups of any tensor dim that would keep too few (in place).
+
+    One index at least (torch runs no layer without channels); a router's
+    ``top_k`` experts (``analysis.least``).
+    """
     restored: dict[int, str] = {}
     changed = True
     while changed:
@@ -98,13 +102,16 @@ def _keep_one_per_side(analysis: Analysis, removed: set[int], sizes: Mapping[str
             for dim, by_index in dims.items():
                 if shape is None or len(by_index) < shape[dim] or not shape[dim]:
                     continue
-                if all(groups <= removed for groups in by_index.values()):
-                    first = by_index[min(by_index)]
-                    removed.difference_update(first)
-                    for group in first:
+                least = min(analysis.least.get((tensor, dim), 1), shape[dim])
+                gone = sorted(i for i, groups in by_index.items() if groups <= removed)
+                for index in gone[: max(0, least - (shape[dim] - len(gone)))]:
+                    removed.difference_update(by_index[index])
+                    for group in by_index[index]:
                         restored[group] = (
                             f"every layer keeps a channel, and the masks prune all the channels of "
                             f"{tensor!r} along dim {dim}"
+                            if least == 1
+                            else f"{tensor!r} keeps {least} indices along dim {dim} (top_k experts are routed to)"
                         )
                     changed = True
     return restored

@@ -13,13 +13,15 @@ handler that reads atoms is recorded as unknown, naming the node.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, final
 
 import torch
 from torch import fx
 
+from .._experts import Router
 from .._types import Tensor
 from ._atoms import Atoms
 from ._export import Exported
@@ -30,15 +32,72 @@ __all__ = ["Handler", "NodeFailed", "Ops", "Origin", "Walk", "describe"]
 @final
 @dataclass(frozen=True, slots=True)
 class Origin:
-    """Where each entry of a tensor comes from: the flat index of each entry in tensor ``name``."""
+    """Where each entry of a tensor comes from: the flat (row-major) index of each entry in tensor ``name``.
+
+    Either ``strided``, ``(offset, strides, size)``: the tensor is a view of
+    the source with that size, strides and offset, counted in the source's
+    row-major order (a parameter, its transpose, a slice: no index tensor is
+    made); or ``flat_ids``, the index of each entry (after a copy that keeps
+    entries, such as ``index_select``).
+    """
 
     name: str
     shape: tuple[int, ...]
-    flat: Tensor  # int64, the tensor's shape
+    strided: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None
+    flat_ids: Tensor | None = None  # int64, the tensor's shape
+
+    @property
+    def size(self) -> tuple[int, ...]:
+        """The shape of the tensor (not of its source)."""
+        if self.strided is not None:
+            return self.strided[2]
+        assert self.flat_ids is not None
+        return tuple(self.flat_ids.shape)
+
+    @property
+    def flat(self) -> Tensor:
+        """The flat index in the source of each entry (made here for a strided origin)."""
+        if self.flat_ids is not None:
+            return self.flat_ids
+        assert self.strided is not None
+        offset, strides, size = self.strided
+        return torch.arange(math.prod(self.shape)).as_strided(size, strides, offset)
 
     def coords(self) -> tuple[Tensor, ...]:
         """For each dim of the source tensor, the index of each entry along it."""
         return torch.unravel_index(self.flat, self.shape) if self.shape else ()
+
+    def axis_dim(self, axis: int) -> tuple[int, Tensor] | None:
+        """For a strided origin whose axes each run along their own source dim: the source dim ``axis`` runs
+        along and the index along it of each position (``None``: not such a view, or ``axis`` of size 1)."""
+        if self.strided is None:
+            return None
+        offset, strides, size = self.strided
+        source = _row_major(self.shape)
+        dims: list[int | None] = []
+        for n, stride in zip(size, strides, strict=True):
+            if n == 1 or stride == 0:
+                dims.append(None)
+                continue
+            found = [d for d, (m, c) in enumerate(zip(self.shape, source, strict=True)) if m > 1 and c == stride]
+            if len(found) != 1:
+                return None
+            dims.append(found[0])
+        taken = [d for d in dims if d is not None]
+        dim = dims[axis]
+        if len(taken) != len(set(taken)) or dim is None:
+            return None
+        start = (offset // source[dim]) % self.shape[dim]
+        if start + size[axis] > self.shape[dim]:
+            return None
+        return dim, torch.arange(start, start + size[axis])
+
+
+def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    return tuple(strides)
 
 
 #: What an op does to the atoms of its inputs: given the walk and the node, its output's atom ids.
@@ -67,8 +126,23 @@ class Ops:
     view_ids: Callable[[Walk, fx.Node, Mapping[fx.Node, Tensor]], Any]
 
 
+def _keys(target: Any) -> Iterator[object]:
+    """How tables may name an op: the overload, its packet, and the packet's qualified name (``"ns::op"``)."""
+    yield target
+    packet = getattr(target, "overloadpacket", None)
+    if packet is not None:
+        yield packet
+        name = getattr(packet, "_qualified_op_name", None)
+        if name is not None:
+            yield name
+
+
+def _lookup(target: Any, table: Mapping[object, Any]) -> Any:
+    return next((table[key] for key in _keys(target) if key in table), None)
+
+
 def _member(target: Any, table: Mapping[object, Any] | frozenset[object]) -> bool:
-    return target in table or getattr(target, "overloadpacket", None) in table
+    return any(key in table for key in _keys(target))
 
 
 class NodeFailed(Exception):
@@ -86,7 +160,7 @@ def describe(node: fx.Node) -> str:
 class Walk:
     """The state of one walk: values, atom ids and origins by node, and the atoms."""
 
-    def __init__(self, exported: Exported, ops: Ops) -> None:
+    def __init__(self, exported: Exported, ops: Ops, routers: Iterable[Router] = ()) -> None:
         self.exported = exported
         self.ops = ops
         self.atoms = Atoms()
@@ -94,10 +168,13 @@ class Walk:
         self.ids: dict[fx.Node, Any] = {}
         self.origins: dict[fx.Node, Any] = {}
         self.read_directly: dict[str, str] = {}  # tensor name -> the op reading its values directly
-        self.attributes: dict[str, set[str]] = {}  # module path -> head-count attributes its views follow
+        self.routers: dict[str, Router] = {r.weight: r for r in routers}  # MoE routers, by weight name
+        self.sources: dict[str, Tensor] = {}  # tensor name -> its value
         for node, name in exported.tensors.items():
             value = exported.values[node]
-            self.origins[node] = Origin(name, tuple(value.shape), torch.arange(value.numel()).reshape(value.shape))
+            shape = tuple(value.shape)
+            self.origins[node] = Origin(name, shape, strided=(0, _row_major(shape), shape))
+            self.sources[name] = value
         for node, path in exported.modules.items():
             node.meta["funcprune_module"] = path
 
@@ -147,8 +224,7 @@ class Walk:
         args, kwargs = self.value(node.args), self.value(node.kwargs)
         target: Any = node.target
         self.values[node] = target(*args, **kwargs)
-        packet = getattr(target, "overloadpacket", None)
-        handler = self.ops.handlers.get(target) or self.ops.handlers.get(packet)
+        handler = _lookup(target, self.ops.handlers)
         reads = any(True for _ in self.tensor_atoms(node))
         if handler is not None and (reads or _member(target, self.ops.producers)):
             try:
@@ -172,18 +248,35 @@ class Walk:
             return
         if _member(node.target, self.ops.views) and len(sources) == 1:
             origin = self.origins[sources[0]]
+            strided = self._view_of_source(node, origin)
+            if strided is not None:
+                self.origins[node] = Origin(origin.name, origin.shape, strided=strided)
+                return
             moved = self.ops.view_ids(self, node, {sources[0]: origin.flat})
             if isinstance(moved, Tensor):
-                self.origins[node] = Origin(origin.name, origin.shape, moved)
+                self.origins[node] = Origin(origin.name, origin.shape, flat_ids=moved)
                 return
         for source in sources:
             if not self._is_layer_slot(node, source):
                 self.read_directly.setdefault(self.origins[source].name, describe(node))
 
+    def _view_of_source(self, node: fx.Node, origin: Origin) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
+        """The node's value as a strided view of ``origin``'s source tensor, if it is one (it shares its memory)."""
+        value = self.values.get(node)
+        source = self.sources.get(origin.name)
+        if not isinstance(value, Tensor) or source is None or not source.is_contiguous() or not value.numel():
+            return None
+        if value.dtype != source.dtype or value.device != source.device or source.device.type == "meta":
+            return None
+        if value.untyped_storage().data_ptr() != source.untyped_storage().data_ptr():
+            return None
+        offset = int(value.storage_offset()) - int(source.storage_offset())
+        return offset, tuple(value.stride()), tuple(value.shape)
+
     def _is_layer_slot(self, node: fx.Node, source: fx.Node) -> bool:
         """Whether ``source`` is the weight or bias of the layer op ``node`` (read there as a layer reads it)."""
         target: Any = node.target
-        slots = self.ops.layer_slots.get(target) or self.ops.layer_slots.get(getattr(target, "overloadpacket", None))
+        slots = _lookup(target, self.ops.layer_slots)
         if slots is None:
             return False
         positional = [i for i, a in enumerate(node.args) if a is source]

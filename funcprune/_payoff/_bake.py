@@ -8,6 +8,7 @@ runs, saves and loads as an ordinary module (``README.md``).
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Mapping
 from typing import TypeVar
 
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from .._dtensor import refuse_in
+from .._experts import removed_experts, routers
 from .._names import check_masks, check_not_hooked
 from .._types import Tensor
 from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
@@ -57,7 +59,11 @@ def bake(module: _M, masks: Mapping[str, Tensor]) -> _M:
         that :func:`~funcprune.apply_masks` computes, like torch's hook,
         gives ``-0.0`` and ``nan`` there), so for finite weights it holds the
         values of ``apply_masks(params, masks)`` and computes the outputs of
-        :func:`~funcprune.functional_call_masked`.
+        :func:`~funcprune.functional_call_masked`; except where the masks
+        remove experts of a mixture-of-experts layer (a router row pruned
+        entirely): the copy still routes tokens to them (with zero weights),
+        where ``functional_call_masked`` and :func:`~funcprune.shrink` never
+        do. ``bake`` warns then (``UserWarning``); ``shrink`` removes them.
 
     Raises:
         TypeError: if ``module`` is not a module, ``masks`` not a mapping of
@@ -91,4 +97,25 @@ def bake(module: _M, masks: Mapping[str, Tensor]) -> _M:
     with torch.no_grad():
         for name, mask in by_param.items():
             new_params[name].masked_fill_(~mask, 0.0)
+    _warn_routed(module, by_param)
     return baked
+
+
+def _warn_routed(module: nn.Module, masks: Mapping[str, Tensor]) -> None:
+    """Warn where the masks remove experts that the baked copy still routes to."""
+    removed = {
+        layer.module: removed_experts(masks[layer.weight], layer.top_k).nonzero().flatten().tolist()
+        for layer in routers(module)
+        if layer.weight in masks
+    }
+    removed = {path: experts for path, experts in removed.items() if experts}
+    if removed:
+        shown = ", ".join(f"{path!r} experts {experts}" for path, experts in list(removed.items())[:3])
+        warnings.warn(
+            f"bake: the masks prune router rows entirely, removing experts ({shown}"
+            f"{', ...' if len(removed) > 3 else ''}); the baked copy still routes tokens to them (their "
+            "weights are zero), so it computes something else than functional_call_masked, which never "
+            "routes to a removed expert. shrink removes them",
+            UserWarning,
+            stacklevel=3,
+        )

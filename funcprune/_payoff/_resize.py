@@ -6,7 +6,8 @@ indices (a parameter stays a :class:`~torch.nn.Parameter`, with its
 ``in_features``/``out_features``, a Conv's channels and groups, a norm's
 ``num_features``, transformers' Conv1D ``nf``/``nx``, and an attention
 module's head counts (``num_heads``, ``num_key_value_heads``,
-``all_head_size``, ``split_size``...), from the heads its attention keeps.
+``all_head_size``, ``split_size``...), from the heads its attention keeps,
+and a MoE layer's expert counts (``num_experts``), from the experts it keeps.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._graph import Analysis
+from .._graph import Analysis, Experts
 
 __all__ = ["resize_modules"]
 
@@ -25,6 +26,8 @@ __all__ = ["resize_modules"]
 _QUERY_HEADS = ("num_heads", "num_attention_heads", "n_head", "num_q_heads")
 _KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads")
 _QUERY_WIDTH = ("all_head_size", "split_size", "inner_dim")
+#: Attributes of a MoE layer's modules that count its experts.
+_EXPERT_COUNTS = ("num_experts", "num_local_experts")
 
 
 @torch.no_grad()
@@ -37,6 +40,7 @@ def resize_modules(
     Returns the size attributes that changed: new values by module path and name.
     """
     paths = {name.rpartition(".")[0] for name in keep} | {a.module for a in analysis.attention}
+    paths |= {path for layer in analysis.experts for path in _moe_paths(layer)}
     before = {path: _sizes(model, path) for path in paths}
     touched: dict[str, dict[str, tuple[int, ...]]] = {}
     for name, dims in keep.items():
@@ -55,6 +59,8 @@ def resize_modules(
         _resize(model.get_submodule(owner), old_shapes)
     for attention in analysis.attention:
         _resize_attention(model, attention.module, attention.heads, attention.kv_heads, removed)
+    for layer in analysis.experts:
+        _resize_experts(model, layer, removed)
     changed: dict[str, dict[str, Any]] = {}
     for path, sizes in before.items():
         after = _sizes(model, path)
@@ -139,3 +145,20 @@ def _resize_attention(model: nn.Module, path: str, heads: tuple[int, ...], kv_he
     for attr, width in old_width.items():
         if width % len(heads) == 0:
             setattr(module, attr, width // len(heads) * len(kept))
+
+
+def _moe_paths(layer: Experts) -> tuple[str, ...]:
+    """The modules of a MoE layer that may count its experts: the router, the experts, the block holding them."""
+    return (layer.router.module, layer.router.experts, layer.router.experts.rpartition(".")[0])
+
+
+def _resize_experts(model: nn.Module, layer: Experts, removed: Set[int]) -> None:
+    """A MoE layer's expert counts (``num_experts``...), from the experts it keeps."""
+    kept = sum(1 for g in layer.groups if g not in removed)
+    if kept == layer.router.count:
+        return
+    for path in _moe_paths(layer):
+        module = model.get_submodule(path)
+        for attr in _EXPERT_COUNTS:
+            if getattr(module, attr, None) == layer.router.count:
+                setattr(module, attr, kept)

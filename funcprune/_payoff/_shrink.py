@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .._dtensor import refuse_in
+from .._experts import never_routed
 from .._graph import (
     Analysis,
     Inputs,
@@ -290,8 +291,9 @@ def _masked_outputs(analysis: Analysis, masks: Mapping[str, Tensor], removed: Se
     model = analysis.model
     params = dict(model.named_parameters())
     keep = kept_indices(analysis, removed, sizes)
-    baked = {name: params[name].masked_fill(~mask, 0.0) for name, mask in closure(masks, keep, params).items()}
-    with torch.no_grad():  # pruned entries +0.0, as the shrunk model holds them (a nan weight too)
+    closed = closure(masks, keep, params)
+    baked = {name: params[name].masked_fill(~mask, 0.0) for name, mask in closed.items()}
+    with torch.no_grad(), never_routed(model, closed):  # pruned entries +0.0, as the shrunk model holds them
         return torch.func.functional_call(model, baked, tuple(analysis.inputs.args), dict(analysis.inputs.kwargs))
 
 

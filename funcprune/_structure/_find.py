@@ -29,7 +29,7 @@ _Footprints = dict[int, dict[tuple[str, int], list[int]]]
 
 
 def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False) -> Structure:
-    """The structural units of ``model``: MLP channels, attention heads, KV groups.
+    """The structural units of ``model``: MLP channels, attention heads, KV groups, experts.
 
     The model is exported and analyzed as :func:`~funcprune.shrink` does
     (a copy, in eval mode, run on ``example_inputs``), and every group of
@@ -45,7 +45,14 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
       and the output projection's columns that read it);
     - ``"kv_groups"``: under grouped-query attention, a key/value head with
       the query heads that read it (heads alone cannot go: the query
-      heads of one KV group go together with it).
+      heads of one KV group go together with it);
+    - ``"experts"``: the experts of a mixture-of-experts layer (each
+      expert's index of the stacked expert weights with its row of the
+      router's weight). A removed expert is never routed to; at least
+      ``top_k`` experts stay. The hidden channels of the experts are no
+      units: their weights are stacked in one tensor (one width for all
+      experts), which torch's grouped matmul, that transformers runs them
+      with, needs in multiples of 16 bytes.
 
     What stays whatever the masks say is left out: the hidden size of a
     transformer (the residual stream, normalized across its channels), the
@@ -104,13 +111,14 @@ def units_of(
     """
     footprints = _footprints(analysis, shapes)
     kinds = _kinds(analysis)
+    stacked = {name for layer in analysis.experts for name in layer.router.parameters}  # experts' hidden channels
     order = {name: i for i, name in enumerate(shapes)}
     alike: dict[tuple[Kind, tuple[tuple[str, int], ...]], list[int]] = {}
     for unit in sorted(analysis.made):
         feet = footprints.get(unit)
         if not feet or unit in analysis.blocked or unit in analysis.refused:
             continue
-        if any(made.tensor in excluded for made in analysis.made[unit]):
+        if any(made.tensor in excluded or made.tensor in stacked for made in analysis.made[unit]):
             continue
         if any(len(indices) == shapes[name][dim] for (name, dim), indices in feet.items()):
             continue  # all of a layer's side: it cannot go
@@ -145,7 +153,7 @@ def _footprints(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]])
 
 
 def _kinds(analysis: graph.Analysis) -> dict[int, Kind]:
-    kinds: dict[int, Kind] = {}
+    kinds: dict[int, Kind] = {group: "experts" for layer in analysis.experts for group in layer.groups}
     for attention in analysis.attention:
         kind: Kind = "heads" if attention.kv_heads == len(attention.heads) else "kv_groups"
         for group in attention.heads:

@@ -25,13 +25,13 @@ LAYER0: dict[str, dict[str, tuple[str, int]]] = {
     "opt": {"model.decoder.layers.0.self_attn": ("heads", 4), "model.decoder.layers.0": ("channels", 48)},
     "bert": {"bert.encoder.layer.0.attention": ("heads", 4), "bert.encoder.layer.0": ("channels", 48)},
     "vit": {"vit.layers.0.attention": ("heads", 4), "vit.layers.0.mlp": ("channels", 48)},
-    "mixtral": {"model.layers.0.self_attn": ("kv_groups", 2)},
+    "mixtral": {"model.layers.0.self_attn": ("kv_groups", 2), "model.layers.0.mlp": ("experts", 4)},
 }
 #: The kinds each model's config can count when every layer keeps the same number (GPT-2, OPT, BERT and
 #: ViT derive the head size from the hidden size: fewer heads need the record).
 CONFIG_KINDS: dict[str, Any] = {name: ("channels",) for name in MATRIX} | {
-    name: ("channels", "kv_groups") for name in ("llama", "qwen3", "mistral", "mixtral")
-}
+    name: ("channels", "kv_groups") for name in ("llama", "qwen3", "mistral")
+} | {"mixtral": ("kv_groups", "experts")}
 
 
 @functools.cache
@@ -110,7 +110,9 @@ def test_uniform_widths_are_in_the_config_and_reload_with_plain_from_pretrained(
         assert (config.num_attention_heads, config.num_key_value_heads) == (2, 1)
         assert config.head_dim == before.hidden_size // before.num_attention_heads
     width = {"gpt2": "n_inner", "opt": "ffn_dim"}.get(name, "intermediate_size")
-    if name != "mixtral":  # its MLP is experts
+    if name == "mixtral":  # its MLP is experts
+        assert config.num_local_experts == 2
+    else:
         assert getattr(config, width) == (64 if name == "gpt2" else 24)
     small.save_pretrained(tmp_path)
     cls: Any = type(t.model)

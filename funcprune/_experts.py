@@ -1,0 +1,181 @@
+"""Mixture-of-experts layers as transformers builds them: :func:`routers`, and :func:`never_routed`.
+
+A transformers MoE block holds an *experts* module (its ``num_experts``
+experts' weights stacked along a leading dim: Mixtral's ``gate_up_proj``
+of shape ``(E, 2 * I, H)`` and ``down_proj`` of shape ``(E, H, I)``) and, beside
+it, a *router*: a module whose ``(E, H)`` weight makes one logit per
+expert, of which the ``top_k`` best are routed to. Expert ``e`` is one unit:
+row ``e`` of the router's weight and index ``e`` of every expert weight.
+
+A removed expert is never routed to. In a masked model, an expert whose
+router row the masks prune entirely is *removed*: :func:`never_routed`
+makes its logit ``-inf`` (where the shrunk model has no such expert at all),
+so that softmax gives it probability 0 and top-k never picks it. So the
+masked model computes what the shrunk one does. At least ``top_k`` experts
+stay: where the masks prune more router rows, the first of them (lowest
+index) stay routed, as ``shrink`` keeps them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, final
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from ._types import Tensor
+
+__all__ = ["Router", "never_routed", "routers"]
+
+#: Attributes that count an experts module's experts.
+_COUNTS = ("num_experts", "num_local_experts")
+#: Attributes that say how many experts each token goes to (on the router, or the block holding it).
+_TOP_K = ("top_k", "num_experts_per_tok")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Router:
+    """One MoE layer: its router, its experts, and how many of them each token goes to.
+
+    Attributes:
+        module: the router module's path (``"model.layers.0.mlp.gate"``).
+        weight: the router's ``(count, hidden)`` weight, by name.
+        experts: the experts module's path.
+        parameters: the experts' parameters (leading dim ``count``), by name.
+        count: how many experts there are.
+        top_k: how many experts each token is routed to.
+    """
+
+    module: str
+    weight: str
+    experts: str
+    parameters: tuple[str, ...]
+    count: int
+    top_k: int
+
+
+def _int_attr(module: nn.Module, names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = getattr(module, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def routers(model: nn.Module) -> tuple[Router, ...]:
+    """The MoE layers of ``model``, in the order of its modules.
+
+    An experts module counts its experts (``num_experts`` or
+    ``num_local_experts``, at least 2) and holds parameters stacked along
+    them (leading dim that count, at least 2-D); its router is the one
+    sibling module with a 2-D ``weight`` of one row per expert, and
+    ``top_k`` (or ``num_experts_per_tok``) on the router or on the block
+    that holds both. Experts kept in a ``ModuleList`` (one module each)
+    are not recognized: they stay as they are.
+    """
+    found: list[Router] = []
+    for path, module in model.named_modules():
+        count = _int_attr(module, _COUNTS)
+        if count is None or count < 2 or not path:
+            continue
+        stacked = [
+            name for name, p in module.named_parameters(recurse=False) if p.dim() >= 2 and p.shape[0] == count
+        ]
+        if not stacked:
+            continue
+        parent_path, _, own = path.rpartition(".")
+        parent = model.get_submodule(parent_path)
+        candidates = [
+            (name, child)
+            for name, child in parent.named_children()
+            if name != own and _router_weight(child, count) is not None
+        ]
+        if len(candidates) != 1:
+            continue
+        name, router = candidates[0]
+        top_k = _int_attr(router, _TOP_K) or _int_attr(parent, _TOP_K)
+        if top_k is None or not 1 <= top_k <= count:
+            continue
+        prefix = f"{parent_path}." if parent_path else ""
+        found.append(Router(
+            f"{prefix}{name}", f"{prefix}{name}.weight", path, tuple(f"{path}.{p}" for p in stacked), count, top_k,
+        ))  # fmt: skip
+    return tuple(found)
+
+
+def _router_weight(module: nn.Module, count: int) -> Tensor | None:
+    weight = getattr(module, "weight", None)
+    if isinstance(weight, nn.Parameter) and weight.dim() == 2 and weight.shape[0] == count:
+        return weight
+    return None
+
+
+def removed_experts(mask: Tensor, top_k: int) -> Tensor:
+    """The experts a router-weight mask removes (``(count,)`` bool): rows pruned entirely, ``top_k`` kept at least.
+
+    Where fewer than ``top_k`` rows would stay, the first pruned rows stay
+    (as ``shrink`` keeps them). Tensor ops only: works under ``vmap``.
+    """
+    pruned = ~(mask != 0).any(dim=-1)
+    short = (top_k - (~pruned).sum()).clamp(min=0)
+    rank = pruned.cumsum(-1)  # 1, 2, ... along the pruned rows
+    return pruned & (rank > short)
+
+
+class _NeverRouted(TorchFunctionMode):
+    """Within: a linear whose weight is the running router's gives ``-inf`` to the removed experts' logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running: list[tuple[Tensor, Tensor]] = []  # (the router's weight as bound now, removed experts)
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func is torch.nn.functional.linear and self.running:
+            weight = args[1] if len(args) > 1 else kwargs.get("weight")
+            bound, removed = self.running[-1]
+            if weight is bound:
+                out = out.masked_fill(removed, float("-inf"))
+        return out
+
+
+@contextlib.contextmanager
+def never_routed(model: nn.Module, masks: Mapping[str, Tensor]) -> Iterator[None]:
+    """Within: ``model``'s experts that ``masks`` remove (router row pruned entirely) are never routed to.
+
+    Their router logits are ``-inf``. Nothing happens for a model without
+    MoE layers, or masks that prune no router row entirely. Works inside
+    :func:`torch.func.functional_call` (the router's weight is read as it
+    is bound when the router runs) and under ``vmap`` and ``grad``.
+    """
+    layers = [r for r in routers(model) if r.weight in masks]
+    if not layers:
+        yield
+        return
+    mode = _NeverRouted()
+    handles = []
+    for layer in layers:
+        module = model.get_submodule(layer.module)
+        removed = removed_experts(masks[layer.weight], layer.top_k)
+
+        def enter(m: nn.Module, args: Any, removed: Tensor = removed) -> None:
+            weight: Tensor = m.weight  # type: ignore[assignment]  # a router's weight is a tensor
+            mode.running.append((weight, removed))
+
+        def leave(m: nn.Module, args: Any, out: Any) -> None:
+            mode.running.pop()
+
+        handles.append(module.register_forward_pre_hook(enter))
+        handles.append(module.register_forward_hook(leave))
+    try:
+        with mode:
+            yield
+    finally:
+        for handle in handles:
+            handle.remove()
