@@ -10,6 +10,7 @@ from ._analysis import analyze as analyze
 from ._atoms import Slice as Slice
 from ._export import Inputs as Inputs
 from ._export import as_inputs as as_inputs
+from ._export import copy_module as copy_module
 from ._export import run as run
 from ._removal import Removal as Removal
 from ._removal import closure as closure

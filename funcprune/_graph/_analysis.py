@@ -61,6 +61,9 @@ class Analysis:
         experts: the MoE layers, with their experts' groups.
         least: for a tensor's dim, how many indices must stay (at least one
             everywhere; a router's ``top_k`` experts).
+        unseen: the parameters in which the walk sees no channel, though an op
+            reads them (a weight computed from them by a parametrization or a
+            hook: spectral_norm's ``weight_orig``), with the op.
     """
 
     model: nn.Module
@@ -73,6 +76,7 @@ class Analysis:
     attention: tuple[Attention, ...]
     experts: tuple[Experts, ...]
     least: Mapping[tuple[str, int], int]
+    unseen: Mapping[str, str]
 
 
 def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
@@ -114,6 +118,7 @@ def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
         tuple(_attention(walk, roots)),
         tuple(_experts(layers, related)),
         {(layer.weight, 0): layer.top_k for layer in layers},
+        {name: node for name, node in walk.read_directly.items() if name not in related},
     )
 
 

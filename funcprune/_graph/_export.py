@@ -14,6 +14,7 @@ import contextlib
 import copy
 import inspect
 import io
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, final
@@ -23,7 +24,7 @@ from torch import fx, nn
 
 from .._types import Tensor
 
-__all__ = ["Exported", "Inputs", "as_inputs", "export_model", "run"]
+__all__ = ["Exported", "Inputs", "as_inputs", "copy_module", "export_model", "run"]
 
 
 @final
@@ -102,13 +103,37 @@ def run(module: nn.Module, inputs: Inputs) -> Any:
         return module(*inputs.args, **inputs.kwargs)
 
 
+def copy_module(fn: str, module: nn.Module) -> nn.Module:
+    """``copy.deepcopy(module)``, or a ValueError saying why it cannot be copied.
+
+    torch cannot copy a module under the deprecated ``torch.nn.utils.weight_norm``
+    (its weight is a computed tensor held as an attribute); the message names it
+    and the way out.
+    """
+    try:
+        return copy.deepcopy(module)
+    except Exception as e:
+        legacy = [
+            path or type(module).__name__
+            for path, m in module.named_modules()
+            if any(type(hook).__name__ == "WeightNorm" for hook in m._forward_pre_hooks.values())
+        ]
+        if legacy:
+            raise ValueError(
+                f"{fn}: cannot copy the model: {legacy[0]!r} is under the deprecated "
+                "torch.nn.utils.weight_norm, which torch cannot copy; use "
+                "torch.nn.utils.parametrizations.weight_norm instead (or torch.nn.utils.remove_weight_norm)"
+            ) from None
+        raise ValueError(f"{fn}: cannot copy the model with copy.deepcopy ({type(e).__name__}: {_first_line(e)})") from e
+
+
 def export_model(fn: str, module: nn.Module, inputs: Inputs) -> Exported:
     """The graph of ``module`` (a copy in eval mode) on ``inputs``.
 
     Raises:
         ValueError: if the model fails on the inputs, or ``torch.export`` cannot trace it.
     """
-    model = copy.deepcopy(module).eval()
+    model = copy_module(fn, module).eval()
     name = type(module).__name__
     running: list[str] = []
     try:
@@ -202,6 +227,12 @@ def _tracking(model: nn.Module, running: list[str]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """Keep what a model prints while it runs or is exported out of the caller's output."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    """Keep what a model prints while it runs or is exported out of the caller's output, and export's advice.
+
+    ``torch.export`` warns about what it traces (a tensor attribute assigned
+    in ``forward``, as the deprecated ``spectral_norm`` does): advice for
+    exporting, not about what funcprune computes.
+    """
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The tensor attribute .* was assigned during export")
         yield

@@ -75,6 +75,12 @@ def plan_removal(
     why.update(_keep_one_per_side(analysis, removed, sizes))
     _refuse_unknown(fn, analysis, removed)
     kept = _kept(analysis, pruned, removed, why)
+    for name, node in analysis.unseen.items():
+        mask = masks.get(name)
+        rows = 0 if mask is None or mask.dim() < 2 else int((~mask.flatten(1).any(1)).sum())
+        if rows:
+            reason = f"{node} computes with {name!r}: no channel of it can be followed (a parametrization, a hook...)"
+            kept.setdefault(_module(name), {})[reason] = rows
     return Removal(frozenset(removed), frozenset(candidates), kept)
 
 

@@ -7,16 +7,16 @@ runs, saves and loads as an ordinary module (``README.md``).
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 from torch import nn
 
 from .._dtensor import refuse_in
 from .._experts import removed_experts, routers
+from .._graph import copy_module
 from .._names import check_masks, check_not_hooked
 from .._types import Tensor
 from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
@@ -72,8 +72,9 @@ def bake(module: _M, masks: Mapping[str, Tensor]) -> _M:
             names are suggested.
         ValueError: if a mask's shape or device differs from its
             parameter's, a float mask holds values other than 0 and 1, two
-            names of one tied Parameter carry different masks, or
-            ``module`` is pruned in hook mode.
+            names of one tied Parameter carry different masks,
+            ``module`` is pruned in hook mode, or it cannot be copied (a
+            layer under the deprecated ``torch.nn.utils.weight_norm``).
 
     >>> import torch, funcprune as fp
     >>> lin = torch.nn.Linear(3, 1, bias=False)
@@ -92,7 +93,7 @@ def bake(module: _M, masks: Mapping[str, Tensor]) -> _M:
     params = dict(module.named_parameters(remove_duplicate=False))
     checked = check_masks(fn, params, check_mask_dtypes(fn, masks))
     by_param = one_mask_per_parameter(fn, first_names(module), checked)
-    baked = copy.deepcopy(module)
+    baked = cast(_M, copy_module(fn, module))
     new_params = dict(baked.named_parameters(remove_duplicate=False))
     with torch.no_grad():
         for name, mask in by_param.items():

@@ -9,7 +9,6 @@ against the masked model on the example inputs (``README.md``).
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from .._graph import (
     analyze,
     as_inputs,
     closure,
+    copy_module,
     kept_indices,
     plan_removal,
     run,
@@ -101,9 +101,11 @@ def propagate(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: ob
         UnknownNameError: if a mask names no parameter of ``module``.
         ValueError: if ``module`` is pruned in hook mode, a mask does not
             fit its parameter, two names of a tied Parameter carry different
-            masks, ``torch.export`` cannot trace the model, the inputs do not
-            run through it, or an op the analysis cannot reason about reads
-            channels that would go (the message names the node).
+            masks, the model cannot be copied (a layer under the deprecated
+            ``torch.nn.utils.weight_norm``), ``torch.export`` cannot trace
+            the model, the inputs do not run through it, or an op the
+            analysis cannot reason about reads channels that would go (the
+            message names the node).
 
     Warns:
         KeptChannelsWarning: if output channels that the masks prune
@@ -153,6 +155,10 @@ def shrink(module: _M, masks: Mapping[str, Tensor], example_inputs: object) -> _
     - arithmetic with a computed tensor of per-channel entries, a divisor,
       ``log``, ``rsqrt`` or a negative power (infinite at zero: ``0 * inf``
       is NaN), a layer whose parameters are read directly in ``forward``;
+    - a weight computed from a parameter (a parametrization such as
+      ``spectral_norm`` or ``weight_norm``, a hook): no channel of that
+      parameter can be followed, and its rows stay (the warning names it);
+    - in a mixture-of-experts layer, the router's ``top_k`` experts;
     - each layer keeps at least one channel on each side;
     - channels whose removal changes the model's outputs on the example
       inputs: the shrunk model is run on them and checked against the
@@ -369,7 +375,7 @@ def _built(
 ) -> tuple[nn.Module, Record]:  # fmt: skip
     """A copy of ``module`` without ``removed``, the closure applied; and the size attributes that changed."""
     keep = kept_indices(analysis, removed, sizes)
-    result = copy.deepcopy(module)
+    result = copy_module("shrink", module)
     _zero_pruned_(result, closure(masks, keep, dict(module.named_parameters())))
     return result, resize_modules(result, keep, analysis, set(removed))
 
