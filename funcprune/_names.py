@@ -30,6 +30,7 @@ __all__ = [
     "check_not_hooked",
     "pruning_hook",
     "check_masks",
+    "check_module_not_hook_mode",
     "check_scores",
     "as_bool_mask",
 ]
@@ -97,7 +98,20 @@ def check_not_hook_mode(fn: str, params: Params) -> None:
         raise ValueError(
             f"{fn}: params holds {hooked[0]!r} but no {hooked[0][: -len(_ORIG)]!r}: these are "
             f"the parameters of a module pruned in hook mode, which funcprune's rules do not "
-            f"name; {_HOOK_MODE_HINT}, then pass dict(module.named_parameters())"
+            f"name; {_HOOK_MODE_HINT}, then pass dict(module.named_parameters()). If instead "
+            "that layer is under the deprecated torch.nn.utils.spectral_norm (which also makes a "
+            "'weight_orig'), move it to torch.nn.utils.parametrizations.spectral_norm: its "
+            "parameter is then 'parametrizations.weight.original', which rules can name"
+        )
+
+
+def check_module_not_hook_mode(fn: str, module: nn.Module) -> None:
+    """Refuse a module pruned in hook mode, read off its hooks (a ``weight_orig`` of spectral_norm is no such)."""
+    hooked = pruning_hook(module)
+    if hooked is not None:
+        raise ValueError(
+            f"{fn}: {hooked[0] + _ORIG!r} belongs to a module pruned in hook mode ({hooked[0]!r} is "
+            f"recomputed from it by a pruning hook), which funcprune's rules do not name; {_HOOK_MODE_HINT}"
         )
 
 

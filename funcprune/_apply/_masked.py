@@ -204,7 +204,8 @@ def functional_call_masked(
     Args:
         module: the module whose ``forward`` runs.
         params: its parameters by name (all or some of them; the others
-            are taken from the module).
+            are taken from the module, and masked where ``masks`` has
+            their names).
         masks: masks by name, as in :func:`apply_masks`.
         args: the positional argument(s) of ``forward``: one value, or a
             tuple of them.
@@ -226,6 +227,9 @@ def functional_call_masked(
     tensor([[2.]])
     """
     net = _check_module_names(module, params, masks, buffers)
+    if isinstance(params, Mapping) and isinstance(masks, Mapping):  # a masked parameter left out: the module's
+        missing = {n: p for n, p in net.named_parameters(remove_duplicate=False) if n in masks and n not in params}
+        params = {**missing, **params} if missing else params
     masked = apply_masks(params, masks, strict=strict)
     tensors = dict(net.named_buffers()) if buffers is None else dict(buffers)
     tensors.update(masked)
@@ -294,7 +298,10 @@ def apply_masks_(params: Params, masks: Mapping[str, Tensor]) -> None:
     Parameter containing:
     tensor([1., 0.], requires_grad=True)
     """
-    for name, mask in _checked("apply_masks_", params, masks, False).items():
+    checked = _checked("apply_masks_", params, masks, False)
+    for name in checked:
+        _check_writable("apply_masks_", f"params[{name!r}]", params[name])
+    for name, mask in checked.items():
         params[name].mul_(as_multiplier(mask, params[name].dtype))
 
 
@@ -312,7 +319,26 @@ def mask_gradients_(params: Params, masks: Mapping[str, Tensor]) -> None:
     >>> w.grad
     tensor([2., 0.])
     """
-    for name, mask in _checked("mask_gradients_", params, masks, False).items():
+    checked = _checked("mask_gradients_", params, masks, False)
+    for name in checked:
+        grad = params[name].grad
+        if grad is not None:
+            _check_writable("mask_gradients_", f"params[{name!r}].grad", grad)
+    for name, mask in checked.items():
         grad = params[name].grad
         if grad is not None:
             grad.mul_(as_multiplier(mask, grad.dtype))
+
+
+def _check_writable(fn: str, what: str, tensor: Tensor) -> None:
+    """Refuse, before anything is written, a tensor that cannot be written in place."""
+    if tensor.is_inference() and not torch.is_inference_mode_enabled():
+        problem = "is an inference tensor (made under torch.inference_mode), which cannot be written outside it"
+    elif any(stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape, strict=True)):
+        problem = "is an expanded view (several entries share one memory location), which cannot be written in place"
+    else:
+        return
+    raise ValueError(
+        f"{fn}: {what} {problem}; nothing was written. Pass a tensor that can be written "
+        "(a clone), or use the pure version, which returns new tensors"
+    )

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from .._torch_private import is_functorch_wrapped
 from .._types import Masks, Tensor
 
 __all__ = ["check_mask_dtypes", "first_names", "one_mask_per_parameter"]
@@ -22,6 +23,12 @@ def check_mask_dtypes(fn: str, masks: object) -> Mapping[str, Tensor]:
             f"{fn}: masks must be a mapping of names to masks, got {type(masks).__name__}"
         )
     for name, mask in masks.items():
+        if isinstance(mask, torch.Tensor) and is_functorch_wrapped(mask):
+            raise ValueError(
+                f"{fn}: the mask for {name!r} is inside a torch.func transform (vmap, grad...), and {fn} "
+                "builds a new module from the masks' values, which transforms do not support: call "
+                f"{fn} outside the transform (once per mask dict)"
+            )
         if isinstance(mask, torch.Tensor) and not (
             mask.dtype == torch.bool or mask.is_floating_point()
         ):

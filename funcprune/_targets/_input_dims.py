@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from torch import nn
 
-from .._names import check_not_hook_mode
+from .._names import check_module_not_hook_mode
 from ._layers import input_dim, is_weight
 
 __all__ = ["input_dims"]
@@ -68,7 +68,7 @@ def input_dims(module: nn.Module) -> dict[str, int]:
     if not isinstance(module, nn.Module):
         hint = "; pass the model itself: its layer types say the layout" if isinstance(module, Mapping) else ""
         raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}{hint}")
-    check_not_hook_mode(fn, dict(module.named_parameters()))
+    check_module_not_hook_mode(fn, module)
     dims: dict[int, tuple[int, str]] = {}  # by parameter: its input dim, and who said so
     for path, owner in module.named_modules():
         for name, param in owner.named_parameters(recurse=False):

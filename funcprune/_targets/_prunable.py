@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from torch import nn
 
-from .._names import check_not_hook_mode
+from .._names import check_module_not_hook_mode
 from ._layers import is_target, is_weight
 from ._outputs import output_parameters
 
@@ -125,7 +125,7 @@ def prunable(
     (['1.weight'], ['0.weight', '1.weight'])
     """
     extra = _check_arguments(module, embeddings, types, outputs)
-    check_not_hook_mode("prunable", dict(module.named_parameters()))
+    check_module_not_hook_mode("prunable", module)
     selected = {
         id(param)
         for _, owner in module.named_modules()

@@ -349,3 +349,33 @@ def test_functional_call_masked_is_typed_by_the_modules_forward() -> None:
     out = fp.functional_call_masked(model, params_of(model), {}, (images(1),))
     assert_type(out, torch.Tensor)  # mypy --strict fails here if the result is Any
     assert out.shape == (1, 10)
+
+
+@pytest.mark.parametrize("bad", ["inference", "expanded"])
+def test_in_place_functions_write_nothing_when_one_tensor_cannot_be_written(bad: str) -> None:
+    def tensors() -> tuple[torch.Tensor, torch.Tensor]:
+        if bad == "inference":
+            with torch.inference_mode():
+                late = torch.ones(2, 3)
+        else:
+            late = torch.ones(3).expand(2, 3)
+        return torch.ones(2, 3), late
+
+    first, late = tensors()
+    masks = {"a": torch.zeros(2, 3, dtype=torch.bool), "b": torch.zeros(2, 3, dtype=torch.bool)}
+    with pytest.raises(ValueError, match=r"apply_masks_: params\['b'\] is an? .*nothing was written"):
+        fp.apply_masks_({"a": first, "b": late}, masks)
+    assert bool(first.eq(1).all())  # not half-done
+    a, b = torch.nn.Parameter(torch.ones(2, 3)), torch.nn.Parameter(torch.ones(2, 3))
+    a.grad, b.grad = tensors()
+    with pytest.raises(ValueError, match=r"mask_gradients_: params\['b'\].grad is an? .*nothing was written"):
+        fp.mask_gradients_({"a": a, "b": b}, masks)
+    assert a.grad is not None and bool(a.grad.eq(1).all())
+
+
+def test_functional_call_masked_masks_a_parameter_left_out_of_params() -> None:
+    lin = nn.Linear(3, 2)
+    x = torch.randn(4, 3)
+    mask = torch.tensor([[True, False, True], [False, True, True]])
+    got = fp.functional_call_masked(lin, {"bias": lin.bias}, {"weight": mask}, x)
+    torch.testing.assert_close(got, F.linear(x, lin.weight * mask, lin.bias))

@@ -100,3 +100,14 @@ def test_the_deprecated_weight_norm_is_refused_naming_it() -> None:
     for call in (lambda: fp.shrink(model, {}, x), lambda: fp.propagate(model, {}, x), lambda: fp.bake(model, {})):
         with pytest.raises(ValueError, match=r"'0' is under the deprecated torch.nn.utils.weight_norm.*parametrizations"):
             call()
+
+
+def test_shrink_propagate_and_bake_refuse_transforms_saying_so() -> None:
+    model = two_layers()
+    stacked = torch.ones(3, 8, 4, dtype=torch.bool)
+    x = torch.randn(2, 4)
+    for fn in (fp.propagate, fp.shrink):
+        with pytest.raises(ValueError, match=rf"{fn.__name__}: the mask for '0.weight' is inside a torch.func transform"):
+            torch.func.vmap(lambda m, fn=fn: fn(model, {"0.weight": m}, x))(stacked)
+    with pytest.raises(ValueError, match="bake: the mask for '0.weight' is inside a torch.func transform"):
+        torch.func.vmap(lambda m: fp.bake(model, {"0.weight": m}))(stacked)
