@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from .._select import Blocks, Slices, Target, eligible_per_group, keep, resolve_count
+from .._torch_private import is_functorch_wrapped
 from .._types import Count, Mask, Tensor
 from .._validate import validate_dim_range
 from ._kernels import as_bool, keep_all, unpruned_count
@@ -161,4 +162,20 @@ def per_slice(mask_of: MaskOf, dim: int, scores: Tensor, default_mask: Mask) -> 
         mask_of, in_dims=(d, None if default_mask is None else d), out_dims=0, randomness="different"
     )
     mask: Tensor = batched(scores, default_mask)
+    if not is_functorch_wrapped(scores) and not torch.compiler.is_compiling():
+        _raise_as_one_slice(mask_of, mask, scores.movedim(d, 0), None if default_mask is None else default_mask.movedim(d, 0))
     return mask.movedim(0, d)
+
+
+def _raise_as_one_slice(mask_of: MaskOf, mask: Tensor, scores: Tensor, default_mask: Tensor | None) -> None:
+    """In eager mode, raise where the spec on one slice alone raises (``vmap`` caps counts instead).
+
+    A slice where the spec asked for more than it could prune comes out of
+    ``vmap`` with nothing kept; only those slices run again, one by one.
+    """
+    emptied = (~mask.reshape(mask.shape[0], -1).any(1)).nonzero().flatten().tolist()
+    for i in emptied:
+        try:
+            mask_of(scores[i], None if default_mask is None else default_mask[i])
+        except (ValueError, IndexError) as e:
+            raise type(e)(f"PerSlice: slice {i}: {e}") from e

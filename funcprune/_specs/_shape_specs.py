@@ -148,7 +148,10 @@ class PerSlice(Spec):
     and :class:`~funcprune.RandomUnstructured` are selected for all slices
     at once; any other spec runs on the slices under
     :func:`torch.func.vmap` (every built-in spec does; each slice draws its
-    own random numbers).
+    own random numbers). In eager mode a slice raises as the spec on it
+    alone raises (an ``int`` amount above what an earlier mask left in
+    that slice); inside a transform, where a count cannot raise, it prunes
+    all that is left.
 
     Args:
         spec: the spec applied to each slice.
@@ -156,6 +159,8 @@ class PerSlice(Spec):
 
     Raises:
         TypeError: if ``spec`` is not a funcprune spec or ``dim`` not an int.
+        ValueError: from ``compute_mask``, where the spec raises on a slice
+            (the message names the slice).
 
     >>> scores = torch.tensor([[1.0, 2.0, 3.0, 4.0], [40.0, 30.0, 20.0, 10.0]])
     >>> PerSlice(L1Unstructured(0.5)).compute_mask(scores)

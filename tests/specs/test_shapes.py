@@ -790,3 +790,26 @@ def test_ranking_several_tensors_jointly_is_refused(spec: fp.Spec) -> None:
         fp.global_unstructured(["a", "b"], spec)(params)
     with pytest.raises(TypeError, match=name):
         fp.compute_joint_masks(spec, list(params.values()))
+
+
+@pytest.mark.parametrize(
+    "inner",
+    [fp.L1Unstructured(2), fp.Block(2, (1,)), fp.chain(fp.L1Unstructured(2)), fp.LnStructured(2, n=1, dim=0)],
+    ids=repr,
+)
+def test_per_slice_raises_in_eager_mode_as_the_slice_alone_does(inner: fp.Spec) -> None:
+    scores = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(0))
+    earlier = torch.ones(3, 4, 5, dtype=torch.bool)
+    earlier[1, :3] = False  # slice 1 keeps 1 row of 5 entries: fewer than 2 of anything but entries
+    if not isinstance(inner, fp.LnStructured):
+        earlier[1, 3, 1:] = False  # and 1 entry
+    with pytest.raises(ValueError) as alone:
+        inner.compute_mask(scores[1], earlier[1])
+    with pytest.raises(ValueError) as sliced:
+        fp.PerSlice(inner).compute_mask(scores, earlier)
+    assert str(alone.value) in str(sliced.value)
+    if isinstance(inner, fp.L1Unstructured):
+        return  # selected for all slices at once, with the counts known: torch's message, under vmap too
+    assert str(sliced.value).startswith("PerSlice: slice 1: ")
+    capped = torch.func.vmap(lambda s: fp.PerSlice(inner).compute_mask(s, earlier))(scores[None])
+    assert not bool(capped[0, 1].any())  # inside a transform the count is capped: the slice is emptied
