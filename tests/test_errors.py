@@ -142,3 +142,39 @@ def test_numeric_default_masks_count_nonzero_as_kept() -> None:
     got = fp.compute_mask(fp.L1Unstructured(1), t, float_mask)
     assert got.tolist() == [True, False, False, True]
     assert float_mask.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    ("spec", "scores", "message"),
+    [
+        (fp.NM(2, 4, dim=5), torch.randn(4, 8), r"NM: dim=5 does not index scores of shape \(4, 8\): expected -2 <= dim < 2"),
+        (fp.PerSlice(fp.L1Unstructured(0.5), dim=3), torch.randn(4, 8), r"PerSlice: dim=3 does not index"),
+        (fp.PerSlice(fp.Block(0.5, (2,)), dim=-4), torch.randn(4, 8), r"PerSlice: dim=-4 does not index"),
+        (fp.PerSlice(fp.L1Unstructured(0.5)), torch.tensor(3.0), r"PerSlice: scores is 0-d .*no dim 0"),
+        (fp.NM(2, 4), torch.tensor(3.0), r"NM: scores is 0-d .*no dim -1"),
+    ],
+    ids=["nm-dim", "per-slice-dim", "per-slice-negative-dim", "per-slice-0d", "nm-0d"],
+)
+def test_a_dim_that_indexes_nothing_names_the_spec_and_the_dim(spec: fp.Spec, scores: torch.Tensor, message: str) -> None:
+    with pytest.raises(IndexError, match=message):
+        spec.compute_mask(scores)
+
+
+def test_sparsity_report_refuses_meta_tensors_naming_them() -> None:
+    with pytest.raises(ValueError, match=r"sparsity_report: the mask for 'w' is on the meta device"):
+        fp.sparsity_report({"w": torch.ones(2, 2, dtype=torch.bool, device="meta")})
+    with pytest.raises(ValueError, match=r"sparsity_report: the parameter 'weight' is on the meta device"):
+        fp.sparsity_report(torch.nn.Linear(2, 2, device="meta"))
+
+
+def test_input_norms_checks_across_before_the_first_batch() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3))
+    ran: list[int] = []
+
+    def batches() -> Any:
+        ran.append(1)
+        yield torch.randn(1, 2)
+
+    with pytest.raises(TypeError, match=r"input_norms: across must be a torch.distributed process group.*'world'"):
+        fp.input_norms(model, batches(), ["0.weight"], across="world")  # type: ignore[arg-type]
+    assert not ran

@@ -163,6 +163,11 @@ def _zeros(tensors: list[tuple[str, Tensor | None]]) -> list[int]:
     counts = [0] * len(tensors)
     meshes: list[tuple[DeviceMesh, list[int], list[Tensor]]] = []
     for i, (what, t) in enumerate(tensors):
+        if t is not None and t.is_meta:
+            raise ValueError(
+                f"sparsity_report: {what} is on the meta device, which holds shapes but no values to "
+                "count; pass tensors with values (materialize the module or the masks first)"
+            )
         if t is None or not is_dtensor(t):
             counts[i] = 0 if t is None else int((t == 0).sum())
             continue

@@ -102,6 +102,7 @@ def input_norms(
         raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
     targets = [_target(fn, module, name) for name in dict.fromkeys(_check_names(fn, names))]
     _check_batches(fn, batches)
+    _check_across(fn, across)
     if not targets:
         return {}
     sums: dict[str, Tensor] = {}  # sums of squares, by weight name
@@ -138,6 +139,21 @@ def _norms(fn: str, ran: int, targets: list[_Target], sums: dict[str, Tensor], w
         t.name: sums[t.name].sqrt().to(torch.float64 if t.name in wide else torch.float32).reshape(t.shape)
         for t in targets
     }
+
+
+def _check_across(fn: str, across: object) -> None:
+    """Refuse, before any batch runs, an ``across`` that is no process group of an initialized ``torch.distributed``."""
+    if across is None:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_available() or not isinstance(across, dist.ProcessGroup):
+        raise TypeError(
+            f"{fn}: across must be a torch.distributed process group (dist.group.WORLD, or one from "
+            f"dist.new_group) or None, got {across!r} of type {type(across).__name__}"
+        )
+    if not dist.is_initialized():
+        raise ValueError(f"{fn}: across is a process group, but torch.distributed is not initialized")
 
 
 def _across(

@@ -71,7 +71,25 @@ class NM(Spec):
     def compute_mask(
         self, scores: Tensor, default_mask: Mask = None, *, generator: torch.Generator | None = None
     ) -> Tensor:
+        _check_dim_indexes(self, self.dim, scores)
         return kernels.n_m(int(self.n), int(self.m), self.dim, scores, default_mask)
+
+
+def _check_dim_indexes(spec: Spec, dim: int, scores: Tensor) -> None:
+    """Refuse a ``dim`` that does not index ``scores``, naming the spec and the dim (an IndexError)."""
+    if not isinstance(scores, Tensor):
+        return  # refused with its own message after
+    rank = scores.dim()
+    if rank == 0:
+        raise IndexError(
+            f"{type(spec).__name__}: scores is 0-d (one value), which has no dim {dim} to run along; "
+            "pass a tensor with at least one dim"
+        )
+    if not -rank <= dim < rank:
+        raise IndexError(
+            f"{type(spec).__name__}: dim={dim} does not index scores of shape {tuple(scores.shape)}: "
+            f"expected {-rank} <= dim < {rank}"
+        )
 
 
 def _check_block_shape(shape: object) -> tuple[int, ...]:
@@ -184,6 +202,7 @@ class PerSlice(Spec):
     def compute_mask(
         self, scores: Tensor, default_mask: Mask = None, *, generator: torch.Generator | None = None
     ) -> Tensor:
+        _check_dim_indexes(self, self.dim, scores)
         spec = self.spec
         if isinstance(spec, L1Unstructured):
             keys = scores.detach().abs()
