@@ -15,11 +15,18 @@ import math
 import torch
 
 from .._select import LocalShard, keep, resolve_count, sum_over_shards
-from .._specs import NM, Block, PerSlice, block_view, keep_all, kept_blocks
+from .._specs import (
+    NM,
+    Block,
+    PerSlice,
+    block_view,
+    check_dim_indexes,
+    keep_all,
+    kept_blocks,
+)
 from .._specs import blocks as one_process_blocks
 from .._specs import n_m as one_process_n_m
 from .._types import Tensor
-from .._validate import validate_dim_range
 from ._layout import Layout, LocalBlock, agree_on_failure
 
 __all__ = ["block_norms", "blocks", "check_blocks_cut", "check_n_m_cut", "check_slices_whole", "n_m", "per_slice"]
@@ -110,6 +117,7 @@ def _check_whole_slices(fn: str, what: str, spec: PerSlice, layout: Layout) -> N
 def n_m(spec: NM, block: LocalBlock) -> Tensor:
     """This process's block of the mask of ``spec``: the one-process kernel on the block (checked cut)."""
     scores, mask, layout = block
+    check_dim_indexes(spec, spec.dim, block.whole())
     one_process_n_m(spec.m, spec.m, spec.dim, block.whole(), None)  # its errors on the whole shape
     if not math.prod(layout.shape):  # no entry anywhere (the empty blocks' cut was not checked)
         return keep_all(scores, mask)
@@ -132,7 +140,7 @@ def per_slice(spec: PerSlice, block: LocalBlock, generator: torch.Generator | No
     number), so that none is left waiting in a later collective.
     """
     scores, mask, layout = block
-    validate_dim_range(block.whole(), spec.dim)  # one process's error on the whole shape
+    check_dim_indexes(spec, spec.dim, block.whole())  # one process's error on the whole shape
     if not layout.sharded:  # whole copies: every process fails alike, or none does
         return _slices(spec, block, generator)
     failure: Exception | None = None

@@ -39,6 +39,7 @@ from ._shape_kernels import n_m as n_m
 from ._shape_specs import NM as NM
 from ._shape_specs import Block as Block
 from ._shape_specs import PerSlice as PerSlice
+from ._shape_specs import check_dim_indexes as check_dim_indexes
 from ._spec import Spec as Spec
 from ._spec import checked_mask as checked_mask
 from ._torch_specs import CustomFromMask as CustomFromMask

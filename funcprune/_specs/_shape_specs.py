@@ -22,7 +22,7 @@ from . import _shape_kernels as kernels
 from ._spec import AmountSpec, Spec, named
 from ._torch_specs import L1Unstructured, RandomUnstructured
 
-__all__ = ["Block", "NM", "PerSlice"]
+__all__ = ["Block", "NM", "PerSlice", "check_dim_indexes"]
 
 
 @final
@@ -71,11 +71,11 @@ class NM(Spec):
     def compute_mask(
         self, scores: Tensor, default_mask: Mask = None, *, generator: torch.Generator | None = None
     ) -> Tensor:
-        _check_dim_indexes(self, self.dim, scores)
+        check_dim_indexes(self, self.dim, scores)
         return kernels.n_m(int(self.n), int(self.m), self.dim, scores, default_mask)
 
 
-def _check_dim_indexes(spec: Spec, dim: int, scores: Tensor) -> None:
+def check_dim_indexes(spec: Spec, dim: int, scores: Tensor) -> None:
     """Refuse a ``dim`` that does not index ``scores``, naming the spec and the dim (an IndexError)."""
     if not isinstance(scores, Tensor):
         return  # refused with its own message after
@@ -202,7 +202,7 @@ class PerSlice(Spec):
     def compute_mask(
         self, scores: Tensor, default_mask: Mask = None, *, generator: torch.Generator | None = None
     ) -> Tensor:
-        _check_dim_indexes(self, self.dim, scores)
+        check_dim_indexes(self, self.dim, scores)
         spec = self.spec
         if isinstance(spec, L1Unstructured):
             keys = scores.detach().abs()
