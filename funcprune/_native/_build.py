@@ -98,20 +98,30 @@ def _cached() -> tuple[ctypes.CDLL | None, NativeStatus]:
 def open_library(directory: Path, *, portable: bool) -> tuple[ctypes.CDLL | None, NativeStatus]:
     """The kernels built in ``directory`` (compiled there first if needed), or ``None`` and why not.
 
+    A build found there is loaded only where its bytes match the SHA-256
+    recorded beside it when it was compiled; else it is rebuilt first (a
+    copy cut short or altered crashes the process when loaded or called).
     ``portable`` leaves out ``-march=native``: code for any CPU of the
     architecture (the tests compare the two builds).
     """
     try:
-        path = _compile(directory, portable)
-        library = load(path)
+        path, rebuilt = _compile(directory.absolute(), portable)
+        library = _load_verified(path)
     except (OSError, subprocess.SubprocessError, _BuildError) as e:
         return None, NativeStatus(False, f"pure-torch kernels: {e}")
-    return library, NativeStatus(True, f"native kernels from {path}")
+    detail = f"native kernels from {path}" + (f" (rebuilt: {rebuilt})" if rebuilt else "")
+    return library, NativeStatus(True, detail)
 
 
 def load(path: Path) -> ctypes.CDLL:
-    """The library at ``path``, its functions' signatures declared."""
-    library = ctypes.CDLL(str(path))
+    """The library at ``path``, its functions' signatures declared (``AttributeError``: one lacks).
+
+    ``path`` is made absolute: a bare file name would send ``dlopen`` to
+    search the library path instead. Nothing checks the file: a library
+    cut short or altered may crash the process (:func:`open_library`
+    checks its builds against their records first).
+    """
+    library = ctypes.CDLL(str(path.absolute()))
     _declare(library)
     return library
 
@@ -121,8 +131,10 @@ class _BuildError(Exception):
 
 
 def _cache_dir() -> Path:
-    if "FUNCPRUNE_CACHE_DIR" in os.environ:
-        return Path(os.environ["FUNCPRUNE_CACHE_DIR"])
+    """``$FUNCPRUNE_CACHE_DIR``, else ``$XDG_CACHE_HOME/funcprune``, else ``~/.cache/funcprune``; empty counts as unset."""
+    chosen = os.environ.get("FUNCPRUNE_CACHE_DIR")
+    if chosen:
+        return Path(chosen)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "funcprune"
 
@@ -142,8 +154,11 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
-def _compile(directory: Path, portable: bool) -> Path:
-    """The compiled library's path, compiling it into ``directory`` if it is not there."""
+def _compile(directory: Path, portable: bool) -> tuple[Path, str | None]:
+    """The library's path in ``directory``, compiled there unless a build that matches its record is there.
+
+    Also why a file found there was rebuilt (``None``: it matched, or there was none).
+    """
     cc = _compiler()
     arches = [_OPENMP, ()] if portable else [_NATIVE_ARCH + _OPENMP, _NATIVE_ARCH, _OPENMP, ()]
     source = _SOURCE.read_bytes()
@@ -154,25 +169,87 @@ def _compile(directory: Path, portable: bool) -> Path:
         digest.update(part)
         digest.update(b"\0")
     path = directory / f"native-{digest.hexdigest()[:16]}.so"
-    if path.exists():
-        return path
-    directory.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        _build_to(cc, arches, path)
+        return path, None
+    mismatch = _mismatch(path)
+    if mismatch is not None:  # never loaded: cut short or altered, it may crash the process
+        _build_to(cc, arches, path)
+    return path, mismatch
+
+
+def _build_to(cc: str, arches: list[tuple[str, ...]], path: Path) -> None:
+    """Compile the kernels to ``path`` (the first of ``arches`` that compiles), then record its hash."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     errors = []
     for arch in arches:
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
         os.close(fd)
         try:
             done = subprocess.run(
                 [cc, *_FLAGS, *arch, "-o", tmp, str(_SOURCE), "-lm"], capture_output=True, timeout=120
             )
             if done.returncode == 0:
+                recorded = _sha256(Path(tmp))
                 os.replace(tmp, path)  # atomic: another process may be compiling the same
-                return path
+                _write_atomically(_record(path), recorded + "\n")
+                return
             errors.append(done.stderr.decode(errors="replace").strip()[-500:])
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
     raise _BuildError(f"compiling {_SOURCE.name} with {cc} failed: {errors[-1]}")
+
+
+def _record(path: Path) -> Path:
+    """Where the SHA-256 of the library at ``path`` is recorded: written after each successful build."""
+    return path.with_name(path.name + ".sha256")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _mismatch(path: Path) -> str | None:
+    """Why the library at ``path`` must not be loaded (``None``: it matches the hash recorded when built)."""
+    try:
+        recorded = _record(path).read_text(encoding="ascii", errors="replace").strip()
+    except FileNotFoundError:
+        return f"{path.name} had no record of its SHA-256 ({_record(path).name})"
+    if _sha256(path) != recorded:
+        size = path.stat().st_size
+        return f"{path.name} ({size} bytes) did not match the SHA-256 recorded when it was built: cut short or altered"
+    return None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it: readers see all of it or none."""
+    fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp, 0o644)  # readable as the library is (mkstemp's file is the owner's only)
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load_verified(path: Path) -> ctypes.CDLL:
+    """:func:`load` a build that matched its record; one that lacks a kernel is removed (``_BuildError``).
+
+    It matched its record but is no build of ``kernels.c``: this process
+    cannot load a rebuild under the same name (``dlopen`` gives back the
+    library it loaded), so it runs the pure-torch path and the next
+    process rebuilds.
+    """
+    try:
+        return load(path)
+    except AttributeError as e:
+        for stale in (path, _record(path)):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+        raise _BuildError(f"{path.name} lacks the kernels ({e}): removed, the next process rebuilds it") from e
 
 
 def _declare(library: ctypes.CDLL) -> None:
