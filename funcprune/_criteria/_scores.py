@@ -2,7 +2,10 @@
 
 :func:`saliency` (SNIP), :func:`taylor` and :func:`wanda` are pure functions
 returning new scores keyed like the parameters, ready for a plan's
-``scores=``; they are data (detached), in float32 at least (``README.md``).
+``scores=``; they are data (detached). ``saliency`` and ``taylor`` score
+in float64, which holds ``w * g`` of narrower inputs exactly, so that they
+rank as the exact products do; ``wanda`` in float32 at least
+(``README.md``).
 """
 
 from __future__ import annotations
@@ -41,8 +44,11 @@ def saliency(params: Params, grads: Mapping[str, Tensor | None]) -> dict[str, Te
             few of its weights.
 
     Returns:
-        A new dict ``{name: |w * g|}`` in the order of ``params``, in the
-        promoted dtype of ``w`` and ``g``, at least ``float32``.
+        A new dict ``{name: |w * g|}`` in the order of ``params``, in
+        ``float64``: exact for finite inputs narrower than ``float64``, so
+        they order as the exact ``|w * g|``, ties included, across every
+        tensor; the product of ``float64`` inputs is rounded (see
+        :func:`taylor`).
 
     Raises:
         TypeError: if ``params`` or ``grads`` is not a mapping of names to
@@ -52,7 +58,7 @@ def saliency(params: Params, grads: Mapping[str, Tensor | None]) -> dict[str, Te
 
     >>> import torch, funcprune as fp
     >>> fp.saliency({"w": torch.tensor([2.0, -3.0])}, {"w": torch.tensor([0.5, 1.0])})
-    {'w': tensor([1., 3.])}
+    {'w': tensor([1., 3.], dtype=torch.float64)}
     """
     return {name: product.abs() for name, product in _products("saliency", params, grads).items()}
 
@@ -62,10 +68,29 @@ def taylor(params: Params, grads: Mapping[str, Tensor | None]) -> dict[str, Tens
 
     Molchanov et al. 2019, "Importance Estimation for Neural Network
     Pruning": the squared first-order estimate of the change in loss when a
-    weight is removed. Entry by entry it ranks as :func:`saliency` does; the
-    square matters when scores are summed over a group (a channel, a block).
-    Sum the scores of several batches yourself to accumulate them, as the
-    paper does.
+    weight is removed. Entry by entry it ranks exactly as :func:`saliency`
+    does (below), so an unstructured plan prunes the same entries on
+    either's scores; the square matters when scores are summed over a group
+    (a channel, a block). Sum the scores of several batches yourself to
+    accumulate them, as the paper does: each addition of ``float64`` scores
+    is then rounded once, to ``2**-53`` relative, so near-equal sums may
+    order otherwise than the exact sums.
+
+    The scores are computed in ``float64``, whatever the inputs' dtype.
+    The product of two finite floats narrower than ``float64`` (``float16``,
+    ``bfloat16``, ``float32``, mixed) is exact there: at most 48
+    significant bits, between ``2**-298`` and ``2**256`` in magnitude
+    (``bfloat16`` has float32's exponent range, so its products and squares
+    leave float32's). Its square, at least ``2**-596`` and below
+    ``2**512``, is a normal ``float64``, rounded once; squaring doubles
+    relative gaps, so distinct products keep distinct squares. Hence for
+    such inputs the scores order exactly as the exact ``(w * g) ** 2`` (and
+    ``|w * g|``, :func:`saliency`'s scores) do, ties included, tiny and
+    huge products alike, within a tensor and across tensors (a global
+    plan). The product of ``float64`` inputs is rounded to ``float64`` (as
+    :func:`saliency`'s is), and its square keeps its order where ``|w * g|``
+    is in ``[2**-511, 2**512)`` (about ``1.5e-154`` to ``1.3e154``); below,
+    squares are subnormal or zero and may tie; above, they are ``inf``.
 
     Args:
         params: the tensors to score, keyed like ``named_parameters()``.
@@ -74,7 +99,7 @@ def taylor(params: Params, grads: Mapping[str, Tensor | None]) -> dict[str, Tens
 
     Returns:
         A new dict ``{name: (w * g) ** 2}`` in the order of ``params``, in
-        the promoted dtype of ``w`` and ``g``, at least ``float32``.
+        ``float64`` (above).
 
     Raises:
         TypeError: if ``params`` or ``grads`` is not a mapping of names to
@@ -84,7 +109,11 @@ def taylor(params: Params, grads: Mapping[str, Tensor | None]) -> dict[str, Tens
 
     >>> import torch, funcprune as fp
     >>> fp.taylor({"w": torch.tensor([2.0, -3.0])}, {"w": torch.tensor([0.5, 1.0])})
-    {'w': tensor([1., 9.])}
+    {'w': tensor([1., 9.], dtype=torch.float64)}
+    >>> w = torch.tensor([1e-30, 2e-30], dtype=torch.bfloat16)
+    >>> scores = fp.taylor({"w": w}, {"w": w})["w"]  # about 1e-120 and 1.6e-119: 0 in float32
+    >>> scores.dtype, bool(0 < scores[0] < scores[1])
+    (torch.float64, True)
     """
     return {name: product.square() for name, product in _products("taylor", params, grads).items()}
 
@@ -212,7 +241,7 @@ def _wanda_block(fn: str, name: str, weight: DTensor, norms: Tensor, dim: int, d
 
 
 def _products(fn: str, params: Params, grads: object) -> dict[str, Tensor]:
-    """``w * g`` per name, detached, in the score dtype, after every check."""
+    """``w * g`` per name, detached, in ``float64``, after every check (:func:`taylor` says why)."""
     check_params(fn, params)
     if not isinstance(grads, Mapping):
         raise TypeError(
@@ -224,8 +253,8 @@ def _products(fn: str, params: Params, grads: object) -> dict[str, Tensor]:
         _check_float(fn, f"the parameter {name!r}", weight)
         _check_float(fn, f"the gradient for {name!r}", grad)
         check_fits(fn, f"the gradient for {name!r}", grad, "the parameter", weight)
-        dtype = _score_dtype(weight, grad)
-        products[name] = weight.detach().to(dtype) * grad.detach().to(dtype)
+        # float64 holds the product of any two narrower floats exactly, its square as a normal float
+        products[name] = weight.detach().to(torch.float64) * grad.detach().to(torch.float64)
     return products
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import copy
+import itertools
+import math
 import re
 from collections.abc import Callable, Iterator
+from fractions import Fraction
 
 import pytest
 import torch
@@ -56,7 +59,7 @@ def test_saliency_and_taylor_are_their_definitions_and_leave_inputs_alone(
         scores = fn(params, grads)
         assert list(scores) == list(params)
         for name in params:
-            definition = (params[name] * grads[name]).abs() ** exponent
+            definition = (params[name].double() * grads[name].double()).abs() ** exponent
             assert torch.equal(scores[name], definition), name
             assert scores[name] is not params[name] and scores[name] is not grads[name]
     assert same(params, before) and same(grads, grads_before)
@@ -64,12 +67,11 @@ def test_saliency_and_taylor_are_their_definitions_and_leave_inputs_alone(
 
 @pytest.mark.parametrize("fn", [fp.saliency, fp.taylor])
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_scores_come_in_the_promoted_dtype_at_least_float32(fn: ScoreFn, dtype: torch.dtype) -> None:
+def test_scores_come_in_float64_where_the_products_are_exact(fn: ScoreFn, dtype: torch.dtype) -> None:
     w, g = randn(3, 4, dtype=dtype), randn(3, 4, seed=1, dtype=dtype)
     score = fn({"w": w}, {"w": g})["w"]
-    expected = torch.float64 if dtype == torch.float64 else torch.float32
-    assert score.dtype == expected
-    product = w.to(expected) * g.to(expected)  # exact: half products fit float32
+    assert score.dtype == torch.float64
+    product = w.double() * g.double()  # exact for every dtype but float64's own
     assert torch.equal(score, product.abs() if fn is fp.saliency else product.square())
     mixed = fn({"w": w.double()}, {"w": g})["w"]
     assert mixed.dtype == torch.float64
@@ -81,6 +83,94 @@ def test_taylor_of_half_inputs_neither_underflows_nor_overflows() -> None:
     score = fp.taylor({"w": w}, {"w": g})["w"]
     assert bool((w * g).square()[0] == 0) and bool((w * g).square()[2].isinf())  # in float16
     assert score[0] > 0 and score[1] > score[0] and bool(score.isfinite().all())
+
+
+def finite(dtype: torch.dtype) -> st.SearchStrategy[float]:
+    """Finite values of ``dtype``, as Python floats (exact), every exponent as likely as any.
+
+    ``float16``, ``bfloat16`` and ``float32`` ones come from random bit patterns: subnormals and
+    values near the top of the range as often as ordinary ones. ``float64`` ones have 26-bit
+    significands and magnitudes in ``[2**-255, 2**255)`` (or are zero): their products with one
+    another or with narrower floats are exact in ``float64`` and their squares normal there, the
+    range where ``fp.taylor`` promises float64 inputs their exact order.
+    """
+    if dtype == torch.float64:
+        return st.builds(
+            lambda m, e, sign: sign * math.ldexp(m, e),
+            st.integers(0, 2**26 - 1), st.integers(-255, 229), st.sampled_from([1.0, -1.0]),
+        )  # fmt: skip
+    bits = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}[dtype]
+    width = torch.iinfo(bits).bits
+
+    def value(pattern: int) -> float:
+        return float(torch.tensor([pattern], dtype=bits).view(dtype).item())
+
+    return st.integers(-(2 ** (width - 1)), 2 ** (width - 1) - 1).map(value).filter(math.isfinite)
+
+
+@st.composite
+def products(draw: st.DrawFn) -> tuple[Tensor, Tensor]:
+    """A weight and a gradient of 1 to 10 entries, each of any dtype of FLOATS (mixed too)."""
+    w_dtype, g_dtype = draw(st.sampled_from(FLOATS)), draw(st.sampled_from(FLOATS))
+    n = draw(st.integers(1, 10))
+    w = draw(st.lists(finite(w_dtype), min_size=n, max_size=n))
+    g = draw(st.lists(finite(g_dtype), min_size=n, max_size=n))
+    return torch.tensor(w, dtype=torch.float64).to(w_dtype), torch.tensor(g, dtype=torch.float64).to(g_dtype)
+
+
+def order(values: Tensor | list[Fraction]) -> list[int]:
+    """For every ordered pair of entries, -1, 0 or 1 as the first is below, equal to or above the second."""
+    exact = [Fraction(v) for v in values.tolist()] if isinstance(values, Tensor) else values
+    return [(a > b) - (a < b) for a, b in itertools.product(exact, repeat=2)]
+
+
+def exact_squares(w: Tensor, g: Tensor) -> list[Fraction]:
+    """``(w * g) ** 2`` in exact arithmetic, from the inputs' values."""
+    return [(Fraction(a) * Fraction(b)) ** 2 for a, b in zip(w.double().tolist(), g.double().tolist(), strict=True)]
+
+
+@given(products())
+def test_taylor_and_saliency_rank_as_the_exact_products(case: tuple[Tensor, Tensor]) -> None:
+    w, g = case
+    exact = order(exact_squares(w, g))  # |w * g| orders as its square
+    for fn in (fp.taylor, fp.saliency):
+        scores = fn({"w": w}, {"w": g})["w"]
+        assert order(scores) == exact, (fn.__name__, w.dtype, g.dtype, scores)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "w", "g"),
+    [
+        (torch.bfloat16, [2.0**100, 2.0**101, 2.0**120], [2.0**27, 2.0**27, 2.0**27]),  # inf in float32
+        (torch.bfloat16, [2.0**-120, 2.0**-119, 2.0**-133], [2.0**-10, 2.0**-10, 2.0**-10]),  # products 0
+        (torch.float32, [2.0**-76, 2.0**-75, 3 * 2.0**-76], [1.0, 1.0, 1.0]),  # squares below 1e-45: 0, 2**-149
+        (torch.float32, [1 + 2.0**-23, 1.0], [1 + 2.0**-23, 1 + 2.0**-22]),  # products 1 + 2**-22 in float32
+    ],
+)  # fmt: skip
+def test_taylor_ranks_the_products_that_float32_ties(dtype: torch.dtype, w: list[float], g: list[float]) -> None:
+    wt, gt = torch.tensor(w, dtype=dtype), torch.tensor(g, dtype=dtype)
+    assert wt.double().tolist() == w and gt.double().tolist() == g  # the values meant, exactly
+    float32 = (wt.float() * gt.float()).square()  # in float32: ties where the exact squares differ
+    assert len(set(float32.tolist())) < len(w)
+    scores = fp.taylor({"w": wt}, {"w": gt})["w"]
+    assert order(scores) == order(exact_squares(wt, gt))
+    assert len(set(scores.tolist())) == len(w) and bool(scores.isfinite().all())
+
+
+@given(products(), products(), st.sampled_from([0.25, 0.5, 0.75, 1]))
+def test_plans_on_taylor_and_on_saliency_scores_prune_the_same_weights(
+    a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor], amount: float
+) -> None:
+    params, grads = {"a": a[0], "b": b[0]}, {"a": a[1], "b": b[1]}
+    on_taylor, on_saliency = fp.taylor(params, grads), fp.saliency(params, grads)
+    spec = fp.L1Unstructured(amount)
+    plans: list[fp.Plan | fp.GlobalPlan] = [fp.Plan({"*": spec}), fp.global_unstructured(["a", "b"], spec)]
+    for plan in plans:
+        assert same(plan(params, scores=on_taylor), plan(params, scores=on_saliency)), plan
+    w = torch.cat([a[0].double(), b[0].double()])  # exact: every value
+    g = torch.cat([a[1].double(), b[1].double()])
+    joint = torch.cat([on_taylor["a"], on_taylor["b"]])  # what the global plan ranks
+    assert order(joint) == order(exact_squares(w, g))
 
 
 def test_scores_are_data_not_recorded_by_autograd() -> None:
@@ -167,7 +257,7 @@ def test_snip_keeps_the_largest_connection_sensitivities() -> None:
     masks = fp.Plan({"*.weight": fp.L1Unstructured(0.5)})(params, scores=scores)
     assert list(masks) == ["0.weight", "2.weight"]
     for name, mask in masks.items():
-        expected = keep_largest((params[name] * grads[name]).abs(), 0.5)
+        expected = keep_largest((params[name].double() * grads[name].double()).abs(), 0.5)
         assert torch.equal(mask, expected), name
         assert not torch.equal(mask, keep_largest(params[name].abs(), 0.5))  # not magnitude
 
