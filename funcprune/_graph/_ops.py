@@ -523,11 +523,20 @@ def _per_channel_op(walk: Walk, node: fx.Node) -> Any:
 def _batch_norm(walk: Walk, node: fx.Node) -> Any:
     """BatchNorm (eval) and InstanceNorm: each channel alone; weight, bias and statistics follow it."""
     ids = walk.ids_or_none(node.args[0])
-    channels = _per_channel(ids)
-    for arg in node.args[1:5]:
+    _relate_channels(walk, node.args[1:5], _per_channel(ids))
+    return _first_output(walk, node, ids)
+
+
+def _relate_channels(walk: Walk, args: Sequence[object], channels: Tensor) -> None:
+    """Per-channel parameters and statistics (1-D) follow the channels' atoms."""
+    for arg in args:
         origin = walk.origin(arg)
         if origin is not None and len(origin.size) == 1:
             walk.atoms.relate(origin.name, 0, origin.coords()[0], channels)
+
+
+def _first_output(walk: Walk, node: fx.Node, ids: Tensor) -> Any:
+    """``ids`` for the node's value, or for its first output where it returns several (the statistics carry none)."""
     value = walk.values[node]
     if isinstance(value, (list, tuple)):
         return type(value)([ids, *(None for _ in value[1:])])
@@ -544,10 +553,7 @@ def _layer_norm(walk: Walk, node: fx.Node) -> Any:
         origin = walk.origin(arg)
         if origin is not None:
             _relate_follower(walk, origin, ids, tuple(ids.shape))
-    value = walk.values[node]
-    if isinstance(value, (list, tuple)):
-        return type(value)([ids, *(None for _ in value[1:])])
-    return ids
+    return _first_output(walk, node, ids)
 
 
 def _group_norm(walk: Walk, node: fx.Node) -> Any:
@@ -558,15 +564,8 @@ def _group_norm(walk: Walk, node: fx.Node) -> Any:
     n = ids.shape[0]
     grouped = ids.reshape(n, groups, -1)
     walk.atoms.couple_along(grouped, [2], f"{describe(node)} normalizes over groups of them")
-    channels = _per_channel(ids)
-    for arg in node.args[1:3] if node.target is not aten.group_norm.default else node.args[2:4]:
-        origin = walk.origin(arg)
-        if origin is not None and len(origin.size) == 1:
-            walk.atoms.relate(origin.name, 0, origin.coords()[0], channels)
-    value = walk.values[node]
-    if isinstance(value, (list, tuple)):
-        return type(value)([ids, *(None for _ in value[1:])])
-    return ids
+    _relate_channels(walk, node.args[1:3] if node.target is not aten.group_norm.default else node.args[2:4], _per_channel(ids))
+    return _first_output(walk, node, ids)
 
 
 def _attention(walk: Walk, node: fx.Node) -> Any:
