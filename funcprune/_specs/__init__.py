@@ -17,6 +17,7 @@ from ._channels import channel_keys as channel_keys
 from ._channels import check_channels as check_channels
 from ._channels import expand_channels as expand_channels
 from ._channels import keep_channels as keep_channels
+from ._channels import keep_units as keep_units
 from ._channels import normalized as normalized
 from ._fold import Chain as Chain
 from ._fold import ScoresOf as ScoresOf

@@ -30,7 +30,7 @@ from ._torch_specs import (
 
 __all__ = [
     "ChannelKeys", "Normalize", "StructuredSpec", "channel_keys", "check_channels", "expand_channels",
-    "keep_channels", "normalized",
+    "keep_channels", "keep_units", "normalized",
 ]  # fmt: skip
 
 #: How each tensor's channel norms are scaled before they compete (``None``: raw).
@@ -90,25 +90,36 @@ def normalized(norms: Tensor, eligible: Mask, normalize: Normalize) -> Tensor:
     return norms / torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
-def keep_channels(
-    spec: StructuredSpec, parts: Sequence[ChannelKeys], generator: torch.Generator | None
-) -> list[Tensor]:
-    """One exact selection over the group's channel vector, expanded back per tensor."""
-    keys = torch.cat([part.keys for part in parts])
-    eligible = None
-    if any(part.eligible is not None for part in parts):
-        eligible = torch.cat([
-            torch.ones(part.keys.shape, dtype=torch.bool, device=part.keys.device)
-            if part.eligible is None else part.eligible for part in parts
+def keep_units(
+    spec: StructuredSpec, keys: Sequence[Tensor], eligible: Sequence[Tensor | None], generator: torch.Generator | None
+) -> Tensor:
+    """One exact selection over units' keys (non-negative norms, or NaN), joined: which units stay.
+
+    ``eligible`` (per part, ``None``: all) says which units an earlier mask
+    left. Norms are >= 0 (or NaN), so L1's ranking is theirs: an exact
+    count, ties to the lower unit, NaN pruned last; ``RandomStructured``
+    draws units.
+    """
+    joined = torch.cat(list(keys))
+    alive = None
+    if any(e is not None for e in eligible):
+        alive = torch.cat([
+            torch.ones(k.shape, dtype=torch.bool, device=k.device) if e is None else e
+            for k, e in zip(keys, eligible, strict=True)
         ])  # fmt: skip
-    # Channel norms are >= 0 (or NaN), so L1's ranking is theirs: exact count,
-    # ties to the lower channel of the group, NaN pruned last.
     flat: Spec
     if isinstance(spec, RandomStructured):
         flat = RandomUnstructured(spec.amount, sparsity=spec.sparsity)
     else:
         flat = L1Unstructured(spec.amount, sparsity=spec.sparsity)
-    kept = checked_mask(flat, keys.detach(), eligible, generator)
+    return checked_mask(flat, joined.detach(), alive, generator)
+
+
+def keep_channels(
+    spec: StructuredSpec, parts: Sequence[ChannelKeys], generator: torch.Generator | None
+) -> list[Tensor]:
+    """One exact selection over the group's channel vector, expanded back per tensor."""
+    kept = keep_units(spec, [part.keys for part in parts], [part.eligible for part in parts], generator)
     pieces = torch.split(kept, [part.keys.shape[0] for part in parts])
     return [expand_channels(piece, part) for piece, part in zip(pieces, parts, strict=True)]
 

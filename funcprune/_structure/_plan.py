@@ -21,14 +21,11 @@ import torch
 
 from .._plans import AbstractPlan
 from .._specs import (
-    L1Unstructured,
     LnStructured,
     Normalize,
     RandomStructured,
-    RandomUnstructured,
-    Spec,
     StructuredSpec,
-    checked_mask,
+    keep_units,
     normalized,
 )
 from .._types import Params, Scores, Tensor, is_dtensor
@@ -201,19 +198,8 @@ def _select(
     generator: torch.Generator | None, what: str,
 ) -> Tensor:  # fmt: skip
     """One exact selection over the units' keys: which units stay."""
-    joined = torch.cat(list(keys))
-    alive = None
-    if any(e is not None for e in eligible):
-        alive = torch.cat([
-            torch.ones(k.shape, dtype=torch.bool, device=k.device) if e is None else e for k, e in zip(keys, eligible, strict=True)
-        ])  # fmt: skip
-    flat: Spec
-    if isinstance(spec, RandomStructured):
-        flat = RandomUnstructured(spec.amount, sparsity=spec.sparsity)
-    else:
-        flat = L1Unstructured(spec.amount, sparsity=spec.sparsity)
     try:
-        return checked_mask(flat, joined.detach(), alive, generator)
+        return keep_units(spec, keys, eligible, generator)
     except (TypeError, ValueError) as e:
         raise type(e)(f"{fn}: cannot prune {what} with {spec!r}: {e}") from e
 
