@@ -3,7 +3,7 @@
 Each unit is scored by the ``n``-norm of all its entries (across its
 members: a KV group's query, key, value and output slices), or drawn at
 random; one exact selection (``L1Unstructured`` on the non-negative unit
-norms, or ``RandomUnstructured``, through :func:`~funcprune._specs.checked_mask`)
+norms, or ``RandomUnstructured``, through :func:`~funcprune._specs.keep_units`)
 picks the units that go, over all groups at once or within each group, and
 each member's mask is its earlier mask with the pruned units' slices
 cleared. Everything is tensor arithmetic on the parameters' shapes, so the
