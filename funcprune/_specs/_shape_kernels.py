@@ -145,18 +145,27 @@ def per_slice_unstructured(
 MaskOf = Callable[[Tensor, Mask], Tensor]
 
 
-def per_slice(mask_of: MaskOf, dim: int, scores: Tensor, default_mask: Mask) -> Tensor:
+def per_slice(mask_of: MaskOf, dim: int, scores: Tensor, default_mask: Mask, *, one_by_one: bool = False) -> Tensor:
     """``mask_of`` (a spec's mask) applied to each slice along ``dim``, stacked back.
 
     The slices go through :func:`torch.func.vmap` (``randomness="different"``:
     each slice draws its own numbers), so ``mask_of`` must run under it, as
-    every built-in spec does.
+    every built-in spec does; with ``one_by_one`` (in eager mode only), they
+    run one after another instead, each raising as it would alone.
     """
     validate_dim_range(scores, dim)
     d = dim % scores.dim()
     if scores.shape[d] == 0:
         return keep_all(scores, default_mask)
     default_mask = as_bool(default_mask)
+    if one_by_one and not is_functorch_wrapped(scores) and not torch.compiler.is_compiling():
+        slices = []
+        for i in range(scores.shape[d]):
+            try:
+                slices.append(mask_of(scores.select(d, i), None if default_mask is None else default_mask.select(d, i)))
+            except (ValueError, IndexError) as e:
+                raise type(e)(f"PerSlice: slice {i}: {e}") from e
+        return torch.stack(slices, d)
     batched = torch.func.vmap(  # out_dims=0, then moved: a mask that does not depend on
         # the scores (Identity's) comes out wrong from out_dims > 0 (pytorch/pytorch#178425)
         mask_of, in_dims=(d, None if default_mask is None else d), out_dims=0, randomness="different"

@@ -215,4 +215,14 @@ class PerSlice(Spec):
         def mask_of(s: Tensor, d: Mask) -> Tensor:
             return spec.compute_mask(s, d, generator=generator)
 
-        return kernels.per_slice(mask_of, self.dim, scores, default_mask)
+        # A PerSlice inside runs its slices under this one's vmap, where its counts are capped: in
+        # eager mode, this one's slices then run one by one, each raising as it would alone.
+        return kernels.per_slice(mask_of, self.dim, scores, default_mask, one_by_one=_holds_per_slice(spec))
+
+
+def _holds_per_slice(spec: Spec) -> bool:
+    """Whether ``spec`` is or chains a :class:`PerSlice` (at any depth)."""
+    if isinstance(spec, PerSlice):
+        return True
+    steps = getattr(spec, "specs", None)
+    return isinstance(steps, tuple) and any(isinstance(s, Spec) and _holds_per_slice(s) for s in steps)

@@ -813,3 +813,15 @@ def test_per_slice_raises_in_eager_mode_as_the_slice_alone_does(inner: fp.Spec) 
     assert str(sliced.value).startswith("PerSlice: slice 1: ")
     capped = torch.func.vmap(lambda s: fp.PerSlice(inner).compute_mask(s, earlier))(scores[None])
     assert not bool(capped[0, 1].any())  # inside a transform the count is capped: the slice is emptied
+
+
+def test_a_per_slice_inside_a_per_slice_raises_in_eager_mode_as_its_slice_alone_does() -> None:
+    scores = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(0))
+    earlier = torch.ones(3, 4, 5, dtype=torch.bool)
+    earlier[1, 2, 1:] = False  # one inner slice keeps 1 entry: the outer slice keeps many
+    for inner in (fp.PerSlice(fp.L1Unstructured(2)), fp.chain(fp.PerSlice(fp.Block(2, (1,))))):
+        with pytest.raises(ValueError, match="PerSlice: slice 1: .*amount=2"):
+            fp.PerSlice(inner).compute_mask(scores, earlier)
+    loose = fp.PerSlice(fp.PerSlice(fp.L1Unstructured(1)))
+    expected = torch.stack([fp.PerSlice(fp.L1Unstructured(1)).compute_mask(scores[i], earlier[i]) for i in range(3)])
+    assert torch.equal(loose.compute_mask(scores, earlier), expected)
