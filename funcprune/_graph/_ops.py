@@ -293,10 +293,14 @@ def _shape_of(walk: Walk, arg: object) -> tuple[int, ...] | None:
 
 
 def _weight(walk: Walk, node: fx.Node, arg: object, kind: str) -> Origin | None:
-    """The origin of a layer's weight, or ``None`` (then the layer keeps its channels, and why is recorded)."""
+    """The origin of a layer's weight, or ``None`` (then the channels it reads stay, and why is recorded).
+
+    A computed weight (a parametrization's, spectral_norm's) is no slice of
+    a parameter: its columns cannot be cut, so the channels it reads stay.
+    """
     origin = walk.origin(arg)
     if origin is None:
-        walk.atoms.refuse(walk.ids_or_none(_first_input(node)), f"{describe(node)}, a {kind} of a computed weight,")
+        walk.atoms.block(walk.ids_or_none(_first_input(node)), f"{describe(node)}, a {kind} of a computed weight, reads them")
     return origin
 
 

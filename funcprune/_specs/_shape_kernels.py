@@ -158,6 +158,7 @@ def per_slice(mask_of: MaskOf, dim: int, scores: Tensor, default_mask: Mask, *, 
     if scores.shape[d] == 0:
         return keep_all(scores, default_mask)
     default_mask = as_bool(default_mask)
+    one_by_one = one_by_one or scores.numel() == 0  # empty slices: as each alone (norms of nothing under vmap fail)
     if one_by_one and not is_functorch_wrapped(scores) and not torch.compiler.is_compiling():
         slices = []
         for i in range(scores.shape[d]):

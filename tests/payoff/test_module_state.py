@@ -111,3 +111,14 @@ def test_shrink_propagate_and_bake_refuse_transforms_saying_so() -> None:
             torch.func.vmap(lambda m, fn=fn: fn(model, {"0.weight": m}, x))(stacked)
     with pytest.raises(ValueError, match="bake: the mask for '0.weight' is inside a torch.func transform"):
         torch.func.vmap(lambda m: fp.bake(model, {"0.weight": m}))(stacked)
+
+
+def test_channels_a_computed_weight_reads_are_kept_not_refused() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), parametrizations.weight_norm(nn.Linear(3, 2))).eval()
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    mask[1] = False
+    x = torch.randn(2, 4)
+    with pytest.warns(fp.KeptChannelsWarning, match="'0' keeps 1 .*a Linear of a computed weight, reads them"):
+        small = check_against_masked(model, {"0.weight": mask}, x)
+    assert small[0].out_features == 3

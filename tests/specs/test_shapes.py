@@ -825,3 +825,10 @@ def test_a_per_slice_inside_a_per_slice_raises_in_eager_mode_as_its_slice_alone_
     loose = fp.PerSlice(fp.PerSlice(fp.L1Unstructured(1)))
     expected = torch.stack([fp.PerSlice(fp.L1Unstructured(1)).compute_mask(scores[i], earlier[i]) for i in range(3)])
     assert torch.equal(loose.compute_mask(scores, earlier), expected)
+
+
+def test_per_slice_over_empty_slices_answers_as_each_slice_alone() -> None:
+    scores, earlier = torch.zeros(2, 3, 0), torch.ones(2, 3, 0, dtype=torch.bool)
+    spec = fp.LnStructured(0.5, n=math.inf, dim=0)
+    expected = torch.stack([spec.compute_mask(scores[i], earlier[i]) for i in range(2)])
+    assert torch.equal(fp.PerSlice(spec).compute_mask(scores, earlier), expected)
