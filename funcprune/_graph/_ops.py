@@ -325,17 +325,20 @@ def _axis_dim(origin: Origin, axis: int) -> tuple[int, Tensor] | None:
 def _read_columns(walk: Walk, node: fx.Node, x: object, origin: Origin, axis: int, x_axis: int) -> None:
     """The input's atoms along ``x_axis`` are read by the weight's positions along ``axis``: related, coupled."""
     ids = walk.ids_or_none(x)
-    if not bool((ids >= 0).any()):
-        return
     found = _axis_dim(origin, axis)
     if found is None:
-        walk.atoms.refuse(ids, f"{describe(node)}, whose weight is no slice of a parameter,")
+        if bool((ids >= 0).any()):
+            walk.atoms.refuse(ids, f"{describe(node)}, whose weight is no slice of a parameter,")
         return
     dim, index = found
     per_column = ids.movedim(x_axis, -1).reshape(-1, ids.shape[x_axis])
     first = per_column.amax(0)  # an atom of each column (or -1): the others of the column join it
     for a, b in pairs(first, torch.where(per_column != first, per_column, -1)):
         walk.atoms.union(a, b)
+    if bool((first < 0).any()):  # columns reading no channel (the model's input): they stay, whoever else reads them
+        held = walk.atoms.new(1)
+        walk.atoms.block(held, f"{describe(node)} reads them with the columns that read the model's input")
+        first = torch.where(first >= 0, first, held)
     walk.atoms.relate(origin.name, dim, index, first, couple=True)
 
 

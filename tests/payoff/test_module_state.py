@@ -122,3 +122,22 @@ def test_channels_a_computed_weight_reads_are_kept_not_refused() -> None:
     with pytest.warns(fp.KeptChannelsWarning, match="'0' keeps 1 .*a Linear of a computed weight, reads them"):
         small = check_against_masked(model, {"0.weight": mask}, x)
     assert small[0].out_features == 3
+
+
+def test_a_layer_called_on_the_input_and_again_keeps_its_channels_saying_why() -> None:
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.s, self.head = nn.Linear(4, 4), nn.Linear(4, 2)
+
+        def forward(self, x: Tensor) -> Tensor:
+            out: Tensor = self.head(self.s(torch.relu(self.s(x))))
+            return out
+
+    torch.manual_seed(0)
+    model = Twice().eval()
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask[1] = False
+    with pytest.warns(fp.KeptChannelsWarning, match="'s' keeps 1 .*reads them with the columns that read the model's input"):
+        small = check_against_masked(model, {"s.weight": mask}, torch.randn(2, 4))
+    assert small.s.out_features == 4
