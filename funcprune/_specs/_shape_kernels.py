@@ -27,9 +27,8 @@ from collections.abc import Callable
 import torch
 
 from .._select import Blocks, Slices, Target, eligible_per_group, keep, resolve_count
-from .._torch_private import is_functorch_wrapped
 from .._types import Count, Mask, Tensor
-from .._validate import validate_dim_range
+from .._validate import is_concrete, validate_dim_range
 from ._kernels import as_bool, keep_all, unpruned_count
 
 __all__ = ["blocks", "kept_blocks", "n_m", "per_slice", "per_slice_unstructured"]
@@ -158,34 +157,24 @@ def per_slice(mask_of: MaskOf, dim: int, scores: Tensor, default_mask: Mask, *, 
     if scores.shape[d] == 0:
         return keep_all(scores, default_mask)
     default_mask = as_bool(default_mask)
-    one_by_one = one_by_one or scores.numel() == 0  # empty slices: as each alone (norms of nothing under vmap fail)
-    if one_by_one and not is_functorch_wrapped(scores) and not torch.compiler.is_compiling():
-        slices = []
-        for i in range(scores.shape[d]):
-            try:
-                slices.append(mask_of(scores.select(d, i), None if default_mask is None else default_mask.select(d, i)))
-            except (ValueError, IndexError) as e:
-                raise type(e)(f"PerSlice: slice {i}: {e}") from e
-        return torch.stack(slices, d)
+    eager = is_concrete(scores)  # outside transforms and compilation: a slice raises as it would alone
+    if eager and (one_by_one or scores.numel() == 0):  # empty slices too: norms of nothing fail under vmap
+        return torch.stack([_one_slice(mask_of, scores, default_mask, d, i) for i in range(scores.shape[d])], d)
     batched = torch.func.vmap(  # out_dims=0, then moved: a mask that does not depend on
         # the scores (Identity's) comes out wrong from out_dims > 0 (pytorch/pytorch#178425)
         mask_of, in_dims=(d, None if default_mask is None else d), out_dims=0, randomness="different"
     )
-    mask: Tensor = batched(scores, default_mask)
-    if not is_functorch_wrapped(scores) and not torch.compiler.is_compiling():
-        _raise_as_one_slice(mask_of, mask, scores.movedim(d, 0), None if default_mask is None else default_mask.movedim(d, 0))
-    return mask.movedim(0, d)
+    mask: Tensor = batched(scores, default_mask).movedim(0, d)
+    if eager:  # vmap caps a count a slice cannot meet, emptying it: only emptied slices run again, alone
+        emptied = ~mask.movedim(d, 0).reshape(mask.shape[d], -1).any(1)
+        for i in emptied.nonzero().flatten().tolist():
+            _one_slice(mask_of, scores, default_mask, d, i)
+    return mask
 
 
-def _raise_as_one_slice(mask_of: MaskOf, mask: Tensor, scores: Tensor, default_mask: Tensor | None) -> None:
-    """In eager mode, raise where the spec on one slice alone raises (``vmap`` caps counts instead).
-
-    A slice where the spec asked for more than it could prune comes out of
-    ``vmap`` with nothing kept; only those slices run again, one by one.
-    """
-    emptied = (~mask.reshape(mask.shape[0], -1).any(1)).nonzero().flatten().tolist()
-    for i in emptied:
-        try:
-            mask_of(scores[i], None if default_mask is None else default_mask[i])
-        except (ValueError, IndexError) as e:
-            raise type(e)(f"PerSlice: slice {i}: {e}") from e
+def _one_slice(mask_of: MaskOf, scores: Tensor, default_mask: Tensor | None, d: int, i: int) -> Tensor:
+    """``mask_of`` on slice ``i`` alone, its errors naming the slice."""
+    try:
+        return mask_of(scores.select(d, i), None if default_mask is None else default_mask.select(d, i))
+    except (ValueError, IndexError) as e:
+        raise type(e)(f"PerSlice: slice {i}: {e}") from e
