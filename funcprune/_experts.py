@@ -19,7 +19,7 @@ index) stay routed, as ``shrink`` keeps them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, final
 
@@ -29,10 +29,10 @@ from torch.overrides import TorchFunctionMode
 
 from ._types import Tensor
 
-__all__ = ["Router", "never_routed", "routers"]
+__all__ = ["EXPERT_COUNTS", "Router", "never_routed", "removed_experts", "routers"]
 
-#: Attributes that count an experts module's experts.
-_COUNTS = ("num_experts", "num_local_experts")
+#: Attributes that count a MoE layer's experts (on its experts module, its router, the block holding them).
+EXPERT_COUNTS = ("num_experts", "num_local_experts")
 #: Attributes that say how many experts each token goes to (on the router, or the block holding it).
 _TOP_K = ("top_k", "num_experts_per_tok")
 
@@ -80,7 +80,7 @@ def routers(model: nn.Module) -> tuple[Router, ...]:
     """
     found: list[Router] = []
     for path, module in model.named_modules():
-        count = _int_attr(module, _COUNTS)
+        count = _int_attr(module, EXPERT_COUNTS)
         if count is None or count < 2 or not path:
             continue
         stacked = [
@@ -146,15 +146,16 @@ class _NeverRouted(TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def never_routed(model: nn.Module, masks: Mapping[str, Tensor]) -> Iterator[None]:
+def never_routed(model: nn.Module, masks: Mapping[str, Tensor], layers: Sequence[Router] | None = None) -> Iterator[None]:
     """Within: ``model``'s experts that ``masks`` remove (router row pruned entirely) are never routed to.
 
     Their router logits are ``-inf``. Nothing happens for a model without
     MoE layers, or masks that prune no router row entirely. Works inside
     :func:`torch.func.functional_call` (the router's weight is read as it
     is bound when the router runs) and under ``vmap`` and ``grad``.
+    ``layers``: the model's :func:`routers`, where the caller has them.
     """
-    layers = [r for r in routers(model) if r.weight in masks]
+    layers = [r for r in (routers(model) if layers is None else layers) if r.weight in masks]
     if not layers:
         yield
         return

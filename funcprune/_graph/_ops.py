@@ -56,7 +56,7 @@ VIEWS: frozenset[object] = frozenset({
     operator.getitem,
 })  # fmt: skip
 #: Conversions of dtype, device or layout: the atoms stay as they are.
-_CONVERSIONS: frozenset[object] = frozenset({aten.to, aten._to_copy, aten.type_as, aten.dropout, aten.clone})
+_CONVERSIONS: frozenset[object] = frozenset({aten.to, aten._to_copy, aten.type_as, aten.dropout})
 
 
 def view_ids(walk: Walk, node: fx.Node, ids: Mapping[fx.Node, Tensor] | None = None) -> Any:
@@ -133,7 +133,7 @@ ELEMENTWISE: frozenset[object] = frozenset({
     aten.masked_fill, aten.sign, aten.floor, aten.ceil, aten.round, aten.trunc, aten.eq, aten.ne, aten.lt,
     aten.le, aten.gt, aten.ge, aten.logical_and, aten.logical_or, aten.logical_not, aten.bitwise_and,
     aten.bitwise_or, aten.bitwise_not, aten.__and__, aten.__or__, aten.log1p, aten.log_sigmoid, aten.rsub,
-    aten.add_, aten.mul_, aten.sub_, aten.div_, aten.mean_ if hasattr(aten, "mean_") else aten.add,
+    aten.add_, aten.mul_, aten.sub_, aten.div_,
     aten.nan_to_num, aten.lerp, aten.addcmul, aten.addcdiv, aten.fmod, aten.remainder, aten.floor_divide,
     aten.log, aten.log2, aten.log10, aten.rsqrt, aten.reciprocal, aten.atan2, aten.true_divide, aten.copy,
     aten.logit, aten.xlogy, aten.selu, aten.celu, aten.softshrink, aten.hardshrink, aten.threshold,

@@ -72,7 +72,7 @@ def plan_removal(
     removed = set(candidates) - set(analysis.blocked) - set(vetoed or {})
     why.update(analysis.blocked)
     why.update(vetoed or {})
-    why.update(_keep_one_per_side(analysis, removed, sizes))
+    why.update(_keep_least(analysis, removed, sizes))
     _refuse_unknown(fn, analysis, removed)
     kept = _kept(analysis, pruned, removed, why)
     for name, node in analysis.unseen.items():
@@ -93,7 +93,7 @@ def _module(tensor: str) -> str:
     return tensor.rpartition(".")[0]
 
 
-def _keep_one_per_side(analysis: Analysis, removed: set[int], sizes: Mapping[str, tuple[int, ...]]) -> dict[int, str]:
+def _keep_least(analysis: Analysis, removed: set[int], sizes: Mapping[str, tuple[int, ...]]) -> dict[int, str]:
     """Keep the first indices' groups of any tensor dim that would keep too few (in place).
 
     One index at least (torch runs no layer without channels); a router's

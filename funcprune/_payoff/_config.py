@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["RECORD", "Record", "describe_", "is_transformers_model", "shapes_of"]
+__all__ = ["RECORD", "Record", "describe_", "is_transformers_model", "record_", "shapes_of"]
 
 #: The config attribute that holds a shrunk model's record.
 RECORD = "funcprune_shrunk"
@@ -140,5 +140,11 @@ def describe_(model: nn.Module, original: Mapping[str, tuple[int, ...]], attribu
                 if getattr(updated, attr, None) != getattr(config, attr, None):
                     setattr(config, attr, getattr(updated, attr))
             return
-    changed = {name: list(shape) for name, shape in target.items() if original.get(name) != shape}
-    setattr(config, RECORD, {"shapes": changed, "attributes": attributes})
+    record_(model, original, attributes)
+
+
+def record_(model: nn.Module, original: Mapping[str, tuple[int, ...]], attributes: Record) -> None:
+    """Write the record of the shrunk ``model`` into its config (in place): each resized tensor's shape,
+    and the module attributes the resize changed."""
+    changed = {name: list(shape) for name, shape in shapes_of(model).items() if original.get(name) != shape}
+    setattr(getattr(model, "config"), RECORD, {"shapes": changed, "attributes": attributes})

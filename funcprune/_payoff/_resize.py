@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._experts import EXPERT_COUNTS
 from .._graph import Analysis, Experts
 
 __all__ = ["resize_modules"]
@@ -26,8 +27,6 @@ __all__ = ["resize_modules"]
 _QUERY_HEADS = ("num_heads", "num_attention_heads", "n_head", "num_q_heads")
 _KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads")
 _QUERY_WIDTH = ("all_head_size", "split_size", "inner_dim")
-#: Attributes of a MoE layer's modules that count its experts.
-_EXPERT_COUNTS = ("num_experts", "num_local_experts")
 
 
 @torch.no_grad()
@@ -159,6 +158,6 @@ def _resize_experts(model: nn.Module, layer: Experts, removed: Set[int]) -> None
         return
     for path in _moe_paths(layer):
         module = model.get_submodule(path)
-        for attr in _EXPERT_COUNTS:
+        for attr in EXPERT_COUNTS:
             if getattr(module, attr, None) == layer.router.count:
                 setattr(module, attr, kept)

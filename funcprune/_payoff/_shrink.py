@@ -33,7 +33,7 @@ from .._graph import (
 from .._names import check_masks, check_not_hooked
 from .._types import Masks, Tensor
 from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
-from ._config import RECORD, Record, describe_, is_transformers_model, shapes_of
+from ._config import Record, describe_, is_transformers_model, record_, shapes_of
 from ._resize import resize_modules
 
 __all__ = ["KeptChannelsWarning", "propagate", "shrink"]
@@ -122,7 +122,7 @@ def propagate(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: ob
     tensor([[ True, False,  True],
             [ True, False,  True]])
     """
-    return _shrunk("propagate", module, masks, example_inputs).closure
+    return _shrunk("propagate", module, masks, example_inputs, describe=False).closure
 
 
 def shrink(module: _M, masks: Mapping[str, Tensor], example_inputs: object) -> _M:
@@ -237,8 +237,11 @@ class _Shrunk:
     model: nn.Module
 
 
-def _shrunk(fn: str, module: object, masks: object, example_inputs: object) -> _Shrunk:
-    """Check everything, analyze, remove, build and check the smaller model; warn about what stays."""
+def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, describe: bool = True) -> _Shrunk:
+    """Check everything, analyze, remove, build and check the smaller model; warn about what stays.
+
+    With ``describe``, a transformers model's config is made to describe the smaller one.
+    """
     if not isinstance(module, nn.Module):
         raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
     check_not_hooked(fn, module, then=f"{fn}(module, masks, example_inputs)")
@@ -253,8 +256,9 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object) -> _
     while True:
         removal = plan_removal(fn, analysis, checked, sizes, vetoed=vetoed)
         removed = sorted(removal.removed)
-        reference = _masked_outputs(analysis, checked, removed, sizes)
-        small, attributes = _built(module, analysis, checked, removed, sizes)
+        keep, closed = _removing(analysis, checked, removed, sizes)
+        reference = _masked_outputs(analysis, closed)
+        small, attributes = _built(module, analysis, keep, closed, removed)
         why = _differ_in_eval(small, analysis.inputs, reference)
         if why is None:
             break
@@ -263,11 +267,9 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object) -> _
         bad = _breaking(module, analysis, checked, removed, sizes) or removed
         vetoed.update(dict.fromkeys(bad, _CHANGES_OUTPUTS))
     _warn_kept(fn, removal.kept)
-    keep = kept_indices(analysis, removed, sizes)
-    mask_closure = closure(checked, keep, dict(module.named_parameters()))
-    if removed and is_transformers_model(small):
+    if describe and removed and is_transformers_model(small):
         _describe_checked(small, shapes_of(module), attributes, analysis.inputs, reference)
-    return _Shrunk(mask_closure, small)
+    return _Shrunk(closed, small)
 
 
 def _describe_checked(small: nn.Module, original: Mapping[str, tuple[int, ...]], attributes: Record,
@@ -280,11 +282,7 @@ def _describe_checked(small: nn.Module, original: Mapping[str, tuple[int, ...]],
     if why is not None:  # a module that reads a width off the config as it runs: keep the old widths, recorded
         vars(config).clear()
         vars(config).update(saved)
-        setattr(config, RECORD, {"shapes": _changed_shapes(small, original), "attributes": attributes})
-
-
-def _changed_shapes(model: nn.Module, original: Mapping[str, tuple[int, ...]]) -> dict[str, list[int]]:
-    return {name: list(shape) for name, shape in shapes_of(model).items() if original.get(name) != shape}
+        record_(small, original, attributes)
 
 
 def _sizes(module: nn.Module) -> dict[str, tuple[int, ...]]:
@@ -292,24 +290,32 @@ def _sizes(module: nn.Module) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in tensors}
 
 
-def _masked_outputs(analysis: Analysis, masks: Mapping[str, Tensor], removed: Sequence[int], sizes: Mapping[str, tuple[int, ...]]) -> Any:
-    """What the masked model (the closure of removing ``removed``) computes on the example inputs."""
+def _removing(
+    analysis: Analysis, masks: Mapping[str, Tensor], removed: Sequence[int], sizes: Mapping[str, tuple[int, ...]]
+) -> tuple[dict[str, dict[int, list[int]]], Masks]:
+    """What each tensor keeps once ``removed`` go, and the closure of ``masks`` that says it."""
+    keep = kept_indices(analysis, removed, sizes)
+    return keep, closure(masks, keep, dict(analysis.model.named_parameters()))
+
+
+def _masked_outputs(analysis: Analysis, closed: Masks) -> Any:
+    """What the masked model (``closed``, a closure) computes on the example inputs."""
     model = analysis.model
     params = dict(model.named_parameters())
-    keep = kept_indices(analysis, removed, sizes)
-    closed = closure(masks, keep, params)
     baked = {name: params[name].masked_fill(~mask, 0.0) for name, mask in closed.items()}
-    with torch.no_grad(), never_routed(model, closed):  # pruned entries +0.0, as the shrunk model holds them
+    layers = [layer.router for layer in analysis.experts]
+    with torch.no_grad(), never_routed(model, closed, layers):  # pruned entries +0.0, as the shrunk model holds them
         return torch.func.functional_call(model, baked, tuple(analysis.inputs.args), dict(analysis.inputs.kwargs))
 
 
 def _changes(
     module: nn.Module, analysis: Analysis, masks: Mapping[str, Tensor], removed: Sequence[int],
-    sizes: Mapping[str, tuple[int, ...]], reference: Any,
+    sizes: Mapping[str, tuple[int, ...]],
 ) -> str | None:  # fmt: skip
     """Whether the model without ``removed`` computes something else than the masked model: why, or ``None``."""
-    small, _ = _built(module, analysis, masks, removed, sizes)
-    return _differ_in_eval(small, analysis.inputs, reference)
+    keep, closed = _removing(analysis, masks, removed, sizes)
+    small, _ = _built(module, analysis, keep, closed, removed)
+    return _differ_in_eval(small, analysis.inputs, _masked_outputs(analysis, closed))
 
 
 def _differ_in_eval(small: nn.Module, inputs: Inputs, reference: Any) -> str | None:
@@ -340,7 +346,7 @@ def _breaking(
     while todo:
         part = todo.pop()
         trial = sorted(good + part)
-        if _changes(module, analysis, masks, trial, sizes, _masked_outputs(analysis, masks, trial, sizes)) is None:
+        if _changes(module, analysis, masks, trial, sizes) is None:
             good.extend(part)
         elif len(part) == 1:
             bad.extend(part)
@@ -370,13 +376,12 @@ def _differ(outputs: Any, reference: Any) -> str | None:
 
 
 def _built(
-    module: nn.Module, analysis: Analysis, masks: Mapping[str, Tensor], removed: Sequence[int],
-    sizes: Mapping[str, tuple[int, ...]],
+    module: nn.Module, analysis: Analysis, keep: Mapping[str, Mapping[int, list[int]]], closed: Masks,
+    removed: Sequence[int],
 ) -> tuple[nn.Module, Record]:  # fmt: skip
-    """A copy of ``module`` without ``removed``, the closure applied; and the size attributes that changed."""
-    keep = kept_indices(analysis, removed, sizes)
+    """A copy of ``module`` without ``removed`` (``keep``), the closure applied; and the size attributes that changed."""
     result = copy_module("shrink", module)
-    _zero_pruned_(result, closure(masks, keep, dict(module.named_parameters())))
+    _zero_pruned_(result, closed)
     return result, resize_modules(result, keep, analysis, set(removed))
 
 
