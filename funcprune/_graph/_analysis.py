@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, final
+from typing import final
 
+import torch
 from torch import nn
 
 from .._experts import Router, routers
@@ -132,7 +133,7 @@ def _by_root(reasons: Mapping[int, str], roots: list[int]) -> dict[int, str]:
 def _attention(walk: Walk, roots: list[int]) -> list[Attention]:
     found = []
     for node, ids in walk.ids.items():
-        if getattr(node.target, "overloadpacket", None) is not _sdpa() or ids is None:
+        if getattr(node.target, "overloadpacket", None) is not torch.ops.aten.scaled_dot_product_attention or ids is None:
             continue
         heads = ids.shape[-3]
         groups = tuple(roots[int(a)] if int(a) >= 0 else -1 for a in ids.movedim(-3, 0).reshape(heads, -1).amax(1))
@@ -147,10 +148,3 @@ def _experts(layers: tuple[Router, ...], related: Related) -> list[Experts]:
         if len(by_index) == layer.count:
             found.append(Experts(layer, tuple(min(by_index[e]) for e in range(layer.count))))
     return found
-
-
-def _sdpa() -> Any:
-    import torch
-
-    return torch.ops.aten.scaled_dot_product_attention
-
