@@ -71,8 +71,11 @@ from ._apply import mask_gradients as mask_gradients
 from ._apply import mask_gradients_ as mask_gradients_
 from ._apply import sparsity_report as sparsity_report
 from ._apply import to_multipliers as to_multipliers
+from ._criteria import hessians as hessians
 from ._criteria import input_norms as input_norms
+from ._criteria import owl_sparsity as owl_sparsity
 from ._criteria import saliency as saliency
+from ._criteria import sparsegpt as sparsegpt
 from ._criteria import taylor as taylor
 from ._criteria import wanda as wanda
 from ._names import UnknownNameError as UnknownNameError
@@ -100,6 +103,7 @@ from ._plans import compute_mask as compute_mask
 from ._plans import global_structured as global_structured
 from ._plans import global_unstructured as global_unstructured
 from ._plans import prune as prune
+from ._runner import oneshot as oneshot
 from ._specs import NM as NM
 from ._specs import Block as Block
 from ._specs import Chain as Chain
@@ -188,17 +192,21 @@ __all__ = [
     "functional_call_masked",
     "global_structured",
     "global_unstructured",
+    "hessians",
     "input_dims",
     "input_norms",
     "load_shrunk",
     "mask_gradients",
     "mask_gradients_",
     "native_status",
+    "oneshot",
+    "owl_sparsity",
     "propagate",
     "prunable",
     "prune",
     "saliency",
     "shrink",
+    "sparsegpt",
     "sparsity_report",
     "structure",
     "structured",

@@ -46,12 +46,14 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._dtensor": BASE | {"funcprune._select", "funcprune._specs"},
     "funcprune._plans": BASE | {"funcprune._specs", "funcprune._dtensor"},
     "funcprune._targets": BASE,
-    "funcprune._criteria": BASE | {"funcprune._dtensor"},
+    "funcprune._criteria": BASE | {"funcprune._specs", "funcprune._dtensor"},
     "funcprune._apply": BASE | {"funcprune._native", "funcprune._dtensor"},
     "funcprune._graph": BASE,
     "funcprune._structure": BASE
     | {"funcprune._specs", "funcprune._dtensor", "funcprune._plans", "funcprune._targets", "funcprune._graph"},
     "funcprune._payoff": BASE | {"funcprune._specs", "funcprune._dtensor", "funcprune._graph"},
+    "funcprune._runner": BASE
+    | {"funcprune._specs", "funcprune._plans", "funcprune._targets", "funcprune._criteria", "funcprune._apply"},
     "funcprune.compat": BASE | {"funcprune._specs", "funcprune._plans"},
     "funcprune._demo": BASE
     | {"funcprune._specs", "funcprune._plans", "funcprune._targets", "funcprune._apply", "funcprune._payoff"}

@@ -16,6 +16,7 @@ DESIGN_NAMES = [
     "saliency", "taylor", "wanda", "input_norms", "NM", "Block", "PerSlice", "prunable", "input_dims",
     "global_structured", "bake", "propagate", "shrink", "to_sparse", "KeptChannelsWarning",
     "structure", "Structure", "UnitGroup", "Member", "structured", "load_shrunk",
+    "hessians", "sparsegpt", "oneshot", "owl_sparsity",
 ]  # fmt: skip
 DESIGN_SIGNATURES = {
     fp.compute_mask: "(spec, scores, default_mask=None, *, generator=None)",
@@ -48,6 +49,12 @@ DESIGN_SIGNATURES = {
     fp.UnitGroup: "(kind, size, members)",
     fp.Member: "(name, dim, width, start=0)",
     fp.load_shrunk: "(path, **kwargs)",
+    # issue 25's, with keyword-only extras
+    fp.hessians: "(module, batches, names, *, across=None)",
+    fp.sparsegpt: "(params, hessians, spec, *, blocksize=128, percdamp=0.01, input_dims=None)",
+    fp.oneshot: "(model, batches, *, method, spec, names=None, allocation=None, device=None, blocksize=128, "
+    "percdamp=0.01)",
+    fp.owl_sparsity: "(params, input_norms, sparsity, *, lam=0.08, m=5, blocks=None)",
 }
 
 

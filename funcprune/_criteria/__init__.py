@@ -6,7 +6,15 @@ gathers the input norms of calibration batches (``input_norms``), summed
 across processes where asked.
 """
 
+from ._activations import SQUARES as SQUARES
+from ._activations import Call as Call
+from ._activations import calls as calls
+from ._activations import collect as collect
 from ._activations import input_norms as input_norms
+from ._hessians import GRAMS as GRAMS
+from ._hessians import hessians as hessians
+from ._owl import owl_sparsity as owl_sparsity
 from ._scores import saliency as saliency
 from ._scores import taylor as taylor
 from ._scores import wanda as wanda
+from ._sparsegpt import sparsegpt as sparsegpt

@@ -9,7 +9,8 @@ pre-hooks that are removed before returning, so the module is left as it was.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, final
 
@@ -22,7 +23,7 @@ from .._types import Tensor, is_conv1d
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-__all__ = ["input_norms"]
+__all__ = ["SQUARES", "Call", "Statistic", "calls", "collect", "input_norms"]
 
 
 def input_norms(
@@ -51,6 +52,12 @@ def input_norms(
     in the input's dtype otherwise; the norms are returned as ``float64``
     if an input was ``float64``, as ``float32`` otherwise, on the inputs'
     device.
+
+    Padding is left out: a dict batch with an ``attention_mask`` (``(batch,
+    tokens)``, 0 at padding) counts only the tokens where it is nonzero, in
+    every module whose input has those tokens (``(batch, tokens, features)``,
+    or the ``batch * tokens`` rows of a flattened input); a module whose
+    input has other tokens is refused with an error naming it.
 
     The module runs as it is: call ``module.eval()`` first to calibrate
     without dropout (in training mode, BatchNorm updates its running
@@ -88,7 +95,8 @@ def input_norms(
         ValueError: if a name is not the weight of a supported module (this
             and the errors above are raised before any batch runs), if there
             are no batches, if a module receives an input without its
-            features, or if a weight's module was never called.
+            features or whose tokens the batch's ``attention_mask`` does not
+            match, or if a weight's module was never called.
 
     >>> import torch, funcprune as fp
     >>> from torch import nn
@@ -98,31 +106,135 @@ def input_norms(
     {'0.weight': tensor([5., 1.])}
     """
     fn = "input_norms"
+    sums = collect(fn, module, calls(fn, batches), names, SQUARES, across=across)
+    return {name: total.sqrt() for name, total in sums.items()}
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call of a module: its positional and keyword arguments, and which of its tokens are real.
+
+    ``tokens`` is a bool ``(batch, tokens)`` tensor (``True`` = counted, as
+    an ``attention_mask`` marks real tokens), or ``None`` to count every token.
+    """
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    tokens: Tensor | None = None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Statistic:
+    """What is summed over the tokens reaching a weight's module.
+
+    ``part(x)`` maps an input's ``(tokens, features)`` rows (in the summing
+    dtype) to this call's contribution; ``shape(features)`` is the sum's
+    shape. ``linear_only``: defined for Linear and ``Conv1D`` weights only.
+    ``narrow_in_float64``: the sums of inputs narrower than ``float32`` are
+    returned in ``float64`` (in ``float32`` otherwise).
+    """
+
+    part: Callable[[Tensor], Tensor]
+    shape: Callable[[int], tuple[int, ...]]
+    linear_only: bool
+    narrow_in_float64: bool
+
+
+#: ``input_norms``'s: the sum of squares of each feature.
+SQUARES = Statistic(lambda x: x.square().sum(dim=0), lambda f: (f,), linear_only=False, narrow_in_float64=False)
+
+
+def calls(fn: str, batches: Iterable[object]) -> Iterator[Call]:
+    """The calls of a model on ``batches``: ``module(batch)``, ``module(*batch)`` or ``module(**batch)``.
+
+    ``batches`` is checked now; each batch when its turn comes. A dict
+    batch's ``attention_mask`` (a 2-D tensor) marks its real tokens.
+    """
+    _check_batches(fn, batches)
+    return _calls(fn, batches)
+
+
+def _calls(fn: str, batches: Iterable[object]) -> Iterator[Call]:
+    for i, batch in enumerate(batches):
+        if isinstance(batch, torch.Tensor):
+            yield Call((batch,), {})
+        elif isinstance(batch, (tuple, list)):
+            yield Call(tuple(batch), {})
+        elif isinstance(batch, Mapping):
+            kwargs = dict(batch)
+            yield Call((), kwargs, _tokens(fn, i, kwargs.get("attention_mask")))
+        else:
+            raise TypeError(
+                f"{fn}: batch {i} must be a tensor, a tuple or list of arguments or a dict "
+                f"of keyword arguments, got {type(batch).__name__}"
+            )
+
+
+def _tokens(fn: str, i: int, mask: object) -> Tensor | None:
+    """The real tokens a batch's ``attention_mask`` marks, or ``None`` (no mask: every token counts)."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        got = f"a tensor of shape {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise ValueError(
+            f"{fn}: batch {i}'s attention_mask must be a (batch, tokens) tensor, 1 at real tokens and "
+            f"0 at padding, got {got}"
+        )
+    return mask != 0
+
+
+def collect(
+    fn: str,
+    module: nn.Module,
+    calls: Iterable[Call],
+    names: Iterable[str],
+    statistic: Statistic,
+    *,
+    across: ProcessGroup | None = None,
+    run: Callable[[Call], object] | None = None,
+) -> dict[str, Tensor]:
+    """Sum ``statistic`` over every token reaching each named weight's module, in ``calls`` of ``module``.
+
+    The engine of :func:`input_norms` and :func:`~funcprune.hessians` (and
+    of the one-shot runner, which calls a block on captured arguments):
+    forward pre-hooks, removed before returning, that sum in ``float64`` for
+    inputs narrower than ``float32``, in the input's dtype otherwise;
+    ``across`` sums over a process group in one ``all_reduce``. Everything
+    but the calls themselves is checked before the first one runs. Returns
+    the sums by name, in the order of ``names``: ``float64`` where an input
+    was ``float64`` or narrower than ``float32``, ``float32`` otherwise.
+    ``run`` makes each call (``module(*call.args, **call.kwargs)`` if
+    ``None``): the runner calls a block through ``functional_call``.
+    """
     if not isinstance(module, nn.Module):
         raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
-    targets = [_target(fn, module, name) for name in dict.fromkeys(_check_names(fn, names))]
-    _check_batches(fn, batches)
+    targets = [_target(fn, module, name, statistic) for name in dict.fromkeys(_check_names(fn, names))]
     _check_across(fn, across)
     if not targets:
         return {}
-    sums: dict[str, Tensor] = {}  # sums of squares, by weight name
+    sums: dict[str, Tensor] = {}  # by weight name
     wide: set[str] = set()  # the weights that received a float64 input
+    current: list[Tensor | None] = [None]  # the real tokens of the call running
     handles = []
     try:
         for target in targets:
-            hook = _collector(fn, target, sums, wide)
+            hook = _collector(fn, target, sums, wide, statistic, current)
             handles.append(target.owner.register_forward_pre_hook(hook, with_kwargs=True))
-        if across is not None:  # every process's batches: fail together, count together
-            return _across(fn, module, batches, targets, sums, wide, across)
-        ran = _run(fn, module, batches)
+        if across is not None:  # every process's calls: fail together, count together
+            return _across(fn, run or _caller(module), calls, targets, sums, wide, statistic, current, across)
+        ran = _run(run or _caller(module), calls, current)
     finally:
         for handle in handles:
             handle.remove()
-    return _norms(fn, ran, targets, sums, wide)
+    return _totals(fn, ran, targets, sums, wide, statistic)
 
 
-def _norms(fn: str, ran: int, targets: list[_Target], sums: dict[str, Tensor], wide: set[str]) -> dict[str, Tensor]:
-    """The norms from the sums of squares, once batches ran and every target was called."""
+def _totals(
+    fn: str, ran: int, targets: list[_Target], sums: dict[str, Tensor], wide: set[str], statistic: Statistic
+) -> dict[str, Tensor]:
+    """The sums, once the calls ran and every target was called, in their result dtype and shape."""
     if not ran:
         raise ValueError(
             f"{fn}: no batches: batches was empty; pass at least one calibration batch"
@@ -131,14 +243,17 @@ def _norms(fn: str, ran: int, targets: list[_Target], sums: dict[str, Tensor], w
     if never:
         raise ValueError(
             f"{fn}: {_holder(never[0].path)}, holding {never[0].name!r}, was never called by "
-            "any batch, so its inputs have no norms; leave it out of names (a layer whose "
+            "any batch, so its inputs have no statistics; leave it out of names (a layer whose "
             "parent uses its weight without calling it, like MultiheadAttention's out_proj, "
             "is never called)"
         )
-    return {
-        t.name: sums[t.name].sqrt().to(torch.float64 if t.name in wide else torch.float32).reshape(t.shape)
-        for t in targets
-    }
+    out = {}
+    for t in targets:
+        total = sums[t.name]
+        wider = t.name in wide or (statistic.narrow_in_float64 and total.dtype == torch.float64)
+        total = total.to(torch.float64 if wider else torch.float32)
+        out[t.name] = total.reshape(t.shape) if total.dim() == 1 else total
+    return out
 
 
 def _check_across(fn: str, across: object) -> None:
@@ -158,55 +273,63 @@ def _check_across(fn: str, across: object) -> None:
 
 def _across(
     fn: str,
-    module: nn.Module,
-    batches: Iterable[object],
+    run: Callable[[Call], object],
+    calls: Iterable[Call],
     targets: list[_Target],
     sums: dict[str, Tensor],
     wide: set[str],
+    statistic: Statistic,
+    current: list[Tensor | None],
     group: ProcessGroup,
 ) -> dict[str, Tensor]:
-    """:func:`input_norms` over every process of ``group``, each with its own batches.
+    """:func:`collect` over every process of ``group``, each with its own calls.
 
     One ``all_reduce`` (``float64``) carries whether each process failed,
-    how many batches it ran, and per target whether it was called, its
-    input was ``float64``, and its sums of squares (zeros where it was not
-    called here): so every process decides from the same numbers, and a
-    failure on one (a bad batch) fails all instead of leaving them waiting.
+    how many calls it ran, and per target whether it was called, had a
+    ``float64`` input, summed in ``float64`` (an input narrower than
+    ``float32``), and its sums (zeros where it was not called here): so
+    every process decides from the same numbers, and a failure on one (a
+    bad batch) fails all instead of leaving them waiting.
     """
     import torch.distributed as dist
 
     failure: Exception | None = None
     ran = 0
     try:
-        ran = _run(fn, module, batches)
+        ran = _run(run, calls, current)
     except Exception as e:  # noqa: BLE001 (raised below, on every process)
         failure = e
-    widths = [t.features for t in targets]
-    head = [float(failure is not None), float(ran)]
-    head += [float(t.name in sums) for t in targets] + [float(t.name in wide) for t in targets]
+    shapes = [statistic.shape(t.features) for t in targets]
+    sizes = [math.prod(shape) for shape in shapes]
+    k = len(targets)
+    head = [float(failure is not None), float(ran)] + [float(t.name in sums) for t in targets]
+    head += [float(t.name in wide) for t in targets]
+    head += [float(t.name in sums and sums[t.name].dtype == torch.float64) for t in targets]
     weight = targets[0].owner.weight
     assert isinstance(weight, torch.Tensor)  # a Linear's, Conv1D's or Conv's
     device = weight.device  # the same on every process, batches run or not (a CUDA group's)
     parts = [torch.tensor(head, dtype=torch.float64, device=device)]
-    for t, n in zip(targets, widths, strict=True):
-        parts.append(sums[t.name].to(torch.float64) if t.name in sums else torch.zeros(n, dtype=torch.float64, device=device))
+    for t, n in zip(targets, sizes, strict=True):
+        mine = sums[t.name].to(torch.float64).flatten() if t.name in sums else None
+        parts.append(mine if mine is not None else torch.zeros(n, dtype=torch.float64, device=device))
     flat = torch.cat(parts)
     dist.all_reduce(flat, group=group)
     if failure is not None:
         raise failure
     if flat[0]:
         raise ValueError(f"{fn}: another process of the group failed on its batches (its own error says why)")
-    called, start = flat[2 : 2 + len(targets)], 2 + 2 * len(targets)
+    called, widened, narrow = flat[2 : 2 + k], flat[2 + k : 2 + 2 * k], flat[2 + 2 * k : 2 + 3 * k]
     total: dict[str, Tensor] = {}
-    for i, (t, n) in enumerate(zip(targets, widths, strict=True)):
+    start = 2 + 3 * k
+    for i, (t, n, shape) in enumerate(zip(targets, sizes, shapes, strict=True)):
         if called[i]:
-            total[t.name] = flat[start : start + n].to(torch.float64 if flat[2 + len(targets) + i] else torch.float32)
+            dtype = torch.float64 if widened[i] or narrow[i] else torch.float32
+            total[t.name] = flat[start : start + n].reshape(shape).to(dtype)
         start += n
-    widened = {t.name for i, t in enumerate(targets) if flat[2 + len(targets) + i]}
-    return _norms(fn, int(flat[1]), targets, total, widened)
+    return _totals(fn, int(flat[1]), targets, total, {t.name for i, t in enumerate(targets) if widened[i]}, statistic)
 
 
-# --- gradient criteria -------------------------------------------------------
+# --- the weights observed, and the hooks ---------------------------------------
 
 
 @final
@@ -223,7 +346,7 @@ class _Target:
     feature_dim: int
     #: How many input features the module has.
     features: int
-    #: The shape of the norms returned: ``(features,)``, or ``(features, 1)``
+    #: The shape of a per-feature result (norms): ``(features,)``, or ``(features, 1)``
     #: for a weight stored ``(in, out)`` (Conv1D), so that they broadcast
     #: against the weight as stored.
     shape: tuple[int, ...]
@@ -257,8 +380,8 @@ def _check_batches(fn: str, batches: object) -> None:
         )
 
 
-def _target(fn: str, module: nn.Module, name: str) -> _Target:
-    """Resolve ``name`` to its owner and check that its inputs have per-feature norms."""
+def _target(fn: str, module: nn.Module, name: str, statistic: Statistic) -> _Target:
+    """Resolve ``name`` to its owner and check that ``statistic`` is defined on its inputs."""
     params = dict(module.named_parameters())
     if name not in params:
         listed = {id(p): n for n, p in params.items()}
@@ -274,16 +397,18 @@ def _target(fn: str, module: nn.Module, name: str) -> _Target:
     owner = module.get_submodule(path)
     where = f"{name!r} belongs to {_holder(path)}, of type {type(owner).__name__}"
     supported = (
-        "input_norms supports the weight of nn.Linear and of nn.Conv1d/2d/3d with groups=1, "
+        f"{fn} supports the weight of nn.Linear and of transformers' Conv1D"
+        if statistic.linear_only
+        else f"{fn} supports the weight of nn.Linear and of nn.Conv1d/2d/3d with groups=1, "
         "and of transformers' Conv1D"
     )
     if attr == "weight" and is_conv1d(owner):  # x @ W, W stored (in, out)
         features = params[name].shape[0]
         return _Target(name, path, owner, -1, features, (features, 1))
-    if attr != "weight" or not isinstance(owner, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-        raise ValueError(f"{fn}: {where}; {supported}")
-    if isinstance(owner, nn.Linear):
+    if attr == "weight" and isinstance(owner, nn.Linear):
         return _Target(name, path, owner, -1, owner.in_features, (owner.in_features,))
+    if attr != "weight" or statistic.linear_only or not isinstance(owner, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        raise ValueError(f"{fn}: {where}; {supported}")
     if owner.groups != 1:
         raise ValueError(
             f"{fn}: {where} with groups={owner.groups}: its weight's dim 1 counts the input "
@@ -294,11 +419,16 @@ def _target(fn: str, module: nn.Module, name: str) -> _Target:
 
 
 def _collector(
-    fn: str, target: _Target, sums: dict[str, Tensor], wide: set[str]
+    fn: str,
+    target: _Target,
+    sums: dict[str, Tensor],
+    wide: set[str],
+    statistic: Statistic,
+    current: list[Tensor | None],
 ) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
-    """A forward pre-hook adding the squares of each input of ``target``'s module to ``sums``."""
+    """A forward pre-hook adding ``statistic`` of each input of ``target``'s module to ``sums``."""
 
-    def collect(owner: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def hook(owner: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         x = args[0] if args else kwargs.get("input")
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             got = f"dtype {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
@@ -310,41 +440,53 @@ def _collector(
                 f"{fn}: {_holder(target.path)} received an input of shape {tuple(x.shape)}; "
                 f"expected its {features} input features in dim {target.feature_dim}"
             )
-        part = _sum_of_squares(x, target.feature_dim)
+        part = statistic.part(_rows(fn, target, x, current[0]))
         sums[target.name] = sums[target.name] + part if target.name in sums else part
         if x.dtype == torch.float64:
             wide.add(target.name)
 
-    return collect
+    return hook
 
 
-def _sum_of_squares(x: Tensor, feature_dim: int) -> Tensor:
-    """Per feature, the sum of the squares of ``x`` over every other dim (its tokens).
+def _rows(fn: str, target: _Target, x: Tensor, tokens: Tensor | None) -> Tensor:
+    """``x`` as ``(tokens, features)`` rows in the summing dtype, padding left out.
 
-    Inputs narrower than ``float32`` are squared and summed in ``float64``
-    (a ``float16`` square overflows past 255), the others in their dtype.
+    Inputs narrower than ``float32`` are summed in ``float64`` (a
+    ``float16`` square overflows past 255), the others in their dtype.
     """
     dtype = torch.float64 if x.dtype.itemsize < 4 else x.dtype
-    squares = x.detach().to(dtype).square()
-    tokens = [d for d in range(x.dim()) if d != x.dim() + feature_dim]
-    return squares.sum(dim=tokens) if tokens else squares
+    x = x.detach()
+    if x.dim() + target.feature_dim != x.dim() - 1:  # a Conv's channels: moved last
+        x = x.movedim(x.dim() + target.feature_dim, -1)
+    rows = x.reshape(-1, target.features)
+    if tokens is not None:
+        if tuple(x.shape[:-1]) == tuple(tokens.shape):
+            rows = rows[tokens.reshape(-1).to(rows.device)]
+        elif rows.shape[0] == tokens.numel():  # a flattened (batch * tokens, features) input
+            rows = rows[tokens.reshape(-1).to(rows.device)]
+        else:
+            raise ValueError(
+                f"{fn}: {_holder(target.path)} received an input of shape {tuple(x.shape)}, whose "
+                f"tokens do not match the batch's attention_mask of shape {tuple(tokens.shape)}, so "
+                "its padding cannot be left out; leave this weight out of names, or pass batches "
+                "without an attention_mask (every token then counts)"
+            )
+    return rows.to(dtype)
 
 
-def _run(fn: str, module: nn.Module, batches: Iterable[object]) -> int:
-    """Call ``module`` on every batch, without autograd; return how many ran."""
+def _caller(module: nn.Module) -> Callable[[Call], object]:
+    return lambda call: module(*call.args, **call.kwargs)
+
+
+def _run(run: Callable[[Call], object], calls: Iterable[Call], current: list[Tensor | None]) -> int:
+    """Make every call, without autograd; return how many ran."""
     ran = 0
     with torch.no_grad():
-        for batch in batches:
-            if isinstance(batch, torch.Tensor):
-                module(batch)
-            elif isinstance(batch, (tuple, list)):
-                module(*batch)
-            elif isinstance(batch, Mapping):
-                module(**batch)
-            else:
-                raise TypeError(
-                    f"{fn}: batch {ran} must be a tensor, a tuple or list of arguments or a dict "
-                    f"of keyword arguments, got {type(batch).__name__}"
-                )
-            ran += 1
+        try:
+            for call in calls:
+                current[0] = call.tokens
+                run(call)
+                ran += 1
+        finally:
+            current[0] = None
     return ran

@@ -1,0 +1,318 @@
+"""SparseGPT: prune a Linear weight and update the weights it keeps to reconstruct its outputs.
+
+Frantar and Alistarh 2023, "SparseGPT: Massive Language Models Can Be
+Accurately Pruned in One-Shot". For a weight ``W`` (out, in) and the Gram
+matrix ``H = XᵀX`` of its calibration inputs (:func:`~funcprune.hessians`),
+the columns are visited left to right. Pruning an entry ``w`` of column
+``j`` changes the layer's outputs least when the columns right of ``j``
+absorb it: the optimal brain surgeon update ``W[:, j:] -= (w / d) *
+U[j, j:]``, with ``U`` the upper Cholesky factor of ``H⁻¹`` and ``d =
+U[j, j]``. Which entries to prune is decided once per block of
+``blocksize`` columns for unstructured specs, by the score ``w² / d²``
+on the weights as already updated, and once per group of ``m`` columns for
+N:M, when the group's first column is reached; the updates of columns
+right of a block are applied lazily, as one matrix product per block.
+
+The reference is IST-DASLab/sparsegpt's ``sparsegpt.py`` (``fasterprune``).
+Where this differs, on purpose:
+
+- it prunes exactly the count asked for, ``round(fraction * entries)`` of
+  each block (Python's ``round``, half to even, as every funcprune amount),
+  ties to the lower row-major index, where the reference's ``<=`` threshold
+  prunes one more entry per block than ``int(fraction * entries)`` when
+  scores are distinct, and more on ties; N:M ties go to the lower column
+  where the reference's ``topk`` leaves them unspecified;
+- it does not depend on global settings: its CUDA matrix products run in
+  IEEE float32 (no TF32) for the duration of the call, where the reference
+  switches TF32 off for the whole process at import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Literal, final
+
+import torch
+
+from .._names import check_params, unknown_name
+from .._specs import NM, L1Unstructured, PerSlice
+from .._types import Params, Tensor, is_dtensor
+
+__all__ = ["sparsegpt"]
+
+#: One layer's pass: ``(weight, H) -> (new weight, kept mask, Cholesky failures)``.
+_Pass = Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
+_SPECS = "fp.L1Unstructured(fraction), fp.PerSlice(fp.L1Unstructured(fraction), dim=0) or fp.NM(n, m)"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """What one layer's pass selects: a fraction of each block (or of each row of it), or n of every m columns."""
+
+    kind: Literal["block", "row", "nm"]
+    fraction: float = 0.0
+    n: int = 0
+    m: int = 1
+
+
+def sparsegpt(
+    params: Params,
+    hessians: Mapping[str, Tensor],
+    spec: object,
+    *,
+    blocksize: int = 128,
+    percdamp: float = 0.01,
+    input_dims: Mapping[str, int] | None = None,
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Prune each weight that has a Hessian with SparseGPT; return the new weights and their masks.
+
+    For each name of ``hessians``, the weight ``params[name]``, seen as
+    ``(out, in)``, is pruned column block by column block, and the kept
+    entries right of each pruned one are updated to reconstruct the
+    layer's outputs on the calibration inputs (see the module's docstring
+    for the algorithm and where it departs from the reference). Before,
+    input features that never carried a nonzero value (a zero diagonal of
+    ``H``) get their weights zeroed and ``H[j, j] = 1``; then ``H`` is
+    dampened by ``percdamp`` times the mean of its diagonal. Where every
+    input feature carried a nonzero value, the scale of ``H`` does not
+    matter (``XᵀX`` and SparseGPT's ``2/N XᵀX`` give the same result, to
+    rounding); a dead feature's diagonal of 1 enters the mean whatever the
+    scale, as in the reference.
+
+    Specs, on the ``(out, in)`` view of each weight:
+
+    - ``fp.L1Unstructured(f)`` (or ``sparsity=f``): prune exactly
+      ``round(f * entries)`` of every block of ``blocksize`` columns (all
+      rows), those of smallest score ``w² / U[j, j]²``;
+    - ``fp.PerSlice(fp.L1Unstructured(f), dim=0)``: ``round(f * columns)``
+      of every row of every block (per output, as Wanda compares);
+    - ``fp.NM(n, m)`` (along the input dim: ``dim=-1`` or ``1``): keep the
+      ``n`` of largest score in every ``m`` consecutive input columns,
+      scored when the group is reached, on the weights as updated so far;
+      ``m`` must divide ``blocksize`` and ``in``.
+
+    Ties go to the lower index; NaN scores are kept first. Weights are
+    computed in ``float32`` (``float64`` for ``float64`` weights or
+    Hessians), on the weight's device, and returned in the weight's dtype
+    and layout; pruned entries are exactly ``0``. At fraction 0 (or
+    ``NM(m, m)``) nothing is pruned and no weight changes. A weight with a
+    leading batch dim (``(layers, out, in)`` stacked, with ``(layers, in,
+    in)`` Hessians) is pruned layer by layer under :func:`torch.func.vmap`.
+
+    Args:
+        params: tensors by name, like ``dict(model.named_parameters())``;
+            those without a Hessian are returned as they are. Not modified.
+        hessians: ``{name: H}``, ``H`` of shape ``(in, in)``, as
+            :func:`~funcprune.hessians` returns.
+        spec: one of the specs above, for every weight.
+        blocksize: columns per block (default 128, the reference's).
+        percdamp: the dampening, a fraction of the mean diagonal of ``H``
+            (default 0.01, the reference's).
+        input_dims: the input dim of some weights, like
+            ``fp.input_dims(model)``: ``0`` for a weight stored ``(in,
+            out)`` (transformers' ``Conv1D``); the others are read as
+            ``(out, in)``. A weight whose layout its Hessian contradicts is
+            refused; a square ``Conv1D`` weight needs its entry.
+
+    Returns:
+        ``(new_params, masks)``: a new dict with every name of ``params``,
+        the pruned weights replaced by new tensors; and ``{name: mask}`` for
+        each weight pruned (``torch.bool``, ``True`` = kept).
+
+    Raises:
+        TypeError: if an argument has the wrong type.
+        UnknownNameError: if a name of ``hessians`` is not in ``params``.
+        ValueError: if a spec, blocksize, percdamp, shape or dim is not one
+            this supports, or ``H`` is not positive definite after
+            dampening (raise ``percdamp``).
+
+    >>> import torch, funcprune as fp
+    >>> w = torch.tensor([[1.0, 0.1], [0.2, 2.0]])
+    >>> h = torch.tensor([[2.0, 1.0], [1.0, 2.0]])
+    >>> new, masks = fp.sparsegpt({"w": w}, {"w": h}, fp.L1Unstructured(0.5))
+    >>> masks["w"]
+    tensor([[ True, False],
+            [False,  True]])
+    >>> new["w"]  # w[1, 1] absorbs the pruned w[1, 0]; w[0, 1], the last column, has no column right of it
+    tensor([[1.0000, 0.0000],
+            [0.0000, 2.0990]])
+    """
+    fn = "sparsegpt"
+    check_params(fn, params)
+    if not isinstance(hessians, Mapping):
+        raise TypeError(f"{fn}: hessians must be a mapping of names to (in, in) tensors, got {type(hessians).__name__}")
+    rule = _rule(fn, spec)
+    if isinstance(blocksize, bool) or not isinstance(blocksize, int) or blocksize < 1:
+        raise ValueError(f"{fn}: blocksize must be a positive int, got {blocksize!r}")
+    if rule.kind == "nm" and blocksize % rule.m:
+        raise ValueError(f"{fn}: blocksize={blocksize} must be a multiple of the spec's m={rule.m}, so that "
+                         "no group of m columns straddles two blocks")  # fmt: skip
+    if isinstance(percdamp, bool) or not isinstance(percdamp, (int, float)) or not 0 <= percdamp < math.inf:
+        raise ValueError(f"{fn}: percdamp must be a finite real number >= 0, got {percdamp!r}")
+    dims = _check_input_dims(fn, input_dims)
+    plan = {name: _oriented(fn, name, params, hessians[name], dims.get(name, -1), rule) for name in hessians}
+    new, masks = dict(params), {}
+    for name, (weight, transposed) in plan.items():
+        kept, mask = _prune(fn, name, weight, hessians[name], rule, blocksize, float(percdamp))
+        if transposed:
+            kept, mask = kept.transpose(-1, -2), mask.transpose(-1, -2)
+        new[name] = kept.to(params[name].dtype).contiguous()
+        masks[name] = mask.contiguous()
+    return new, masks
+
+
+def _rule(fn: str, spec: object) -> _Rule:
+    if isinstance(spec, NM):
+        if spec.dim not in (-1, 1):
+            raise ValueError(f"{fn}: spec {spec!r} groups along dim {spec.dim}; SparseGPT's N:M groups run along "
+                             "the input dim of the (out, in) view: dim=-1 (Conv1D weights included)")  # fmt: skip
+        return _Rule("nm", n=spec.n, m=spec.m)
+    inner = spec.spec if isinstance(spec, PerSlice) else spec
+    kind: Literal["row", "block"] = "row" if isinstance(spec, PerSlice) else "block"
+    if isinstance(spec, PerSlice) and spec.dim != 0:
+        raise ValueError(f"{fn}: spec {spec!r} selects per slice along dim {spec.dim}; SparseGPT selects per "
+                         "output row: PerSlice(L1Unstructured(fraction), dim=0)")  # fmt: skip
+    if not isinstance(inner, L1Unstructured):
+        raise ValueError(f"{fn}: spec must be {_SPECS}, got {spec!r}")
+    fraction = inner.sparsity if inner.sparsity is not None else inner.amount
+    if not isinstance(fraction, float):
+        raise ValueError(f"{fn}: spec {spec!r} must give a float fraction (of each column block), "
+                         f"not an int count; write e.g. L1Unstructured(0.5)")  # fmt: skip
+    return _Rule(kind, fraction=fraction)
+
+
+def _check_input_dims(fn: str, input_dims: object) -> Mapping[str, int]:
+    if input_dims is None:
+        return {}
+    if not isinstance(input_dims, Mapping) or not all(isinstance(d, int) for d in input_dims.values()):
+        raise TypeError(f"{fn}: input_dims must be a mapping of names to ints, like fp.input_dims(model), "
+                        f"got {input_dims!r}")  # fmt: skip
+    return input_dims
+
+
+def _oriented(fn: str, name: str, params: Params, h: object, dim: int, rule: _Rule) -> tuple[Tensor, bool]:
+    """``params[name]`` seen as ``(..., out, in)``, and whether that is its transpose; checked against ``h``."""
+    if name not in params:
+        raise unknown_name(fn, f"hessians has {name!r}, which is not in params", name, tuple(params))
+    w = params[name]
+    if is_dtensor(w) or is_dtensor(h):
+        raise ValueError(f"{fn}: {name!r} is a DTensor; SparseGPT runs on whole layers: pass the full weight "
+                         "and Hessian (full_tensor()) on one process")  # fmt: skip
+    if not isinstance(h, torch.Tensor):
+        raise TypeError(f"{fn}: hessians[{name!r}] must be a tensor, got {type(h).__name__}")
+    if w.dim() < 2 or not w.is_floating_point() or not h.is_floating_point():
+        raise ValueError(f"{fn}: {name!r} must be a floating-point weight of at least 2 dims with a floating-point "
+                         f"Hessian, got shape {tuple(w.shape)} ({w.dtype}) and {h.dtype}")  # fmt: skip
+    if dim not in (-1, w.dim() - 1, -2, w.dim() - 2):
+        raise ValueError(f"{fn}: input_dims[{name!r}] = {dim} is not one of the last two dims of its weight "
+                         f"of shape {tuple(w.shape)}")  # fmt: skip
+    transposed = dim in (-2, w.dim() - 2)
+    view = w.transpose(-1, -2) if transposed else w
+    lead, cols = tuple(view.shape[:-2]), view.shape[-1]
+    if tuple(h.shape) != (*lead, cols, cols):
+        layout = "(in, out) (input_dims 0)" if transposed else "(out, in)"
+        hint = "" if transposed or w.shape[-2] != h.shape[-1] else (
+            "; its dim 0 matches: a weight stored (in, out), like transformers' Conv1D, needs "
+            "input_dims={name!r: 0} (fp.input_dims(model) gives it)")  # fmt: skip
+        raise ValueError(f"{fn}: hessians[{name!r}] has shape {tuple(h.shape)}, but its weight of shape "
+                         f"{tuple(w.shape)}, read as {layout}, has {cols} inputs: expected "
+                         f"{(*lead, cols, cols)}{hint}")  # fmt: skip
+    if rule.kind == "nm" and cols % rule.m:
+        raise ValueError(f"{fn}: {name!r} has {cols} inputs, not a multiple of the spec's m={rule.m}")
+    if h.device != w.device:
+        raise ValueError(f"{fn}: hessians[{name!r}] is on {h.device}, its weight on {w.device}")
+    return view, transposed
+
+
+def _prune(
+    fn: str, name: str, w: Tensor, h: Tensor, rule: _Rule, blocksize: int, percdamp: float
+) -> tuple[Tensor, Tensor]:
+    """One weight (or a stack of them, under vmap): ``(new weight, kept mask)``, both ``(..., out, in)``."""
+    dtype = torch.float64 if torch.float64 in (w.dtype, h.dtype) else torch.float32
+    with _ieee(w.device):
+        layer = _layer(rule, blocksize, percdamp)
+        for _ in range(w.dim() - 2):
+            layer = torch.func.vmap(layer)
+        kept, mask, info = layer(w.detach().to(dtype), h.detach().to(dtype))
+    if bool((info != 0).any()):
+        raise ValueError(f"{fn}: the Hessian of {name!r} is not positive definite after dampening by "
+                         f"percdamp={percdamp}: raise percdamp")  # fmt: skip
+    return kept, mask
+
+
+def _layer(rule: _Rule, blocksize: int, percdamp: float) -> _Pass:
+    def run(w: Tensor, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        rows, cols = w.shape
+        dead = torch.diagonal(h) == 0
+        h = h + torch.diag(dead.to(h.dtype))  # a zero diagonal: a zero row and column (H is PSD)
+        w = torch.where(dead, torch.zeros_like(w), w)
+        h = h + torch.eye(cols, dtype=h.dtype, device=h.device) * (percdamp * torch.diagonal(h).mean())
+        lower, info = torch.linalg.cholesky_ex(h)
+        u, info2 = torch.linalg.cholesky_ex(torch.cholesky_inverse(lower), upper=True)
+        w = w.clone()
+        mask = torch.ones_like(w, dtype=torch.bool)
+        for i1 in range(0, cols, blocksize):
+            i2 = min(i1 + blocksize, cols)
+            w1, u1 = w[:, i1:i2].clone(), u[i1:i2, i1:i2]
+            d = torch.diagonal(u1)
+            pruned = torch.zeros_like(w1, dtype=torch.bool)
+            if rule.kind != "nm":
+                pruned = _smallest(w1.square() / d.square(), rule)
+            q1, err1 = torch.zeros_like(w1), torch.zeros_like(w1)
+            for i in range(i2 - i1):
+                if rule.kind == "nm" and i % rule.m == 0:
+                    group = w1[:, i : i + rule.m].square() / d[i : i + rule.m].square()
+                    pruned[:, i : i + rule.m] = _lowest(group, rule.m - rule.n)
+                col = w1[:, i]
+                q = torch.where(pruned[:, i], torch.zeros_like(col), col)
+                q1[:, i] = q
+                err = (col - q) / d[i]
+                w1[:, i:] -= err.unsqueeze(1) @ u1[i, i:].unsqueeze(0)
+                err1[:, i] = err
+            w[:, i1:i2] = q1
+            mask[:, i1:i2] = ~pruned
+            w[:, i2:] -= err1 @ u[i1:i2, i2:]
+        return w, mask, info + info2
+
+    return run
+
+
+def _smallest(scores: Tensor, rule: _Rule) -> Tensor:
+    """The entries pruned in a block: the ``round(fraction * n)`` smallest of it (``"block"``) or of each row."""
+    if rule.kind == "row":
+        return _lowest(scores, round(rule.fraction * scores.shape[1]))
+    flat = scores.reshape(1, -1)
+    return _lowest(flat, round(rule.fraction * flat.shape[1])).reshape(scores.shape)
+
+
+def _lowest(scores: Tensor, k: int) -> Tensor:
+    """Per row, the ``k`` smallest scores (ties to the lower index, NaN largest) as a bool mask."""
+    order = torch.sort(scores, dim=1, stable=True).indices[:, :k]
+    return torch.zeros_like(scores, dtype=torch.bool).scatter(1, order, True)
+
+
+@contextlib.contextmanager
+def _ieee(device: torch.device) -> Iterator[None]:
+    """Float32 matrix products in IEEE float32 on CUDA (no TF32) while inside; CPU ones always are."""
+    if device.type != "cuda":
+        yield
+        return
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9
+        before = matmul.fp32_precision
+        matmul.fp32_precision = "ieee"
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = before
+    else:
+        allowed = matmul.allow_tf32
+        matmul.allow_tf32 = False
+        try:
+            yield
+        finally:
+            matmul.allow_tf32 = allowed

@@ -1,0 +1,9 @@
+"""One-shot pruning of a model block by block, on calibration batches (the door).
+
+``_blocks.py`` finds a model's repeated blocks and captures what reaches
+them; ``_oneshot.py`` walks them (``oneshot``): statistics from the
+criteria layer (input norms, Hessians), masks from plans or SparseGPT,
+each block advanced through ``functional_call_masked``.
+"""
+
+from ._oneshot import oneshot as oneshot
