@@ -462,7 +462,7 @@ def _rows(fn: str, target: _Target, x: Tensor, tokens: Tensor | None) -> Tensor:
     if tokens is not None:
         if tuple(x.shape[:-1]) == tuple(tokens.shape):
             rows = rows[tokens.reshape(-1).to(rows.device)]
-        elif rows.shape[0] == tokens.numel():  # a flattened (batch * tokens, features) input
+        elif x.dim() == 2 and rows.shape[0] == tokens.numel():  # a flattened (batch * tokens, features) input
             rows = rows[tokens.reshape(-1).to(rows.device)]
         else:
             raise ValueError(
