@@ -54,10 +54,17 @@ def input_norms(
     device.
 
     Padding is left out: a dict batch with an ``attention_mask`` (``(batch,
-    tokens)``, 0 at padding) counts only the tokens where it is nonzero, in
-    every module whose input has those tokens (``(batch, tokens, features)``,
-    or the ``batch * tokens`` rows of a flattened input); a module whose
-    input has other tokens is refused with an error naming it.
+    tokens)``, 1 at real tokens and 0 at padding) counts only the real
+    tokens, in every module whose input has those tokens (``(batch, tokens,
+    features)``, or the ``batch * tokens`` rows of a 2-D flattened input in
+    that order); an input with one row per sequence (a pooler's) counts
+    every row; a module whose input has other tokens is refused with an
+    error naming it. Every token counts in batches of other kinds, with a
+    mask of another shape (a 4-D one), and in encoder-decoder batches (with
+    ``decoder_*`` keys), whose mask is the encoder's alone. An input laid
+    out ``(tokens, batch, features)`` with as many tokens as sequences
+    cannot be told apart from ``(batch, tokens, features)``: such a model
+    needs batches without a mask.
 
     The module runs as it is: call ``module.eval()`` first to calibrate
     without dropout (in training mode, BatchNorm updates its running
@@ -164,7 +171,8 @@ def _calls(fn: str, batches: Iterable[object]) -> Iterator[Call]:
             yield Call(tuple(batch), {})
         elif isinstance(batch, Mapping):
             kwargs = dict(batch)
-            yield Call((), kwargs, _tokens(fn, i, kwargs.get("attention_mask")))
+            seq2seq = any(k.startswith("decoder_") for k in kwargs)  # the mask is the encoder's only
+            yield Call((), kwargs, None if seq2seq else _tokens(fn, i, kwargs.get("attention_mask")))
         else:
             raise TypeError(
                 f"{fn}: batch {i} must be a tensor, a tuple or list of arguments or a dict "
@@ -173,14 +181,20 @@ def _calls(fn: str, batches: Iterable[object]) -> Iterator[Call]:
 
 
 def _tokens(fn: str, i: int, mask: object) -> Tensor | None:
-    """The real tokens a batch's ``attention_mask`` marks, or ``None`` (no mask: every token counts)."""
-    if mask is None:
-        return None
+    """The real tokens a batch's ``attention_mask`` marks, or ``None`` (every token counts).
+
+    Only a ``(batch, tokens)`` tensor of 0 and 1 (or bool) marks tokens; any
+    other mask (a 4-D one, a list) tells nothing per token, and every token
+    counts, as the model's own handling of it decides. A 2-D mask of other
+    values (an additive one, 0 and ``-inf``) is refused: which of its values
+    mean padding is not for this to guess.
+    """
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
-        got = f"a tensor of shape {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        return None
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError(
-            f"{fn}: batch {i}'s attention_mask must be a (batch, tokens) tensor, 1 at real tokens and "
-            f"0 at padding, got {got}"
+            f"{fn}: batch {i}'s attention_mask must hold 1 at real tokens and 0 at padding (or be bool); "
+            "it holds other values (an additive mask?): pass the 0/1 mask a tokenizer returns"
         )
     return mask != 0
 
@@ -464,6 +478,8 @@ def _rows(fn: str, target: _Target, x: Tensor, tokens: Tensor | None) -> Tensor:
             rows = rows[tokens.reshape(-1).to(rows.device)]
         elif x.dim() == 2 and rows.shape[0] == tokens.numel():  # a flattened (batch * tokens, features) input
             rows = rows[tokens.reshape(-1).to(rows.device)]
+        elif tuple(x.shape[:-1]) == tuple(tokens.shape[:1]):  # one row per sequence (a pooler's): all count
+            pass
         else:
             raise ValueError(
                 f"{fn}: {_holder(target.path)} received an input of shape {tuple(x.shape)}, whose "

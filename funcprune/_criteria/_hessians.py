@@ -10,9 +10,11 @@ same forward pre-hooks as :func:`~funcprune.input_norms`; it feeds
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
+import torch
 from torch import nn
 
 from .._types import Tensor
@@ -21,11 +23,39 @@ from ._activations import Statistic, calls, collect
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-__all__ = ["GRAMS", "hessians"]
+__all__ = ["GRAMS", "hessians", "ieee"]
+
+
+def _gram(x: Tensor) -> Tensor:
+    with ieee(x.device):
+        return x.T @ x
 
 
 #: ``hessians``'s: the Gram matrix of the inputs' rows, ``XᵀX``.
-GRAMS = Statistic(lambda x: x.T @ x, lambda f: (f, f), linear_only=True, narrow_in_float64=True)
+GRAMS = Statistic(_gram, lambda f: (f, f), linear_only=True, narrow_in_float64=True)
+
+
+@contextlib.contextmanager
+def ieee(device: torch.device) -> Iterator[None]:
+    """Float32 matrix products in IEEE float32 on CUDA (no TF32) while inside; CPU ones always are."""
+    if device.type != "cuda":
+        yield
+        return
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9
+        before = matmul.fp32_precision
+        matmul.fp32_precision = "ieee"
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = before
+    else:
+        allowed = matmul.allow_tf32
+        matmul.allow_tf32 = False
+        try:
+            yield
+        finally:
+            matmul.allow_tf32 = allowed
 
 
 def hessians(
@@ -42,15 +72,16 @@ def hessians(
     that :func:`~funcprune.sparsegpt` minimizes (its scale does not matter
     there). A module called several times per batch counts every call.
 
-    Padding is left out: a dict batch with an ``attention_mask`` (``(batch,
-    tokens)``, 0 at padding) counts only the tokens where it is nonzero, in
-    every module whose input has those tokens (``(batch, tokens, in)``, or
-    the ``batch * tokens`` rows of a flattened input); a module whose input
-    has other tokens is refused with an error naming it.
+    Padding is left out as :func:`~funcprune.input_norms` leaves it out: a
+    dict batch's ``attention_mask`` (``(batch, tokens)``, 1 at real tokens,
+    0 at padding) selects the real tokens of every input that has them (see
+    there for the other cases).
 
     Sums are accumulated and returned in ``float64`` for inputs narrower
-    than ``float32`` (``float16``, ``bfloat16``) or ``float64`` ones, in
-    ``float32`` otherwise (as SparseGPT's code does), on the inputs' device.
+    than ``float32`` (``float16``, ``bfloat16``; SparseGPT's code sums them
+    in ``float32``) or ``float64`` ones, in ``float32`` otherwise, on the
+    inputs' device; on CUDA, ``float32`` products run in IEEE ``float32``
+    whatever the TF32 settings.
     The memory is ``in * in`` such numbers per weight, ``XᵀX`` of each batch
     computed as one matrix product.
 

@@ -29,9 +29,8 @@ Where this differs, on purpose:
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, final
 
@@ -40,6 +39,7 @@ import torch
 from .._names import check_params, unknown_name
 from .._specs import NM, L1Unstructured, PerSlice
 from .._types import Params, Tensor, is_dtensor
+from ._hessians import ieee
 
 __all__ = ["sparsegpt"]
 
@@ -95,11 +95,13 @@ def sparsegpt(
       scored when the group is reached, on the weights as updated so far;
       ``m`` must divide ``blocksize`` and ``in``.
 
-    Ties go to the lower index; NaN scores are kept first. Weights are
-    computed in ``float32`` (``float64`` for ``float64`` weights or
-    Hessians), on the weight's device, and returned in the weight's dtype
-    and layout; pruned entries are exactly ``0``. At fraction 0 (or
-    ``NM(m, m)``) nothing is pruned and no weight changes. A weight with a
+    Ties go to the lower index. Weights are computed in ``float32``
+    (``float64`` for ``float64`` weights), on the weight's device, with
+    IEEE ``float32`` products on CUDA whatever the TF32 settings, and
+    returned in the weight's dtype and layout; pruned entries are exactly
+    ``0``. At fraction 0 (or ``NM(m, m)``) nothing is pruned and no weight
+    changes but those of dead input features (zeroed, still kept by the
+    mask). Weights and Hessians must be finite. A weight with a
     leading batch dim (``(layers, out, in)`` stacked, with ``(layers, in,
     in)`` Hessians) is pruned layer by layer under :func:`torch.func.vmap`.
 
@@ -214,7 +216,7 @@ def _oriented(fn: str, name: str, params: Params, h: object, dim: int, rule: _Ru
     view = w.transpose(-1, -2) if transposed else w
     lead, cols = tuple(view.shape[:-2]), view.shape[-1]
     if tuple(h.shape) != (*lead, cols, cols):
-        layout = "(in, out) (input_dims 0)" if transposed else "(out, in)"
+        layout = "(in, out)" if transposed else "(out, in)"
         hint = "" if transposed or w.shape[-2] != h.shape[-1] else (
             "; its dim 0 matches: a weight stored (in, out), like transformers' Conv1D, needs "
             "input_dims={name!r: 0} (fp.input_dims(model) gives it)")  # fmt: skip
@@ -232,8 +234,12 @@ def _prune(
     fn: str, name: str, w: Tensor, h: Tensor, rule: _Rule, blocksize: int, percdamp: float
 ) -> tuple[Tensor, Tensor]:
     """One weight (or a stack of them, under vmap): ``(new weight, kept mask)``, both ``(..., out, in)``."""
-    dtype = torch.float64 if torch.float64 in (w.dtype, h.dtype) else torch.float32
-    with _ieee(w.device):
+    dtype = torch.float64 if w.dtype == torch.float64 else torch.float32  # as the reference, float32 for narrower
+    if not bool(torch.isfinite(w).all()) or not bool(torch.isfinite(h).all()):
+        which = "weight" if not bool(torch.isfinite(w).all()) else "Hessian"
+        raise ValueError(f"{fn}: the {which} of {name!r} holds NaN or inf (an activation that overflowed its "
+                         "dtype?); SparseGPT needs finite ones")  # fmt: skip
+    with ieee(w.device):
         layer = _layer(rule, blocksize, percdamp)
         for _ in range(w.dim() - 2):
             layer = torch.func.vmap(layer)
@@ -293,26 +299,3 @@ def _lowest(scores: Tensor, k: int) -> Tensor:
     """Per row, the ``k`` smallest scores (ties to the lower index, NaN largest) as a bool mask."""
     order = torch.sort(scores, dim=1, stable=True).indices[:, :k]
     return torch.zeros_like(scores, dtype=torch.bool).scatter(1, order, True)
-
-
-@contextlib.contextmanager
-def _ieee(device: torch.device) -> Iterator[None]:
-    """Float32 matrix products in IEEE float32 on CUDA (no TF32) while inside; CPU ones always are."""
-    if device.type != "cuda":
-        yield
-        return
-    matmul = torch.backends.cuda.matmul
-    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9
-        before = matmul.fp32_precision
-        matmul.fp32_precision = "ieee"
-        try:
-            yield
-        finally:
-            matmul.fp32_precision = before
-    else:
-        allowed = matmul.allow_tf32
-        matmul.allow_tf32 = False
-        try:
-            yield
-        finally:
-            matmul.allow_tf32 = allowed

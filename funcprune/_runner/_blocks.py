@@ -40,17 +40,25 @@ class Blocks:
 
 
 def find_blocks(fn: str, model: nn.Module) -> Blocks:
-    """The ``ModuleList`` of modules of one class holding the most parameters (the first such, on ties)."""
+    """The ``ModuleList`` holding the most parameters (the first such, on ties), refused unless of one class.
+
+    A largest list of mixed classes (a hybrid model's attention and
+    state-space layers) is refused rather than passed over for a smaller
+    list that is not the model's backbone.
+    """
     best: tuple[int, str, nn.ModuleList] | None = None
     for path, module in model.named_modules():
         if not isinstance(module, nn.ModuleList) or not len(module):
             continue
-        kinds = {type(child) for child in module}
-        if len(kinds) != 1:
-            continue
         size = sum(p.numel() for p in module.parameters())
         if size and (best is None or size > best[0]):
             best = (size, path, module)
+    if best is not None and len({type(child) for child in best[2]}) != 1:
+        kinds = sorted({type(child).__name__ for child in best[2]})
+        raise ValueError(
+            f"{fn}: the model's largest ModuleList, {best[1]!r}, holds layers of several classes "
+            f"({', '.join(kinds)}); the runner walks repeated blocks of one class"
+        )
     if best is None:
         raise ValueError(
             f"{fn}: found no repeated blocks in the model ({type(model).__name__}): the runner walks a "
@@ -91,40 +99,64 @@ class _Stop(Exception):
 
 @final
 class Capture:
-    """Runs ``model`` on calls, recording what reaches every block, while entered (its hooks removed on exit).
+    """Runs ``model`` on calls, recording what reaches every block, while entered (undone on exit).
 
-    Each call (``capture(call)``) runs the model under ``no_grad`` and stops
-    it at the last block's input (``whole=False``) or after its output
-    (``whole=True``: statistics hooks of the caller's then see every
-    block); the layers after the blocks (a final norm, an LM head) never
-    run. A model whose forward takes ``use_cache`` is called with
-    ``use_cache=False`` unless the batch sets it, so that no key-value cache
-    is built or passed to the blocks; a block that still receives one is
-    refused.
+    Each call (``capture(call)``) runs the model under ``no_grad`` and
+    stops it at the last block's input (``whole=False``) or after its
+    output (``whole=True``: statistics hooks of the caller's then see every
+    dense block); the layers after the blocks (a final norm, an LM head)
+    never run. With ``whole=False``, blocks 1 onwards do not compute: while
+    entered, each one's ``forward`` is a pass-through returning its input
+    hidden states in the structure block 0 returned (their hooks still
+    run, and the instance attributes are restored on exit, also on error),
+    so a call costs the embeddings and block 0. Each block must take its
+    hidden states from the block before it (checked): a list of parallel
+    modules is refused. A model whose forward takes ``use_cache`` is called
+    with ``use_cache=False`` unless the batch sets it, so that no key-value
+    cache is built or passed to the blocks; a block that still receives one
+    is refused.
     """
 
     def __init__(self, fn: str, model: nn.Module, blocks: Blocks, *, whole: bool) -> None:
         self.fn, self.model, self.blocks, self.whole = fn, model, blocks, whole
         self.captured = Captured(rest=[[] for _ in blocks.modules])
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._patched: list[tuple[nn.Module, object]] = []
         self._cache = "use_cache" in inspect.signature(model.forward).parameters
+        self._template: object = None  # block 0's output on the call running
+        self._last: Tensor | None = None  # the hidden states the block before returned
 
     def __enter__(self) -> Capture:
-        last = len(self.blocks.modules) - 1
-        for i, module in enumerate(self.blocks.modules):
-            self._handles.append(module.register_forward_pre_hook(self._before(i, i == last), with_kwargs=True))
-        if self.whole:
-            self._handles.append(self.blocks.modules[last].register_forward_hook(_stop, with_kwargs=True))
+        count = len(self.blocks.modules)
+        try:
+            for i, module in enumerate(self.blocks.modules):
+                self._handles.append(module.register_forward_pre_hook(self._before(i, i == count - 1), with_kwargs=True))
+                self._handles.append(module.register_forward_hook(self._after(i), with_kwargs=True))
+                if i and not self.whole:
+                    self._patched.append((module, module.__dict__.get("forward", _ABSENT)))
+                    module.forward = self._passthrough(module)
+            if self.whole:
+                self._handles.append(self.blocks.modules[-1].register_forward_hook(_stop, with_kwargs=True))
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        for module, before in self._patched:
+            if before is _ABSENT:
+                del module.forward
+            else:
+                setattr(module, "forward", before)  # noqa: B010 (an instance attribute put back as it was)
+        self._patched.clear()
 
     def __call__(self, call: Call) -> None:
         captured, b = self.captured, len(self.captured.tokens)
         kwargs = call.kwargs if not self._cache or "use_cache" in call.kwargs else {**call.kwargs, "use_cache": False}
+        self._template = self._last = None
         with torch.no_grad():
             try:
                 self.model(*call.args, **kwargs)
@@ -137,6 +169,29 @@ class Capture:
             )
         captured.tokens.append(call.tokens)
 
+    def _passthrough(self, module: nn.Module) -> Callable[..., object]:
+        original = module.forward
+
+        def forward(*args: Any, **kwargs: Any) -> object:
+            template = self._template
+            if not isinstance(template, (torch.Tensor, tuple, list)):  # a structure not to imitate: compute
+                return original(*args, **kwargs)
+            hidden = args[0] if args else kwargs["hidden_states"]
+            if isinstance(template, torch.Tensor):
+                return hidden
+            return type(template)([hidden, *template[1:]]) if isinstance(template, list) else (hidden, *template[1:])
+
+        return forward
+
+    def _after(self, i: int) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any], object], None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: object) -> None:
+            if i == 0:
+                self._template = out
+            first = out[0] if isinstance(out, (tuple, list)) and out else out
+            self._last = first if isinstance(first, torch.Tensor) else None
+
+        return hook
+
     def _before(self, i: int, last: bool) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
         fn = self.fn
 
@@ -148,12 +203,19 @@ class Capture:
                     f"{fn}: block {i} ({self.blocks.prefix(i)[:-1]}) was called without its hidden states "
                     "(a tensor) as its first argument or as hidden_states="
                 )
+            before = self._last
+            if i and (before is None or (hidden is not before and not _same(hidden, before))):
+                raise ValueError(
+                    f"{fn}: block {i} ({self.blocks.prefix(i)[:-1]}) does not take its hidden states from "
+                    f"block {i - 1}'s output: the modules of {self.blocks.path!r} are not a chain of blocks "
+                    "the runner can walk"
+                )
             rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
             for key, value in rest.items():
                 if type(value).__name__.endswith("Cache") and hasattr(value, "update"):
                     raise ValueError(
                         f"{fn}: block {i} received a key-value cache ({key}={type(value).__name__}); "
-                        "calibrate without one: pass use_cache=False in the batches"
+                        "calibrate without one: set use_cache=False (in the batches or the model's config)"
                     )
             self.captured.rest[i].append((tuple(args[1:]), rest, keyword))
             if i == 0:
@@ -162,6 +224,14 @@ class Capture:
                 raise _Stop
 
         return hook
+
+
+#: No instance attribute ``forward`` before the capture patched one in.
+_ABSENT = object()
+
+
+def _same(a: Tensor, b: Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and bool(torch.equal(a, b))
 
 
 def _stop(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: object) -> None:

@@ -21,7 +21,7 @@ from .._criteria import (
 )
 from .._names import unknown_name
 from .._plans import Plan
-from .._specs import L1Unstructured, PerSlice, Spec
+from .._specs import NM, L1Unstructured, PerSlice, Spec
 from .._targets import input_dims, prunable
 from .._types import Tensor, is_conv1d
 from ._blocks import Blocks, Capture, find_blocks, hidden_of
@@ -144,14 +144,18 @@ def oneshot(
     chosen = _names(fn, model, blocks, names, params, method)
     specs = _specs(fn, spec, chosen, allocation)
     dims = input_dims(model)
+    _check_shapes(fn, specs, params, dims)
     where = torch.device(device) if device is not None else None
     stream = calls(fn, batches)
     owl = allocation == "owl"
-    if method == "magnitude" and not owl:
-        return dict(params), Plan({n: specs[n] for n in chosen}, input_dims=dims)({n: params[n] for n in chosen})
-
     inside = [[n for n in chosen if n.startswith(blocks.prefix(i))] for i in range(len(blocks.modules))]
     outside = [n for n in chosen if not any(n in block for block in inside)]
+    if owl and not any(inside):
+        raise ValueError(f"{fn}: allocation='owl' sets per-block sparsities, but no weight named is inside the "
+                         f"blocks {blocks.path!r}")  # fmt: skip
+    if not chosen or (method == "magnitude" and not owl):
+        return dict(params), _magnitude(specs, params, dims)
+
     kept_calls: list[Call] = []
     if outside and method != "magnitude":
         stream = _kept(stream, kept_calls)
@@ -167,37 +171,54 @@ def oneshot(
     held = capture.captured
     if not held.hidden:
         raise ValueError(f"{fn}: no batches: batches was empty; pass at least one calibration batch")
+    if method == "magnitude":  # OWL's sparsities were all it needed the batches for
+        return dict(params), _magnitude(specs, params, dims)
     new: dict[str, Tensor] = dict(params)
     masks: dict[str, Tensor] = {}
-    for i, block in enumerate(blocks.modules):
+    last = max((i for i, here in enumerate(inside) if here), default=-1)
+    for i, block in enumerate(blocks.modules[: last + 1]):
         prefix = blocks.prefix(i)
-        local = {n[len(prefix) :]: n for n in inside[i]}
         own: dict[str, Tensor] = {n: new[prefix + n] for n, _ in block.named_parameters()}
         moved = {n: p.detach().to(where) for n, p in own.items()} if where is not None else own
         buffers = {n: b.to(where) for n, b in block.named_buffers()} if where is not None else None
-        run = _runner(block, moved, buffers, where)
-        these: dict[str, Tensor] = {}
-        if local:
-            names_here = list(local)
+        these: dict[str, Tensor] = {}  # by local name
+        if inside[i]:
             block_calls = (held.call(i, b) for b in range(len(held.hidden)))
-            these = _prune_block(
-                fn, method, block, moved, names_here, block_calls, run, {n: specs[local[n]] for n in local},
-                {n: dims[local[n]] for n in local if local[n] in dims}, blocksize, percdamp,
-            )  # fmt: skip
-        if i < len(blocks.modules) - 1:
+            got, weights = _prune_block(fn, method, block, prefix, moved, buffers, where, inside[i], block_calls,
+                                        specs, dims, blocksize, percdamp)  # fmt: skip
+            for full, mask in got.items():
+                local = full[len(prefix) :]
+                these[local] = mask
+                moved[local] = weights.get(full, moved[local])
+                new[full] = moved[local].to(params[full].device) if where is not None else moved[local]
+                masks[full] = mask.to(params[full].device)
+        if i < last:
             for b in range(len(held.hidden)):
                 call = _on(held.call(i, b, held.hidden[b].to(where) if where is not None else None), where)
                 with torch.no_grad():
                     out = functional_call_masked(block, moved, these, call.args, call.kwargs, buffers=buffers)
                 held.hidden[b] = hidden_of(fn, i, out).detach()
-        for n, full in local.items():
-            new[full] = moved[n].to(params[full].device) if where is not None else moved[n]
-            masks[full] = these[n].to(params[full].device)
+    del held
     if outside:
         weights, more = _outside(fn, method, model, new, masks, outside, specs, dims, kept_calls, blocksize, percdamp)
         new.update(weights)
         masks.update(more)
-    return new, masks
+    return new, {n: masks[n] for n in chosen}
+
+
+def _magnitude(specs: dict[str, Spec], params: dict[str, Tensor], dims: Mapping[str, int]) -> dict[str, Tensor]:
+    return Plan(specs, input_dims=dims)({n: params[n] for n in specs}) if specs else {}
+
+
+def _check_shapes(fn: str, specs: dict[str, Spec], params: dict[str, Tensor], dims: Mapping[str, int]) -> None:
+    """Refuse, before any batch runs, an N:M spec whose groups do not divide a weight's inputs."""
+    for name, spec in specs.items():
+        if isinstance(spec, NM):
+            w = params[name]
+            inputs = w.shape[dims[name]] if name in dims else w.shape[-1]
+            if inputs % spec.m:
+                raise ValueError(f"{fn}: {name!r} has {inputs} inputs, not a multiple of the spec's m={spec.m}: "
+                                 f"{spec!r} cannot group them; leave it out of names")  # fmt: skip
 
 
 def _names(
@@ -235,6 +256,10 @@ def _specs(fn: str, spec: Spec, chosen: list[str], allocation: object) -> dict[s
     if not isinstance(allocation, Mapping):
         raise TypeError(f"{fn}: allocation must be None, 'uniform', 'owl' or a mapping of names to sparsities, "
                         f"got {allocation!r}")  # fmt: skip
+    extra = [n for n in allocation if n not in chosen]
+    if extra:
+        raise ValueError(f"{fn}: allocation has a sparsity for {extra[0]!r}, which is not a weight pruned here "
+                         "(names, or by default the Linear and Conv1D weights of the blocks); leave it out")  # fmt: skip
     missing = [n for n in chosen if n not in allocation]
     if missing:
         raise ValueError(f"{fn}: allocation has no sparsity for {missing[0]!r} (and {len(missing) - 1} more "
@@ -316,32 +341,40 @@ def _prune_block(
     fn: str,
     method: str,
     block: nn.Module,
+    prefix: str,
     params: dict[str, Tensor],
+    buffers: dict[str, Tensor] | None,
+    where: torch.device | None,
     names: list[str],
     block_calls: Iterable[Call],
-    run: Callable[[Call], object],
     specs: dict[str, Spec],
-    dims: dict[str, int],
+    dims: Mapping[str, int],
     blocksize: int,
     percdamp: float,
-) -> dict[str, Tensor]:
-    """One block's masks, by its local names; SparseGPT's new weights replace those of ``params``."""
-    weights = {n: params[n] for n in names}
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """One block's masks and SparseGPT's new weights, by full name (so that errors name them whole)."""
+    weights = {n: params[n[len(prefix) :]] for n in names}
+    plan = {n: specs[n] for n in names}
+    here = {n: dims[n] for n in names if n in dims}
+    if method == "wanda" or method == "sparsegpt":
+        local = [n[len(prefix) :] for n in names]
+        statistic = SQUARES if method == "wanda" else GRAMS
+        sums = collect(fn, block, block_calls, local, statistic, run=_runner(block, params, buffers, where))
+        stats = {prefix + n: s for n, s in sums.items()}
     if method == "magnitude":
-        return Plan(specs, input_dims=dims)(weights)
+        return Plan(plan, input_dims=here)(weights), {}
     if method == "wanda":
-        sums = collect(fn, block, block_calls, names, SQUARES, run=run)
-        scores = wanda(weights, {n: s.sqrt() for n, s in sums.items()}, input_dims=dims)
-        return Plan(specs, input_dims=dims)(weights, scores=scores)
-    grams = collect(fn, block, block_calls, names, GRAMS, run=run)
+        scores = wanda(weights, {n: s.sqrt() for n, s in stats.items()}, input_dims=here)
+        return Plan(plan, input_dims=here)(weights, scores=scores), {}
     masks: dict[str, Tensor] = {}
-    for spec in dict.fromkeys(specs.values()):
-        group = [n for n in names if specs[n] == spec]
-        new, more = sparsegpt(weights, {n: grams[n] for n in group}, spec,
-                              blocksize=blocksize, percdamp=percdamp, input_dims=dims)  # fmt: skip
-        params.update({n: new[n] for n in group})
+    new: dict[str, Tensor] = {}
+    for spec in dict.fromkeys(plan.values()):
+        group = [n for n in names if plan[n] == spec]
+        updated, more = sparsegpt(weights, {n: stats[n] for n in group}, spec,
+                                  blocksize=blocksize, percdamp=percdamp, input_dims=here)  # fmt: skip
+        new.update({n: updated[n] for n in group})
         masks.update(more)
-    return {n: masks[n] for n in names}
+    return {n: masks[n] for n in names}, new
 
 
 def _outside(

@@ -354,12 +354,6 @@ def test_inputs_whose_tokens_the_mask_does_not_match_are_refused_naming_the_modu
     name = fn.__name__
     model = Padded(pool=True)
     with pytest.raises(ValueError, match=re.escape(
-        f"{name}: the module 'pooled' received an input of shape (2, 4), whose tokens do not match the "
-        "batch's attention_mask of shape (2, 5), so its padding cannot be left out"
-    )):  # fmt: skip
-        fn(model, [{"x": x, "attention_mask": MASKS[0]}], [*PADDED_NAMES, "pooled.weight"])
-    assert set(fn(model, [{"x": x, "attention_mask": MASKS[0]}], PADDED_NAMES)) == set(PADDED_NAMES)  # not observed
-    with pytest.raises(ValueError, match=re.escape(
         f"{name}: the module 'fc' received an input of shape (2, 5, 3), whose tokens do not match the "
         "batch's attention_mask of shape (2, 6)"
     )):  # fmt: skip
@@ -367,23 +361,60 @@ def test_inputs_whose_tokens_the_mask_does_not_match_are_refused_naming_the_modu
     assert no_hooks_left(model)
 
 
-@pytest.mark.parametrize(
-    ("mask", "got"),
-    [(torch.ones(5), "a tensor of shape (5,)"), (torch.ones(2, 5, 1), "a tensor of shape (2, 5, 1)"),
-     ([[1, 1, 1, 1, 1]] * 2, "list")],
-)  # fmt: skip
 @pytest.mark.parametrize("fn", [fp.hessians, fp.input_norms])
-def test_an_attention_mask_that_is_not_a_2d_tensor_is_refused_before_its_batch_runs(
-    fn: Callable[..., dict[str, Tensor]], mask: object, got: str
+def test_a_pooled_input_one_row_per_sequence_counts_every_row(fn: Callable[..., dict[str, Tensor]]) -> None:
+    x = randn(2, 5, 3, dtype=torch.float64)
+    model = Padded(pool=True)
+    masked = fn(model, [{"x": x, "attention_mask": MASKS[0]}], ["pooled.weight"])
+    plain = fn(model, [{"x": x}], ["pooled.weight"])
+    torch.testing.assert_close(masked["pooled.weight"], plain["pooled.weight"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "mask", [torch.ones(5), torch.ones(2, 1, 5, 5), [[1, 1, 1, 0, 0]] * 2], ids=["1-D", "4-D", "list"]
+)
+@pytest.mark.parametrize("fn", [fp.hessians, fp.input_norms])
+def test_a_mask_that_is_not_a_2d_tensor_marks_no_tokens_every_token_counts(
+    fn: Callable[..., dict[str, Tensor]], mask: object
 ) -> None:
+    x = randn(2, 5, 3, dtype=torch.float64)
+    got = fn(Padded(), [{"x": x, "attention_mask": mask}], PADDED_NAMES)
+    plain = fn(Padded(), [{"x": x}], PADDED_NAMES)
+    for name in PADDED_NAMES:
+        torch.testing.assert_close(got[name], plain[name], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fn", [fp.hessians, fp.input_norms])
+def test_an_additive_mask_is_refused_before_its_batch_runs(fn: Callable[..., dict[str, Tensor]]) -> None:
     model = Padded()
     x = randn(2, 5, 3, dtype=torch.float64)
+    additive = torch.zeros(2, 5).masked_fill(MASKS[0] == 0, float("-inf"))
     with pytest.raises(ValueError, match=re.escape(
-        f"{fn.__name__}: batch 1's attention_mask must be a (batch, tokens) tensor, 1 at real tokens and "
-        f"0 at padding, got {got}"
+        f"{fn.__name__}: batch 1's attention_mask must hold 1 at real tokens and 0 at padding (or be bool)"
     )):  # fmt: skip
-        fn(model, [{"x": x}, {"x": x, "attention_mask": mask}], PADDED_NAMES)
+        fn(model, [{"x": x}, {"x": x, "attention_mask": additive}], PADDED_NAMES)
     assert model.calls == 1 and no_hooks_left(model)
+
+
+def test_an_encoder_decoder_batch_counts_every_token() -> None:
+    """The mask of a batch with decoder inputs is the encoder's alone: no module is masked by it."""
+    model = Padded()
+    x = randn(2, 5, 3, dtype=torch.float64)
+
+    class Seq2Seq(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x: Tensor, attention_mask: Tensor, decoder_input_ids: Tensor) -> Tensor:
+            out: Tensor = self.inner(x)
+            return out
+
+    names = [f"inner.{n}" for n in PADDED_NAMES]
+    got = fp.hessians(Seq2Seq(), [{"x": x, "attention_mask": MASKS[0], "decoder_input_ids": x}], names)
+    plain = fp.hessians(Seq2Seq(), [{"x": x, "attention_mask": torch.ones(2, 5), "decoder_input_ids": x}], names)
+    for name in names:
+        torch.testing.assert_close(got[name], plain[name], rtol=0, atol=0)
 
 
 def test_a_tokens_first_input_is_refused_rather_than_masked_in_the_wrong_order() -> None:
@@ -444,7 +475,7 @@ def test_the_module_is_left_as_it_was_also_when_a_batch_raises(training: bool) -
     with pytest.raises(TypeError, match="unexpected keyword"):  # the module's own error
         fp.hessians(model, [{"x": XS[0], "scal": 2.0}], NAMES)
     with pytest.raises(ValueError, match="attention_mask"):
-        fp.hessians(model, [{"x": XS[0], "attention_mask": torch.ones(3)}], NAMES)
+        fp.hessians(model, [{"x": XS[0], "attention_mask": torch.full((2, 3), 2.0)}], NAMES)
     assert no_hooks_left(model) and hooks_of(model) == hooks
     assert [m.training for m in model.modules()] == modes
     after = model.state_dict()

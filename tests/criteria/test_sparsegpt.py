@@ -193,3 +193,20 @@ def test_errors_name_what_is_wrong(call: object, error: type[Exception], match: 
     w = torch.randn(5, 8, dtype=torch.float64)  # (out, in) = (5, 8): its transpose does not fit H
     with pytest.raises(error, match=match):
         call(w, h)  # type: ignore[operator]
+
+
+def test_non_finite_weights_and_hessians_are_refused() -> None:
+    w, _, h = layer(4, 8, 16, seed=7)
+    for bad_w, bad_h, which in ((w.index_put((torch.tensor([0]), torch.tensor([0])), torch.tensor(float("nan"), dtype=w.dtype)), h,
+                                 "weight"), (w, h * float("inf"), "Hessian")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"the {which} of 'w' holds NaN or inf"):
+            fp.sparsegpt({"w": bad_w}, {"w": bad_h}, fp.NM(2, 4))
+
+
+def test_half_precision_weights_are_pruned_in_float32_and_come_back_in_their_dtype() -> None:
+    w, _, h = layer(8, 32, 64, seed=8, dtype=torch.float32)
+    for dtype in (torch.float16, torch.bfloat16):
+        new, masks = fp.sparsegpt({"w": w.to(dtype)}, {"w": h.double()}, fp.NM(2, 4))
+        want, want_masks = fp.sparsegpt({"w": w.to(dtype).float()}, {"w": h.double().float()}, fp.NM(2, 4))
+        assert new["w"].dtype == dtype and torch.equal(masks["w"], want_masks["w"])
+        assert torch.equal(new["w"], want["w"].to(dtype))

@@ -271,3 +271,65 @@ def test_any_model_with_a_module_list_of_blocks_works() -> None:
     w = second.fc1.weight.detach()
     want = fp.PerSlice(fp.L1Unstructured(0.5), dim=0).compute_mask(w.abs() * norms)
     assert torch.equal(masks["blocks.1.fc1.weight"], want)
+
+
+def test_refusals_added_by_review_come_before_calibration() -> None:
+    tiny = _hf.tiny("llama")
+    consumed = []
+
+    def batches() -> Any:
+        consumed.append(True)
+        yield {"input_ids": tiny.args[0]}
+
+    names = fp.oneshot(tiny.model, [], method="magnitude", spec=SPECS["per_row"])[1]
+    with pytest.raises(ValueError, match="allocation has a sparsity for 'lm_head.weight'"):
+        fp.oneshot(tiny.model, batches(), method="wanda", spec=SPECS["per_row"],
+                   allocation={**dict.fromkeys(names, 0.5), "lm_head.weight": 0.5})  # fmt: skip
+    with pytest.raises(ValueError, match="no weight named is inside the blocks"):
+        fp.oneshot(tiny.model, batches(), method="wanda", spec=SPECS["per_row"], names=["lm_head.weight"],
+                   allocation="owl")  # fmt: skip
+    with pytest.raises(ValueError, match=r"'model.layers.0.mlp.down_proj.weight' has 48 inputs, not a multiple of"):
+        fp.oneshot(tiny.model, batches(), method="sparsegpt", spec=fp.NM(2, 32))
+    assert not consumed
+    assert fp.oneshot(tiny.model, batches(), method="wanda", spec=SPECS["2:4"], names=[])[1] == {}
+
+
+def test_the_blocks_run_once_for_statistics_and_once_to_advance_and_come_back_whole() -> None:
+    tiny = _hf.tiny("llama", layers=4)
+    runs = [0] * 4
+    layers: Any = tiny.model.get_submodule("model.layers")
+    handles = [b.register_forward_pre_hook(lambda m, a, i=i: runs.__setitem__(i, runs[i] + 1))
+               for i, b in enumerate(layers)]  # fmt: skip
+    try:
+        fp.oneshot(tiny.model, batches_of(tiny, 1), method="wanda", spec=SPECS["2:4"])
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert runs == [3, 3, 3, 2]  # the capture (block 0 computes, the others pass through), statistics, advancing
+    assert not any("forward" in vars(b) for b in layers)
+
+
+def test_a_module_list_that_is_not_a_chain_or_of_mixed_classes_is_refused() -> None:
+    class Parallel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.heads = nn.ModuleList([nn.Linear(8, 8) for _ in range(3)])
+
+        def forward(self, x: Tensor) -> Tensor:
+            return torch.stack([head(x) for head in self.heads]).sum(dim=0)
+
+    with pytest.raises(ValueError, match="not a chain of blocks"):
+        fp.oneshot(Parallel(), [torch.randn(4, 8)], method="wanda", spec=SPECS["per_row"])
+
+    class Hybrid(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(8, 8), nn.Sequential(nn.Linear(8, 8))])
+
+        def forward(self, x: Tensor) -> Tensor:
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    with pytest.raises(ValueError, match="holds layers of several classes"):
+        fp.oneshot(Hybrid(), [torch.randn(4, 8)], method="wanda", spec=SPECS["per_row"])
