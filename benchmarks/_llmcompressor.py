@@ -15,7 +15,7 @@ The recipe matches the SparseGPT reference: block_size=128, dampening_frac=0.01,
 every Linear inside the decoder layers pruned (lm_head and embeddings dense), and
 the "sequential" pipeline over the decoder layers with batch size 1.  Only the
 ``oneshot`` call is timed.  ``--out`` receives (``torch.save``) a dict with the
-pruned Linear weights ("state_dict"), "seconds", "peak_rss_mib" (ru_maxrss),
+pruned Linear weights ("state_dict"), "seconds", "peak_rss_mib" (VmHWM, reset just before the call),
 "rss_before_mib" (VmRSS just before ``oneshot``), "versions" and "settings".
 """
 
@@ -62,8 +62,16 @@ def current_rss_mib() -> float:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
+def reset_peak() -> None:
+    """Start the peak resident set size (VmHWM) afresh: the peak of loading the model is not the call's."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
 def peak_rss_mib() -> float:
-    """Peak resident set size of this process so far (ru_maxrss is KiB on Linux)."""
+    """Peak resident set size of this process since :func:`reset_peak` (VmHWM), in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024.0
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
@@ -150,6 +158,8 @@ def main() -> None:
     }
 
     processor = placeholder_tokenizer(model.config.vocab_size)
+    sum(float(p.detach().sum()) for p in model.parameters())  # read every weight: resident before the call
+    reset_peak()
     rss_before = current_rss_mib()
     start = time.perf_counter()
     model = llmcompressor.oneshot(

@@ -12,8 +12,8 @@ and LM head dense:
 Each run is a fresh process (funcprune's here, llm-compressor's in its own
 virtual environment, since llm-compressor 0.14 pins transformers <= 5.17; see
 ``benchmarks/_llmcompressor.py``), timed around the pruning call alone, with
-its peak resident memory (``ru_maxrss``) and the resident memory just before
-the call. Runs alternate (funcprune, llm-compressor, funcprune, ...) after one
+its peak resident memory during the call (``VmHWM``, reset just before it)
+and the resident memory just before it. Runs alternate (funcprune, llm-compressor, funcprune, ...) after one
 untimed warm-up pair; the table gives medians and the median and minimum of
 the per-repetition ratios.
 
@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -86,11 +85,13 @@ def run_funcprune(model_dir: Path, calibration: Path, method: str, shape: str, t
     batches = [{"input_ids": row[None]} for row in ids]
     spec = {"unstructured": fp.L1Unstructured(0.5), "per_row": fp.PerSlice(fp.L1Unstructured(0.5), dim=0),
             "2:4": fp.NM(2, 4)}[shape]  # fmt: skip
+    sum(float(p.detach().sum()) for p in model.parameters())  # read every weight: resident before the call
+    Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) afresh: loading's is not the call's
     before = _rss_mib()
     start = time.perf_counter()
     params, masks = fp.oneshot(model, batches, method=method, spec=spec)
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = _rss_mib("VmHWM:")
     kept = sum(params[n].numel() * params[n].element_size() for n in masks if params[n] is not dict(model.named_parameters())[n])
     returned = (kept + sum(m.numel() for m in masks.values())) / 2**20  # new weights and the masks, MiB
     weights = {n: (params[n] * masks[n]).detach().contiguous() for n in masks}
@@ -98,9 +99,9 @@ def run_funcprune(model_dir: Path, calibration: Path, method: str, shape: str, t
                 "returned_mib": returned}, out)  # fmt: skip
 
 
-def _rss_mib() -> float:
+def _rss_mib(field: str = "VmRSS:") -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field):
             return int(line.split()[1]) / 1024
     return float("nan")
 

@@ -50,10 +50,13 @@ def oneshot(
     holding the most parameters) and walks them in order, as the Wanda and
     SparseGPT scripts do:
 
-    1. it runs the model once per batch, stopping at the blocks, and keeps
-       the first block's input hidden states and every block's other
-       arguments (attention mask, position ids or rotary embeddings; a
-       transformers forward gets ``use_cache=False``);
+    1. it runs the model once per batch up to the first block (the later
+       blocks pass their input through while this runs, so that their
+       arguments are recorded without computing them) and keeps the first
+       block's input hidden states and every block's other arguments
+       (attention mask, position ids or rotary embeddings; a transformers
+       forward gets ``use_cache=False``); with ``allocation="owl"`` the
+       dense blocks compute, for OWL's statistics;
     2. for each block: it runs the block on the hidden states held, with
        hooks collecting what its weights need (``"wanda"``: input norms,
        :func:`~funcprune.input_norms`; ``"sparsegpt"``: Hessians,
@@ -66,9 +69,13 @@ def oneshot(
        ``--true-sequential``).
 
     Only one block's hidden states over the calibration set are held at a
-    time, beside the model, the blocks' small arguments and the new
-    weights. Weights named outside the blocks (an LM head, if named) are
-    pruned last, with statistics from one pass of the whole pruned model.
+    time, beside the model, the new weights and the blocks' other
+    arguments (small, but a padded batch's 4-D attention mask is ``tokens²``
+    per sequence). Weights named outside the blocks are pruned last, with
+    statistics from one pass of the whole pruned model: an LM head, if
+    named, on what the pruned blocks compute; a layer before the blocks
+    (OPT's ``project_in``) after the blocks were calibrated on its dense
+    output.
 
     Specs are read on each weight as ``(out, in)`` (a transformers
     ``Conv1D`` weight, stored ``(in, out)``, included: see
@@ -107,8 +114,10 @@ def oneshot(
             fraction, which each weight's sparsity replaces.
         device: where each block runs (``"cuda"``): its parameters, buffers
             and the hidden states are copied there one block at a time and
-            the results copied back to where each weight lies. ``None``:
-            where the model is.
+            the results copied back to where each weight lies (so the
+            params returned for the blocks' weights are copies, not the
+            model's tensors). The capture pass (the embeddings and block 0)
+            runs where the model is. ``None``: where the model is.
         blocksize: SparseGPT's column block (default 128).
         percdamp: SparseGPT's dampening (default 0.01).
 
