@@ -365,25 +365,39 @@ def _prune_block(
     weights = {n: params[n[len(prefix) :]] for n in names}
     plan = {n: specs[n] for n in names}
     here = {n: dims[n] for n in names if n in dims}
-    if method == "wanda" or method == "sparsegpt":
+    stats: dict[str, Tensor] = {}
+    if method != "magnitude":
         local = [n[len(prefix) :] for n in names]
         statistic = SQUARES if method == "wanda" else GRAMS
         sums = collect(fn, block, block_calls, local, statistic, run=_runner(block, params, buffers, where))
         stats = {prefix + n: s for n, s in sums.items()}
+    return _prune(method, weights, stats, plan, here, blocksize, percdamp)
+
+
+def _prune(
+    method: str,
+    weights: dict[str, Tensor],
+    stats: dict[str, Tensor],
+    plan: dict[str, Spec],
+    dims: Mapping[str, int],
+    blocksize: int,
+    percdamp: float,
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Masks (and SparseGPT's new weights) of ``weights`` from their statistics: sums of squares or ``XᵀX``."""
     if method == "magnitude":
-        return Plan(plan, input_dims=here)(weights), {}
+        return Plan(plan, input_dims=dims)(weights), {}
     if method == "wanda":
-        scores = wanda(weights, {n: s.sqrt() for n, s in stats.items()}, input_dims=here)
-        return Plan(plan, input_dims=here)(weights, scores=scores), {}
+        scores = wanda(weights, {n: s.sqrt() for n, s in stats.items()}, input_dims=dims)
+        return Plan(plan, input_dims=dims)(weights, scores=scores), {}
     masks: dict[str, Tensor] = {}
     new: dict[str, Tensor] = {}
     for spec in dict.fromkeys(plan.values()):
-        group = [n for n in names if plan[n] == spec]
+        group = [n for n in plan if plan[n] == spec]
         updated, more = sparsegpt(weights, {n: stats[n] for n in group}, spec,
-                                  blocksize=blocksize, percdamp=percdamp, input_dims=here)  # fmt: skip
+                                  blocksize=blocksize, percdamp=percdamp, input_dims=dims)  # fmt: skip
         new.update({n: updated[n] for n in group})
         masks.update(more)
-    return {n: masks[n] for n in names}, new
+    return {n: masks[n] for n in plan}, new
 
 
 def _outside(
@@ -409,17 +423,6 @@ def _outside(
     def run(call: Call) -> object:
         return functional_call_masked(model, params, masks, call.args, call.kwargs)
 
-    statistic = SQUARES if method == "wanda" else GRAMS
-    sums = collect(fn, model, kept, names, statistic, run=run)
-    if method == "wanda":
-        scores = wanda(weights, {n: s.sqrt() for n, s in sums.items()}, input_dims=here)
-        return {}, Plan(plan, input_dims=here)(weights, scores=scores)
-    new: dict[str, Tensor] = {}
-    out: dict[str, Tensor] = {}
-    for spec in dict.fromkeys(plan.values()):
-        group = [n for n in names if plan[n] == spec]
-        updated, more = sparsegpt(weights, {n: sums[n] for n in group}, spec,
-                                  blocksize=blocksize, percdamp=percdamp, input_dims=here)  # fmt: skip
-        new.update({n: updated[n] for n in group})
-        out.update(more)
-    return new, out
+    sums = collect(fn, model, kept, names, SQUARES if method == "wanda" else GRAMS, run=run)
+    got, new = _prune(method, weights, sums, plan, here, blocksize, percdamp)
+    return new, got
