@@ -413,12 +413,10 @@ def _outside(
     blocksize: int,
     percdamp: float,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """The weights named outside the blocks: pruned from one pass of the model pruned so far."""
+    """The weights named outside the blocks (Wanda, SparseGPT): pruned from one pass of the model pruned so far."""
     weights = {n: params[n] for n in names}
     here = {n: dims[n] for n in names if n in dims}
     plan = {n: specs[n] for n in names}
-    if method == "magnitude":
-        return {}, Plan(plan, input_dims=here)(weights)
 
     def run(call: Call) -> object:
         return functional_call_masked(model, params, masks, call.args, call.kwargs)
