@@ -219,7 +219,7 @@ def _oriented(fn: str, name: str, params: Params, h: object, dim: int, rule: _Ru
         layout = "(in, out)" if transposed else "(out, in)"
         hint = "" if transposed or w.shape[-2] != h.shape[-1] else (
             "; its dim 0 matches: a weight stored (in, out), like transformers' Conv1D, needs "
-            "input_dims={name!r: 0} (fp.input_dims(model) gives it)")  # fmt: skip
+            f"input_dims={{{name!r}: 0}} (fp.input_dims(model) gives it)")  # fmt: skip
         raise ValueError(f"{fn}: hessians[{name!r}] has shape {tuple(h.shape)}, but its weight of shape "
                          f"{tuple(w.shape)}, read as {layout}, has {cols} inputs: expected "
                          f"{(*lead, cols, cols)}{hint}")  # fmt: skip

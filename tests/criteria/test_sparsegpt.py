@@ -182,7 +182,7 @@ def test_float32_is_close_to_float64() -> None:
         (lambda w, h: fp.sparsegpt({"w": w}, {"w": h}, fp.L1Unstructured(0.5), percdamp=-1.0), ValueError, "percdamp"),
         (lambda w, h: fp.sparsegpt({"w": w}, {"x": h}, fp.L1Unstructured(0.5)), fp.UnknownNameError, "'x'"),
         (lambda w, h: fp.sparsegpt({"w": w}, {"w": h[:4, :4]}, fp.L1Unstructured(0.5)), ValueError, r"expected \(8, 8\)"),
-        (lambda w, h: fp.sparsegpt({"w": w.T}, {"w": h}, fp.L1Unstructured(0.5)), ValueError, "input_dims"),
+        (lambda w, h: fp.sparsegpt({"w": w.T}, {"w": h}, fp.L1Unstructured(0.5)), ValueError, "input_dims={'w': 0}"),
         (lambda w, h: fp.sparsegpt({"w": w}, {"w": h}, fp.L1Unstructured(0.5), input_dims={"w": 3}), ValueError, "last two"),
         (lambda w, h: fp.sparsegpt({"w": w}, cast(Any, [h]), fp.L1Unstructured(0.5)), TypeError, "hessians must be"),
         (lambda w, h: fp.sparsegpt({"w": w}, {"w": -h}, fp.L1Unstructured(0.5)), ValueError, "positive definite"),
