@@ -6,7 +6,7 @@ gathers the input norms of calibration batches (``input_norms``), summed
 across processes where asked.
 """
 
-from ._activations import SQUARES as SQUARES
+from ._activations import NORMS as NORMS
 from ._activations import Call as Call
 from ._activations import calls as calls
 from ._activations import collect as collect

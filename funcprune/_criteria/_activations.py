@@ -23,7 +23,7 @@ from .._types import Tensor, is_conv1d
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-__all__ = ["SQUARES", "Call", "Statistic", "calls", "collect", "input_norms"]
+__all__ = ["NORMS", "Call", "Statistic", "calls", "collect", "input_norms"]
 
 
 def input_norms(
@@ -113,8 +113,7 @@ def input_norms(
     {'0.weight': tensor([5., 1.])}
     """
     fn = "input_norms"
-    sums = collect(fn, module, calls(fn, batches), names, SQUARES, across=across)
-    return {name: total.sqrt() for name, total in sums.items()}
+    return collect(fn, module, calls(fn, batches), names, NORMS, across=across)
 
 
 @final
@@ -140,17 +139,22 @@ class Statistic:
     dtype) to this call's contribution; ``shape(features)`` is the sum's
     shape. ``linear_only``: defined for Linear and ``Conv1D`` weights only.
     ``narrow_in_float64``: the sums of inputs narrower than ``float32`` are
-    returned in ``float64`` (in ``float32`` otherwise).
+    returned in ``float64`` (in ``float32`` otherwise). ``finish``, if
+    given, maps each total before that cast (the norms' square root, taken
+    while a ``bfloat16`` input's large sums still fit).
     """
 
     part: Callable[[Tensor], Tensor]
     shape: Callable[[int], tuple[int, ...]]
     linear_only: bool
     narrow_in_float64: bool
+    finish: Callable[[Tensor], Tensor] | None = None
 
 
-#: ``input_norms``'s: the sum of squares of each feature.
-SQUARES = Statistic(lambda x: x.square().sum(dim=0), lambda f: (f,), linear_only=False, narrow_in_float64=False)
+#: ``input_norms``'s: the L2 norm of each feature (the root of its sum of squares, taken before the result's cast).
+NORMS = Statistic(
+    lambda x: x.square().sum(dim=0), lambda f: (f,), linear_only=False, narrow_in_float64=False, finish=torch.sqrt
+)
 
 
 def calls(fn: str, batches: Iterable[object]) -> Iterator[Call]:
@@ -265,6 +269,8 @@ def _totals(
     for t in targets:
         total = sums[t.name]
         wider = t.name in wide or (statistic.narrow_in_float64 and total.dtype == torch.float64)
+        if statistic.finish is not None:
+            total = statistic.finish(total)
         total = total.to(torch.float64 if wider else torch.float32)
         out[t.name] = total.reshape(t.shape) if total.dim() == 1 else total
     return out

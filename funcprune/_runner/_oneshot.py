@@ -11,7 +11,7 @@ from torch import nn
 from .._apply import functional_call_masked
 from .._criteria import (
     GRAMS,
-    SQUARES,
+    NORMS,
     Call,
     calls,
     collect,
@@ -172,7 +172,7 @@ def oneshot(
     with capture:
         if owl:
             named = [n for block in inside for n in block]
-            norms = {n: s.sqrt() for n, s in collect(fn, model, stream, named, SQUARES, run=capture).items()}
+            norms = collect(fn, model, stream, named, NORMS, run=capture)
             specs.update(_owl(fn, spec, {n: params[n] for n in named}, norms, blocks))
         else:
             for call in stream:
@@ -368,7 +368,7 @@ def _prune_block(
     stats: dict[str, Tensor] = {}
     if method != "magnitude":
         local = [n[len(prefix) :] for n in names]
-        statistic = SQUARES if method == "wanda" else GRAMS
+        statistic = NORMS if method == "wanda" else GRAMS
         sums = collect(fn, block, block_calls, local, statistic, run=_runner(block, params, buffers, where))
         stats = {prefix + n: s for n, s in sums.items()}
     return _prune(method, weights, stats, plan, here, blocksize, percdamp)
@@ -383,11 +383,11 @@ def _prune(
     blocksize: int,
     percdamp: float,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """Masks (and SparseGPT's new weights) of ``weights`` from their statistics: sums of squares or ``XᵀX``."""
+    """Masks (and SparseGPT's new weights) of ``weights`` from their statistics: input norms or ``XᵀX``."""
     if method == "magnitude":
         return Plan(plan, input_dims=dims)(weights), {}
     if method == "wanda":
-        scores = wanda(weights, {n: s.sqrt() for n, s in stats.items()}, input_dims=dims)
+        scores = wanda(weights, stats, input_dims=dims)
         return Plan(plan, input_dims=dims)(weights, scores=scores), {}
     masks: dict[str, Tensor] = {}
     new: dict[str, Tensor] = {}
@@ -421,6 +421,6 @@ def _outside(
     def run(call: Call) -> object:
         return functional_call_masked(model, params, masks, call.args, call.kwargs)
 
-    sums = collect(fn, model, kept, names, SQUARES if method == "wanda" else GRAMS, run=run)
+    sums = collect(fn, model, kept, names, NORMS if method == "wanda" else GRAMS, run=run)
     got, new = _prune(method, weights, sums, plan, here, blocksize, percdamp)
     return new, got

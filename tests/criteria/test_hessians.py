@@ -600,3 +600,12 @@ def test_hessians_do_not_depend_on_how_tokens_are_split_into_batches(
     torch.testing.assert_close(split, whole, rtol=tol, atol=tol)
     torch.testing.assert_close(split, sum(per_batch, torch.zeros_like(whole)), rtol=tol, atol=tol)
     torch.testing.assert_close(whole.double(), gram([x]), rtol=tol, atol=tol)
+
+
+def test_bfloat16_norms_past_float32_s_squares_do_not_overflow() -> None:
+    """The root is taken in float64, before the float32 result: 1e20 squared overflows float32, its norm does not."""
+    model = nn.Linear(2, 1).to(torch.bfloat16)
+    x = torch.full((4, 2), 1e20, dtype=torch.bfloat16)
+    norms = fp.input_norms(model, [x], ["weight"])["weight"]
+    assert norms.dtype == torch.float32
+    torch.testing.assert_close(norms, torch.full((2,), 2 * float(x[0, 0])), rtol=1e-6, atol=0)
