@@ -234,7 +234,7 @@ def collect(
         return {}
     sums: dict[str, Tensor] = {}  # by weight name
     wide: set[str] = set()  # the weights that received a float64 input
-    current: list[Tensor | None] = [None]  # the real tokens of the call running
+    current = _Running()  # the call running: its real tokens, its last input seen
     handles = []
     try:
         for target in targets:
@@ -265,13 +265,17 @@ def _totals(
             "parent uses its weight without calling it, like MultiheadAttention's out_proj, "
             "is never called)"
         )
-    out = {}
+    out: dict[str, Tensor] = {}
+    storages: set[int] = set()
     for t in targets:
         total = sums[t.name]
         wider = t.name in wide or (statistic.narrow_in_float64 and total.dtype == torch.float64)
         if statistic.finish is not None:
             total = statistic.finish(total)
         total = total.to(torch.float64 if wider else torch.float32)
+        if total.untyped_storage().data_ptr() in storages:  # shared with another weight's (the same input)
+            total = total.clone()
+        storages.add(total.untyped_storage().data_ptr())
         out[t.name] = total.reshape(t.shape) if total.dim() == 1 else total
     return out
 
@@ -299,7 +303,7 @@ def _across(
     sums: dict[str, Tensor],
     wide: set[str],
     statistic: Statistic,
-    current: list[Tensor | None],
+    current: _Running,
     group: ProcessGroup,
 ) -> dict[str, Tensor]:
     """:func:`collect` over every process of ``group``, each with its own calls.
@@ -438,13 +442,30 @@ def _target(fn: str, module: nn.Module, name: str, statistic: Statistic) -> _Tar
     return _Target(name, path, owner, -(len(owner.kernel_size) + 1), features, (features,))
 
 
+@dataclass(slots=True)
+class _Running:
+    """The call running: its real tokens, and the last input a hook summed with what it gave.
+
+    Modules fed the same input tensor in one call (a block's query, key and
+    value projections) share its statistic instead of computing it again.
+    """
+
+    tokens: Tensor | None = None
+    seen: Tensor | None = None
+    dim: int = 0
+    part: Tensor | None = None
+
+    def forget(self) -> None:
+        self.seen = self.part = None
+
+
 def _collector(
     fn: str,
     target: _Target,
     sums: dict[str, Tensor],
     wide: set[str],
     statistic: Statistic,
-    current: list[Tensor | None],
+    current: _Running,
 ) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
     """A forward pre-hook adding ``statistic`` of each input of ``target``'s module to ``sums``."""
 
@@ -460,7 +481,11 @@ def _collector(
                 f"{fn}: {_holder(target.path)} received an input of shape {tuple(x.shape)}; "
                 f"expected its {features} input features in dim {target.feature_dim}"
             )
-        part = statistic.part(_rows(fn, target, x, current[0]))
+        if current.seen is x and current.dim == target.feature_dim and current.part is not None:
+            part = current.part  # the same input as the module before (q, k and v; gate and up): summed once
+        else:
+            part = statistic.part(_rows(fn, target, x, current.tokens))
+            current.seen, current.dim, current.part = x, target.feature_dim, part
         sums[target.name] = sums[target.name] + part if target.name in sums else part
         if x.dtype == torch.float64:
             wide.add(target.name)
@@ -500,15 +525,17 @@ def _caller(module: nn.Module) -> Callable[[Call], object]:
     return lambda call: module(*call.args, **call.kwargs)
 
 
-def _run(run: Callable[[Call], object], calls: Iterable[Call], current: list[Tensor | None]) -> int:
+def _run(run: Callable[[Call], object], calls: Iterable[Call], current: _Running) -> int:
     """Make every call, without autograd; return how many ran."""
     ran = 0
     with torch.no_grad():
         try:
             for call in calls:
-                current[0] = call.tokens
+                current.tokens = call.tokens
                 run(call)
+                current.forget()
                 ran += 1
         finally:
-            current[0] = None
+            current.tokens = None
+            current.forget()
     return ran

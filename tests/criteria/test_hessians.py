@@ -609,3 +609,14 @@ def test_bfloat16_norms_past_float32_s_squares_do_not_overflow() -> None:
     norms = fp.input_norms(model, [x], ["weight"])["weight"]
     assert norms.dtype == torch.float32
     torch.testing.assert_close(norms, torch.full((2,), 2 * float(x[0, 0])), rtol=1e-6, atol=0)
+
+
+def test_weights_fed_the_same_input_get_equal_results_that_share_no_memory(llama: Any) -> None:
+    """Query, key and value projections see one input: it is summed once, and each gets its own tensor."""
+    tiny = llama
+    names = [f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkv"]
+    for fn in (fp.hessians, fp.input_norms):
+        got = fn(tiny.model, [tiny.args[0]], names)
+        assert torch.equal(got[names[0]], got[names[1]]) and torch.equal(got[names[0]], got[names[2]])
+        got[names[0]].add_(1.0)
+        assert not torch.equal(got[names[0]], got[names[1]])
