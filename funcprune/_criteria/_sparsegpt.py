@@ -202,8 +202,9 @@ def _oriented(fn: str, name: str, params: Params, h: object, dim: int, rule: _Ru
         raise unknown_name(fn, f"hessians has {name!r}, which is not in params", name, tuple(params))
     w = params[name]
     if is_dtensor(w) or is_dtensor(h):
-        raise ValueError(f"{fn}: {name!r} is a DTensor; SparseGPT runs on whole layers: pass the full weight "
-                         "and Hessian (full_tensor()) on one process")  # fmt: skip
+        which = "weight" if is_dtensor(w) else "Hessian"
+        raise ValueError(f"{fn}: the {which} of {name!r} is a DTensor; SparseGPT runs on whole layers: pass the "
+                         "full weight and Hessian (full_tensor()) on one process")  # fmt: skip
     if not isinstance(h, torch.Tensor):
         raise TypeError(f"{fn}: hessians[{name!r}] must be a tensor, got {type(h).__name__}")
     if w.dim() < 2 or not w.is_floating_point() or not h.is_floating_point():

@@ -292,6 +292,9 @@ def test_refusals_added_by_review_come_before_calibration() -> None:
         fp.oneshot(tiny.model, batches(), method="sparsegpt", spec=fp.NM(2, 32))
     assert not consumed
     assert fp.oneshot(tiny.model, batches(), method="wanda", spec=SPECS["2:4"], names=[])[1] == {}
+    tied = _hf.tiny("gpt2").model  # its head is tied to the token embedding
+    with pytest.raises(fp.UnknownNameError, match="the same Parameter as 'transformer.wte.weight'"):
+        fp.oneshot(tied, batches(), method="magnitude", spec=SPECS["2:4"], names=["lm_head.weight"])
 
 
 def test_the_blocks_run_once_for_statistics_and_once_to_advance_and_come_back_whole() -> None:
