@@ -87,10 +87,14 @@ from ._payoff import BreakEven as BreakEven
 from ._payoff import KeptChannelsWarning as KeptChannelsWarning
 from ._payoff import SlowSparseWarning as SlowSparseWarning
 from ._payoff import bake as bake
+from ._payoff import load_masks as load_masks
 from ._payoff import load_shrunk as load_shrunk
+from ._payoff import pack_masks as pack_masks
 from ._payoff import propagate as propagate
+from ._payoff import save_masks as save_masks
 from ._payoff import shrink as shrink
 from ._payoff import to_sparse as to_sparse
+from ._payoff import unpack_masks as unpack_masks
 from ._plans import AbstractPlan as AbstractPlan
 from ._plans import ComposedPlan as ComposedPlan
 from ._plans import GlobalPlan as GlobalPlan
@@ -195,16 +199,19 @@ __all__ = [
     "hessians",
     "input_dims",
     "input_norms",
+    "load_masks",
     "load_shrunk",
     "mask_gradients",
     "mask_gradients_",
     "native_status",
     "oneshot",
     "owl_sparsity",
+    "pack_masks",
     "propagate",
     "prunable",
     "prune",
     "saliency",
+    "save_masks",
     "shrink",
     "sparsegpt",
     "sparsity_report",
@@ -214,5 +221,6 @@ __all__ = [
     "to_multipliers",
     "to_sparse",
     "uniform_sparsity",
+    "unpack_masks",
     "wanda",
 ]

@@ -17,6 +17,7 @@ DESIGN_NAMES = [
     "global_structured", "bake", "propagate", "shrink", "to_sparse", "KeptChannelsWarning",
     "structure", "Structure", "UnitGroup", "Member", "structured", "load_shrunk",
     "hessians", "sparsegpt", "oneshot", "owl_sparsity",
+    "pack_masks", "unpack_masks", "save_masks", "load_masks",
 ]  # fmt: skip
 DESIGN_SIGNATURES = {
     fp.compute_mask: "(spec, scores, default_mask=None, *, generator=None)",
@@ -55,6 +56,11 @@ DESIGN_SIGNATURES = {
     fp.oneshot: "(model, batches, *, method, spec, names=None, allocation=None, device=None, blocksize=128, "
     "percdamp=0.01)",
     fp.owl_sparsity: "(params, input_norms, sparsity, *, lam=0.08, m=5, blocks=None)",
+    # masks at rest
+    fp.pack_masks: "(masks)",
+    fp.unpack_masks: "(packed)",
+    fp.save_masks: "(masks, path)",
+    fp.load_masks: "(path)",
 }
 
 

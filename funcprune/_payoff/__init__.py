@@ -4,10 +4,15 @@
 removes the channels the masks prune entirely, following the channel
 analysis of ``funcprune._graph``; ``_sparse.py`` turns masked Linear weights
 into CSR, BSR or 2:4 sparse tensors; ``_checks.py`` holds the checks they
-share. ``README.md`` has the design.
+share; ``_masks_at_rest.py`` bit-packs masks, in memory and in
+safetensors files. ``README.md`` has the design.
 """
 
 from ._bake import bake as bake
+from ._masks_at_rest import load_masks as load_masks
+from ._masks_at_rest import pack_masks as pack_masks
+from ._masks_at_rest import save_masks as save_masks
+from ._masks_at_rest import unpack_masks as unpack_masks
 from ._reload import load_shrunk as load_shrunk
 from ._shrink import KeptChannelsWarning as KeptChannelsWarning
 from ._shrink import propagate as propagate
