@@ -33,6 +33,7 @@ __all__ = [
     "check_module_not_hook_mode",
     "check_scores",
     "as_bool_mask",
+    "check_binary",
 ]
 
 
@@ -172,11 +173,11 @@ def as_bool_mask(
     if mask.dtype == torch.bool:
         return mask
     if values:
-        _check_binary(fn, name, mask)
+        check_binary(fn, name, mask)
     return mask if keep_dtype else mask != 0
 
 
-def _check_binary(fn: str, name: str, mask: Tensor) -> None:
+def check_binary(fn: str, name: str, mask: Tensor) -> None:
     """Refuse a numeric mask holding values other than 0 and 1 (eager only).
 
     It reads every value on every call; a training loop that passes the same

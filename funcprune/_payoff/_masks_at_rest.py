@@ -18,7 +18,8 @@ from typing import Any, NoReturn
 import torch
 
 from .._types import Masks, Tensor, is_dtensor
-from .._validate import is_concrete, non_binary
+from .._names import check_binary
+from .._validate import is_concrete
 
 __all__ = ["SHAPE_SUFFIX", "load_masks", "pack_masks", "save_masks", "unpack_masks"]
 
@@ -53,12 +54,7 @@ def _refuse_mask(fn: str, name: str, mask: object) -> Tensor:
         )
     if mask.dtype == torch.bool:
         return mask
-    bad = non_binary(mask, 3)
-    if bad:
-        raise ValueError(
-            f"{where} must hold only 0 and 1 (or be torch.bool), got values such as {bad}; "
-            "convert it with `mask != 0` if nonzero means kept"
-        )
+    check_binary(fn, name, mask)
     return mask != 0
 
 
