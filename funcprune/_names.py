@@ -34,6 +34,7 @@ __all__ = [
     "check_scores",
     "as_bool_mask",
     "check_binary",
+    "not_a_parameter",
 ]
 
 
@@ -71,6 +72,20 @@ def unknown_name(fn: str, problem: str, name: str, known: Sequence[str]) -> Unkn
         shown = ", ".join(map(repr, list(known)[:8])) + (", ..." if len(known) > 8 else "")
         hint = f"the parameters are {shown}" if known else "there are no parameters"
     return UnknownNameError(f"{fn}: {problem}; {hint}")
+
+
+def not_a_parameter(fn: str, module: nn.Module, name: str, params: Mapping[str, Tensor]) -> UnknownNameError:
+    """The error for ``name``, not in ``params`` (``module.named_parameters()``): a tied alias's hint, or
+    :func:`unknown_name`'s."""
+    listed = {id(p): n for n, p in params.items()}
+    every = dict(module.named_parameters(remove_duplicate=False))
+    if name in every and id(every[name]) in listed:
+        return UnknownNameError(
+            f"{fn}: {name!r} is not a parameter name: it is the same Parameter as "
+            f"{listed[id(every[name])]!r}, the one name named_parameters() gives it (a tied "
+            "weight or a shared module); ask for that name"
+        )
+    return unknown_name(fn, f"{name!r} is not a parameter name", name, tuple(params))
 
 
 def check_params(fn: str, params: object) -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, final
 import torch
 from torch import nn
 
-from .._names import UnknownNameError, unknown_name
+from .._names import not_a_parameter
 from .._types import Tensor, is_conv1d
 
 if TYPE_CHECKING:
@@ -408,15 +408,7 @@ def _target(fn: str, module: nn.Module, name: str, statistic: Statistic) -> _Tar
     """Resolve ``name`` to its owner and check that ``statistic`` is defined on its inputs."""
     params = dict(module.named_parameters())
     if name not in params:
-        listed = {id(p): n for n, p in params.items()}
-        every = dict(module.named_parameters(remove_duplicate=False))
-        if name in every and id(every[name]) in listed:
-            raise UnknownNameError(
-                f"{fn}: {name!r} is not a parameter name: it is the same Parameter as "
-                f"{listed[id(every[name])]!r}, the one name named_parameters() gives it (a tied "
-                "weight or a shared module); ask for that name"
-            )
-        raise unknown_name(fn, f"{name!r} is not a parameter name", name, tuple(params))
+        raise not_a_parameter(fn, module, name, params)
     path, _, attr = name.rpartition(".")
     owner = module.get_submodule(path)
     where = f"{name!r} belongs to {_holder(path)}, of type {type(owner).__name__}"

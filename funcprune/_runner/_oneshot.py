@@ -19,7 +19,7 @@ from .._criteria import (
     sparsegpt,
     wanda,
 )
-from .._names import UnknownNameError, unknown_name
+from .._names import not_a_parameter
 from .._plans import Plan
 from .._specs import NM, L1Unstructured, PerSlice, Spec
 from .._targets import input_dims, prunable
@@ -244,14 +244,7 @@ def _names(
         if not isinstance(name, str):
             raise TypeError(f"{fn}: names[{i}] must be a str, got {type(name).__name__}")
         if name not in params:
-            every = dict(model.named_parameters(remove_duplicate=False))
-            first = next((n for n, p in params.items() if name in every and p is every[name]), None)
-            if first is not None:
-                raise UnknownNameError(
-                    f"{fn}: {name!r} is not a parameter name: it is the same Parameter as {first!r}, the one "
-                    "name named_parameters() gives it (a tied weight); name that one"
-                )
-            raise unknown_name(fn, f"{name!r} is not a parameter name", name, tuple(params))
+            raise not_a_parameter(fn, model, name, params)
         if method != "magnitude":
             path, _, attr = name.rpartition(".")
             owner = model.get_submodule(path)
