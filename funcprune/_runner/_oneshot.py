@@ -203,7 +203,7 @@ def oneshot(
                 masks[full] = mask.to(params[full].device)
         if i < last:
             for b in range(len(held.hidden)):
-                call = _on(held.call(i, b, held.hidden[b].to(where) if where is not None else None), where)
+                call = _on(held.call(i, b), where)
                 with torch.no_grad():
                     out = functional_call_masked(block, moved, these, call.args, call.kwargs, buffers=buffers)
                 held.hidden[b] = hidden_of(fn, i, out).detach()
@@ -260,7 +260,7 @@ def _specs(fn: str, spec: Spec, chosen: list[str], allocation: object) -> dict[s
     """Each weight's spec: ``spec``, or ``spec`` at the sparsity ``allocation`` gives it (OWL's: later)."""
     if allocation is None or allocation == "uniform" or allocation == "owl":
         if allocation == "owl":
-            _at(fn, spec, 0.0)  # checks that the spec takes a fraction
+            _fraction(fn, spec)  # refuses a spec without one, before any batch runs
         return dict.fromkeys(chosen, spec)
     if not isinstance(allocation, Mapping):
         raise TypeError(f"{fn}: allocation must be None, 'uniform', 'owl' or a mapping of names to sparsities, "
@@ -273,38 +273,43 @@ def _specs(fn: str, spec: Spec, chosen: list[str], allocation: object) -> dict[s
     if missing:
         raise ValueError(f"{fn}: allocation has no sparsity for {missing[0]!r} (and {len(missing) - 1} more "
                          "weights pruned); give one for every name pruned")  # fmt: skip
+    _fraction(fn, spec)
     out = {}
     for name in chosen:
         value = allocation[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
             raise ValueError(f"{fn}: allocation[{name!r}] must be a sparsity in [0, 1], got {value!r}")
-        out[name] = _at(fn, spec, float(value))
+        out[name] = _at(spec, float(value))
     return out
 
 
-def _at(fn: str, spec: Spec, sparsity: float) -> Spec:
-    """``spec`` pruning the fraction ``sparsity`` instead of its own."""
+def _fraction(fn: str, spec: Spec) -> float:
+    """The fraction an allocation replaces: ``spec``'s, an ``L1Unstructured`` float, alone or per slice."""
     inner = spec.spec if isinstance(spec, PerSlice) else spec
-    if not isinstance(inner, L1Unstructured) or not isinstance(inner.amount if inner.sparsity is None else inner.sparsity, float):
-        raise ValueError(f"{fn}: an allocation other than uniform sets each weight's fraction: spec must be "
-                         f"L1Unstructured(fraction) or PerSlice(L1Unstructured(fraction), dim=0), got {spec!r}")  # fmt: skip
+    if isinstance(inner, L1Unstructured):
+        fraction = inner.amount if inner.sparsity is None else inner.sparsity
+        if isinstance(fraction, float):
+            return fraction
+    raise ValueError(f"{fn}: an allocation other than uniform sets each weight's fraction: spec must be "
+                     f"L1Unstructured(fraction) or PerSlice(L1Unstructured(fraction), dim=0), got {spec!r}")  # fmt: skip
+
+
+def _at(spec: Spec, sparsity: float) -> Spec:
+    """``spec`` (checked by :func:`_fraction`) pruning the fraction ``sparsity`` instead of its own."""
     at = L1Unstructured(sparsity)
     return PerSlice(at, dim=spec.dim) if isinstance(spec, PerSlice) else at
 
 
 def _owl(fn: str, spec: Spec, params: dict[str, Tensor], norms: dict[str, Tensor], blocks: Blocks) -> dict[str, Spec]:
     """OWL's spec per weight, averaging the spec's fraction over the blocks."""
-    inner = spec.spec if isinstance(spec, PerSlice) else spec
-    assert isinstance(inner, L1Unstructured)  # _at checked it
-    fraction = inner.amount if inner.sparsity is None else inner.sparsity
-    assert isinstance(fraction, float)
+    fraction = _fraction(fn, spec)
     count = len(blocks.modules)
 
     def block_of(name: str) -> str:
         return next(blocks.prefix(i) for i in range(count) if name.startswith(blocks.prefix(i)))
 
     targets = owl_sparsity(params, norms, fraction, blocks=block_of)
-    return {name: _at(fn, spec, target) for name, target in targets.items()}
+    return {name: _at(spec, target) for name, target in targets.items()}
 
 
 def _kept(stream: Iterable[Call], into: list[Call]) -> Iterator[Call]:
