@@ -10,7 +10,7 @@ namesakes, so torch's own checks accept funcprune's hooks.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, overload
 
 import torch
@@ -19,6 +19,7 @@ from torch import nn
 
 from .._specs import Spec
 from ._combine import fold_latest, foldable
+from ._parents import reading_parents
 from ._pruned import set_pruned
 from ._reparam import reparametrize, unreparametrize
 from ._state import TorchBase, in_batch, pruning_hooks, rollback
@@ -220,18 +221,22 @@ class BasePruningMethod(torch_prune.BasePruningMethod):
         return spec
 
 
-def parents_to_sync(module: nn.Module) -> list[tuple[nn.Module, str]] | None:
+def parents_to_sync(
+    module: nn.Module, within: Sequence[nn.Module] = ()
+) -> list[tuple[nn.Module, str]]:
     """The parents' refreshers that pruning ``module`` may have to add.
 
     ``[]`` within :func:`~._state.batch` (the caller syncs them) or where
     compat pruned ``module`` before (its parents have a refresher already: no
-    look-up, as in iterative pruning); else ``None`` (look them up).
+    look-up, as in iterative pruning); else the parents that read it,
+    looked for among the trees of ``within`` (the call's modules) first
+    (:func:`~._parents.reading_parents`).
     """
     if in_batch() or any(
         isinstance(hook, BasePruningMethod) for hook in module._forward_pre_hooks.values()
     ):
         return []
-    return None
+    return reading_parents(module, within)
 
 
 class PruningContainer(BasePruningMethod, torch_prune.PruningContainer):

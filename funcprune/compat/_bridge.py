@@ -19,7 +19,7 @@ from ._base import parents_to_sync
 from ._methods import CustomFromMask
 from ._reparam import unreparametrize
 from ._state import TorchBase, batch, pruning_hooks, rollback
-from ._tying import User, check_local, one_key_per_parameter, parameter_users
+from ._tying import User, check_local, one_key_per_parameter, parameter_users, remember_ties
 
 __all__ = ["install_masks_", "masks_from_module", "unprune_"]
 
@@ -189,7 +189,7 @@ def install_masks_(module: nn.Module, masks: Mapping[str, Tensor]) -> nn.Module:
     groups = _targets(module, masks)
     pairs = [(user.module, user.name) for users, _ in groups for user in users]
     check_local("install_masks_", pairs)
-    with rollback(pairs, parents_to_sync):
+    with rollback(pairs, lambda child: parents_to_sync(child, [module])):
         with batch():  # no tying check: every user of a tied Parameter, on purpose
             for users, mask in groups:
                 for user in users:
@@ -197,6 +197,11 @@ def install_masks_(module: nn.Module, masks: Mapping[str, Tensor]) -> nn.Module:
                     CustomFromMask.apply(user.module, user.name, mask.to(device=device))
         for users, _ in groups:
             _check_tied_installed(users)
+            if len(users) > 1:  # later calls on one user see the others (check_untied)
+                remember_ties(
+                    users[0].module._parameters[users[0].name + "_orig"],
+                    [(user.module, user.name + "_orig") for user in users],
+                )
     return module
 
 

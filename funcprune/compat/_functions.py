@@ -22,7 +22,7 @@ from torch import nn
 from .._types import Amount, NormOrder
 from ._base import PruningContainer, parents_to_sync
 from ._methods import CustomFromMask, Identity, L1Unstructured, RandomUnstructured
-from ._state import TorchBase, batch, pruning_hooks, rollback
+from ._state import ParentsOf, TorchBase, batch, pruning_hooks, rollback
 from ._structured import LnStructured, RandomStructured
 from ._tying import check_untied
 
@@ -170,7 +170,10 @@ def global_unstructured(
     The scores of all listed tensors (masks already present respected) are
     flattened into one vector, ``pruning_method(**kwargs)`` is applied on its
     unpruned part, and each parameter gets its slice as a
-    :class:`CustomFromMask` hook.
+    :class:`CustomFromMask` hook. A tied Parameter (one object held by
+    several modules) listed under every holder is ranked once and every
+    holder gets its slice, sharing one ``name_orig`` (torch ranks it once
+    per holder, and may give the holders different masks).
 
     Args:
         parameters: ``(module, name)`` pairs (any iterable, generators too).
@@ -182,7 +185,9 @@ def global_unstructured(
     Raises:
         TypeError: if ``parameters`` is not iterable, ``importance_scores`` not
             a dict, or the method's ``PRUNING_TYPE`` not ``"unstructured"``.
-        ValueError: if a parameter is tied (another module holds it too).
+        ValueError: if a parameter is tied to a holder the call does not
+            list, its holders were pruned differently before, or they are
+            given different ``importance_scores``.
 
     >>> import torch, funcprune.compat as prune
     >>> net = torch.nn.Sequential(torch.nn.Linear(10, 4), torch.nn.Linear(4, 1))
@@ -197,17 +202,82 @@ def global_unstructured(
     if not isinstance(importance_scores, dict):
         raise TypeError("global_unstructured(): importance_scores must be of type dict")
     pairs = list(parameters)
-    check_untied("global_unstructured", pairs)  # before the scores' graph holds them
-    final_mask = _global_mask(pairs, pruning_method, importance_scores, kwargs)
-    with rollback(pairs, parents_to_sync):
+    groups = check_untied("global_unstructured", pairs)  # before the scores' graph holds them
+    ranked = [pairs[group[0]] for group in groups]
+    scores = _shared_scores(pairs, groups, importance_scores)
+    _check_alike(pairs, groups)
+    final_mask = _global_mask(ranked, pruning_method, scores, kwargs)
+    with rollback(pairs, _parents_within(pairs)):
         pointer = 0
-        for module, name in pairs:
+        for group, (module, name) in zip(groups, ranked):
             param = getattr(module, name)
             num_param = param.numel()
             param_mask = final_mask[pointer : pointer + num_param].view_as(param)
-            with batch():  # ties checked above, refreshers synced by rollback: all at once
-                custom_from_mask(module, name, mask=param_mask)
+            holders = {(id(pairs[i][0]), pairs[i][1]): pairs[i] for i in group}
+            for holder, holder_name in holders.values():  # a tied Parameter: every holder alike
+                with batch():  # ties checked above, refreshers synced by rollback: all at once
+                    custom_from_mask(holder, holder_name, mask=param_mask)
             pointer += num_param
+
+
+def _or_ones(mask: object, module: nn.Module, name: str) -> Tensor:
+    """``mask`` (a holder's ``name_mask``), or ones where the holder is not pruned yet."""
+    return mask if isinstance(mask, Tensor) else torch.ones_like(getattr(module, name))
+
+
+def _parents_within(pairs: list[tuple[nn.Module, str]]) -> ParentsOf:
+    """``parents_to_sync``, looking for a parent among the call's modules first."""
+    within = [module for module, _ in pairs]
+    return lambda module: parents_to_sync(module, within)
+
+
+def _shared_scores(
+    pairs: list[tuple[nn.Module, str]],
+    groups: list[list[int]],
+    importance_scores: dict[tuple[nn.Module, str], Tensor],
+) -> dict[tuple[nn.Module, str], Tensor]:
+    """``importance_scores`` keyed by each Parameter's first pair (the one ranked).
+
+    Raises:
+        ValueError: if two holders of one tied Parameter are given different scores.
+    """
+    shared: dict[tuple[nn.Module, str], Tensor] = {}
+    for group in groups:
+        given = [(pairs[i], importance_scores[pairs[i]]) for i in group if pairs[i] in importance_scores]
+        for (module, name), scores in given[1:]:
+            first, first_scores = given[0]
+            if scores is not first_scores and not torch.equal(scores, first_scores):
+                raise ValueError(
+                    f"global_unstructured: importance_scores gives {type(first[0]).__name__}."
+                    f"{first[1]} and {type(module).__name__}.{name}, one tied Parameter, "
+                    "different scores; a tied Parameter is ranked once: give it one score tensor"
+                )
+        if given:
+            shared[pairs[group[0]]] = given[0][1]
+    return shared
+
+
+def _check_alike(pairs: list[tuple[nn.Module, str]], groups: list[list[int]]) -> None:
+    """The holders of one tied Parameter must carry the same mask before they are pruned alike.
+
+    Raises:
+        ValueError: naming two holders pruned differently before (by torch,
+            which prunes one holder at a time).
+    """
+    for group in groups:
+        first_module, first_name = pairs[group[0]]
+        first = getattr(first_module, first_name + "_mask", None)
+        for i in group[1:]:
+            module, name = pairs[i]
+            mask = getattr(module, name + "_mask", None)
+            if not torch.equal(_or_ones(first, module, name), _or_ones(mask, module, name)):
+                raise ValueError(
+                    f"global_unstructured: {type(first_module).__name__}.{first_name} and "
+                    f"{type(module).__name__}.{name} are one (tied) Parameter with different "
+                    "masks (pruned differently before, as torch.nn.utils.prune prunes one "
+                    "holder at a time); a tied Parameter is pruned alike in every holder: "
+                    "give them one mask first (funcprune.compat.install_masks_)"
+                )
 
 
 def _global_mask(

@@ -7,13 +7,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch.nn.utils.prune as torch_prune
 from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
-from ._holders import holders
+from ._holders import heap_holders, modules_under, tree_holders
 
 __all__ = ["RefreshChild", "reading_parents", "sync_refreshers"]
 
@@ -52,17 +53,26 @@ class RefreshChild:
                 hook(child, ())
 
 
-def reading_parents(module: nn.Module) -> list[tuple[nn.Module, str]]:
+def reading_parents(
+    module: nn.Module, within: Sequence[nn.Module] = ()
+) -> list[tuple[nn.Module, str]]:
     """The ``(parent, attribute)`` pairs of parents that read ``module`` directly.
 
     Only a ``NonDynamicallyQuantizableLinear`` can have one: other modules
-    cost nothing here, the look-up scans the heap (see :mod:`._holders`).
+    cost nothing here. Its parent is looked for in the trees of ``within``
+    (the modules of the call) first; where none reads it there, on the heap
+    (one scan, see :mod:`._holders`): nothing else links a child to its parent.
     """
     if not isinstance(module, NonDynamicallyQuantizableLinear):
         return []
+    readers = _readers(tree_holders([module], "_modules", modules_under(within))[0])
+    return readers or _readers(heap_holders([module], "_modules")[0])
+
+
+def _readers(holders: list[tuple[nn.Module, str]]) -> list[tuple[nn.Module, str]]:
     return [
         (parent, key)
-        for parent, key in holders([module], "_modules")[0]
+        for parent, key in holders
         if any(isinstance(parent, cls) and key == attr for cls, attr in _READ_DIRECTLY)
     ]
 

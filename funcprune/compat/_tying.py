@@ -1,15 +1,14 @@
 """Tied weights (one :class:`~torch.nn.Parameter` held by several modules).
 
 The pruning functions refuse, before changing anything, to prune a
-Parameter another module also holds (:func:`check_untied`), where torch
-silently unties it; a cheap exact reference count decides whether a heap
-scan is needed (``README.md``).
+Parameter that another module of the call also holds (:func:`check_untied`),
+where torch silently unties it; ``global_unstructured`` prunes every holder
+alike when all of them are in the call. Holders are found in the call's
+module trees, never on the heap (``README.md``).
 """
 
 from __future__ import annotations
 
-import functools
-import sys
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -17,59 +16,19 @@ import torch
 from torch import nn
 
 from .._types import is_dtensor
-from ._holders import holders
-from ._pruned import PrunedDeepcopy
+from ._holders import known_holders, modules_under, remember_ties, tree_holders
 from ._state import TorchBase
 
-__all__ = ["User", "check_local", "check_untied", "one_key_per_parameter", "parameter_users"]
+__all__ = [
+    "User",
+    "check_local",
+    "check_untied",
+    "one_key_per_parameter",
+    "parameter_users",
+    "remember_ties",
+]
 
 Tensor = torch.Tensor
-
-
-def _count(module: nn.Module, key: str) -> int:
-    """The reference count of ``module._parameters[key]``, as seen from here."""
-    return sys.getrefcount(module._parameters[key])
-
-
-@functools.cache
-def _baseline(graph: bool) -> int:
-    """:func:`_count` of a Parameter that only its own module references.
-
-    Measured once on a throwaway module; with ``graph``, while an autograd
-    graph holds the Parameter (torch may then keep one more reference to its
-    Python object), as the graph of a pruned attribute ``mask * orig`` does.
-    """
-    probe = nn.Module()  # not an nn.Linear: its initialization would draw random numbers
-    with torch.inference_mode(False), torch.enable_grad():
-        weight = nn.Parameter(torch.empty(1))
-        probe.register_parameter("weight", weight)
-        held = weight * 1.0 if graph else None
-        del weight
-    count = _count(probe, "weight")
-    del held
-    return count
-
-
-def _expected(module: nn.Module, name: str, key: str) -> int:
-    """:func:`_count` of ``module._parameters[key]`` if nothing else references it.
-
-    Besides ``module._parameters``, the module itself may reference its
-    Parameter: an RNN in its ``_flat_weights`` list, and the pruned attribute
-    ``module.<name>`` through its ``__deepcopy__`` and its graph.
-    """
-    param = module._parameters[key]
-    flat = module.__dict__.get("_flat_weights")
-    own = sum(weight is param for weight in flat) if isinstance(flat, list) else 0
-    pruned = module.__dict__.get(name)
-    if not isinstance(pruned, Tensor):
-        return _baseline(False) + own
-    copier = pruned.__dict__.get("__deepcopy__")
-    own += isinstance(copier, PrunedDeepcopy) and copier.orig is param
-    grad_fn = pruned.grad_fn
-    graph = grad_fn is not None and any(
-        getattr(node, "variable", None) is param for node, _ in grad_fn.next_functions
-    )
-    return _baseline(graph) + own
 
 
 def _parameter_key(module: nn.Module, name: str) -> str | None:
@@ -83,36 +42,57 @@ def _parameter_key(module: nn.Module, name: str) -> str | None:
     return None
 
 
-def check_untied(context: str, pairs: Sequence[tuple[nn.Module, str]]) -> None:
-    """Refuse to prune a Parameter that another module (or key) also holds, or a DTensor.
+def check_untied(context: str, pairs: Sequence[tuple[nn.Module, str]]) -> list[list[int]]:
+    """Refuse to prune a Parameter held by a module (or key) not pruned with it; refuse DTensors.
+
+    The holders of each Parameter are looked for in the trees of the call's
+    modules (``modules()`` of each), and among the holders of a tie compat
+    saw before in a whole model (``install_masks_``, a global call): no heap
+    scan, so the cost does not grow with the process's objects. A holder
+    outside these trees, never seen by compat, is not found: pruning one
+    holder then unties the weight, as ``torch.nn.utils.prune`` does.
 
     Args:
         context: the function or method, for the message.
-        pairs: the ``(module, name)`` pairs about to be pruned.
+        pairs: the ``(module, name)`` pairs about to be pruned together
+            (one for the pruning functions, several for global pruning).
+
+    Returns:
+        The indices of ``pairs`` grouped by Parameter, in order of first
+        appearance (a pair naming no parameter is a group of its own).
 
     Raises:
-        ValueError: if a Parameter of ``pairs`` is tied.
+        ValueError: if a Parameter of ``pairs`` is also held by a module, or
+            under a key, that ``pairs`` do not list.
         TypeError: if one is a DTensor (FSDP2, tensor parallelism): hook
             mode's ``name_orig`` and forward pre-hook would fight FSDP2's
             own handling of the parameter (its forward puts the gathered
             parameter back, the mask unapplied).
     """
     check_local(context, pairs)
-    suspects: list[tuple[nn.Module, str, str]] = []
-    for module, name in pairs:
+    groups: dict[int, list[int]] = {}
+    params: dict[int, Tensor] = {}
+    listed: set[tuple[int, str]] = set()
+    for index, (module, name) in enumerate(pairs):
         key = _parameter_key(module, name)
         if key is None:
-            continue  # nothing to prune: the pruning call reports it
-        other = _other_key(module, key)
-        if other is not None:
-            raise _tied_error(context, module, name, module, other)
-        if _count(module, key) > _expected(module, name, key):
-            suspects.append((module, name, key))
-    found = holders([module._parameters[key] for module, _, key in suspects], "_parameters")
-    for (module, name, _), held_by in zip(suspects, found):
-        for other_module, other_key in held_by:
-            if other_module is not module:
-                raise _tied_error(context, module, name, other_module, other_key)
+            groups[-1 - index] = [index]  # nothing to prune: the pruning call reports it
+            continue
+        param = module._parameters[key]
+        assert param is not None  # _parameter_key found it
+        params[id(param)] = param
+        groups.setdefault(id(param), []).append(index)
+        listed.add((id(module), key))
+    found = tree_holders(list(params.values()), "_parameters", modules_under(m for m, _ in pairs))
+    for (ident, tensor), in_trees in zip(params.items(), found):
+        holders = {(id(m), k): (m, k) for m, k in [*in_trees, *known_holders(tensor)]}
+        for place, (other, other_key) in holders.items():
+            if place not in listed:
+                module, name = pairs[groups[ident][0]]
+                raise _tied_error(context, module, name, other, other_key)
+        if len(holders) > 1:
+            remember_ties(tensor, list(holders.values()))
+    return list(groups.values())
 
 
 def check_local(context: str, pairs: Sequence[tuple[nn.Module, str]]) -> None:
@@ -137,15 +117,15 @@ def check_local(context: str, pairs: Sequence[tuple[nn.Module, str]]) -> None:
             )
 
 
-def _other_key(module: nn.Module, key: str) -> str | None:
-    """Another key under which ``module`` holds its Parameter ``key``, if any."""
-    param = module._parameters[key]
-    return next((k for k, v in module._parameters.items() if v is param and k != key), None)
-
-
 def _tied_error(
     context: str, module: nn.Module, name: str, other: nn.Module, other_key: str
 ) -> ValueError:
+    plain = other_key.removesuffix("_orig")
+    if plain != other_key and any(
+        isinstance(hook, TorchBase) and hook._tensor_name == plain
+        for hook in other._forward_pre_hooks.values()
+    ):
+        other_key = plain  # a pruned holder: its tensor's name
     return ValueError(
         f"{context}: cannot prune {name!r} of {type(module).__name__}: the Parameter is "
         f"tied: also held by a module of type {type(other).__name__} (as {other_key!r}). "

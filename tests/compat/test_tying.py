@@ -3,18 +3,21 @@ embedding.weight``).
 
 * the bridge hooks every user, as the functional API masks every user, and
   reads one key per Parameter;
-* compat's pruning functions refuse to prune one user (torch silently unties
-  the weight), before changing anything; untied parameters prune as in torch;
+* compat's pruning functions refuse to prune one user of a tie they can see
+  (in the call's module trees, or a tie compat hooked before), before
+  changing anything; a global call prunes every user alike when all are in
+  it; a tie compat cannot see unties as in torch; untied parameters prune as
+  in torch; no call scans the heap (but for an ``out_proj`` alone);
 * the bridge's functions check their module argument.
 """
 
 from __future__ import annotations
 
 import copy
+import gc
 import types
 from collections.abc import Callable
 from typing import Any
-from unittest import mock
 
 import pytest
 import torch
@@ -23,7 +26,6 @@ from torch import nn
 
 import funcprune as fp
 import funcprune.compat as cp
-from funcprune.compat import _holders, _tying
 
 from ._helpers import (
     Small,
@@ -210,11 +212,18 @@ CALLS: dict[str, tuple[str, str, Call]] = {
 }
 
 
+def known_tie(lib: types.ModuleType, model: Any) -> None:
+    """Make compat see the tie: a global call over every user (pruning nothing)."""
+    lib.global_unstructured([(model.embedding, "weight"), (model.lm_head, "weight")],
+                            lib.Identity)
+
+
 @pytest.mark.parametrize("call", list(CALLS))
 def test_pruning_one_user_of_a_tied_weight_raises(call: str) -> None:
     context, other, run = CALLS[call]
     model: Any = TiedLM()
     cp.l1_unstructured(model.linear, "bias", 1)  # an unrelated pruned tensor stays as it is
+    known_tie(cp, model)
     before = fingerprint(model)
     state = torch.get_rng_state()
     with pytest.raises(ValueError) as info:
@@ -227,6 +236,30 @@ def test_pruning_one_user_of_a_tied_weight_raises(call: str) -> None:
     assert_same_fingerprint(before, fingerprint(model))
     assert torch.equal(torch.get_rng_state(), state)
     assert_same_step(hooked_step(model), hooked_step(copy.deepcopy(model)))
+
+
+def test_a_tie_within_the_call_trees_is_seen_without_a_history() -> None:
+    model: Any = TiedLM()
+    holder = nn.Module()  # listed for its own parameter; its tree holds the embedding
+    holder.embedding = model.embedding
+    holder.scale = nn.Parameter(torch.ones(3))
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match="^global_unstructured: cannot prune 'weight' of Linear: "
+                       ".* of type Embedding \\(as 'weight'\\)"):
+        cp.global_unstructured([(model.lm_head, "weight"), (holder, "scale")],
+                               cp.L1Unstructured, amount=2)
+    assert_same_fingerprint(before, fingerprint(model))
+
+
+@pytest.mark.parametrize("call", ["l1_unstructured", "ln_structured", "global_unstructured"])
+def test_a_tie_compat_cannot_see_unties_as_in_torch(call: str) -> None:
+    """A holder outside the call's trees, never hooked by compat: torch's result."""
+    ours, theirs = twins(TiedLM)
+    for lib, model in ((cp, ours), (tp, theirs)):
+        torch.manual_seed(3)
+        CALLS[call][2](lib, model)
+    assert_same_state(theirs, ours)
+    assert_same_tensor(ours(TOKENS), theirs(TOKENS))
 
 
 def test_torch_unties_where_compat_refuses() -> None:
@@ -280,30 +313,116 @@ def test_untied_parameters_prune_like_torch(with_optimizer: bool) -> None:
     assert len(keep) == (2 if with_optimizer else 0)
 
 
-def test_only_parameters_referenced_elsewhere_are_searched() -> None:
+def test_no_call_scans_the_heap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Holders come from the call's trees, optimizer alive or not (but for an out_proj alone)."""
     model: Any = Small()
-    with mock.patch.object(_tying, "holders", wraps=_holders.holders) as search:
-        cp.l1_unstructured(model.conv, "weight", 0.3)
-        model(torch.randn(1, 2, 4, 4)).sum().backward()
-        cp.l1_unstructured(model.conv, "weight", 0.3)  # re-pruning after a forward
-        cp.ln_structured(model.fc, "weight", 1, n=2, dim=0)
-        lstm = nn.LSTM(3, 2)  # its _flat_weights list references every Parameter
-        cp.l1_unstructured(lstm, "weight_hh_l0", 0.5)
-        lstm(torch.ones(1, 3))
-        cp.l1_unstructured(lstm, "weight_hh_l0", 0.5)
-        assert all(args[0] == [] for args, _ in search.call_args_list)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        cp.l1_unstructured(model.fc, "bias", 1)  # the optimizer references it: searched
-        assert search.call_args_list[-1].args[0] == [model.fc.bias_orig]
-    assert any(p is model.fc.bias_orig for p in opt.param_groups[0]["params"])
+    opt = optimized(model)
+
+    def scan(*objs: object) -> list[object]:
+        raise AssertionError("the heap was scanned")
+
+    monkeypatch.setattr(gc, "get_referrers", scan)
+    monkeypatch.setattr(gc, "get_objects", scan)
+    cp.l1_unstructured(model.conv, "weight", 0.3)
+    model(torch.randn(1, 2, 4, 4)).sum().backward()
+    opt.step()
+    cp.random_unstructured(model.conv, "weight", 0.3)
+    cp.ln_structured(model.fc, "weight", 1, n=2, dim=0)
+    cp.global_unstructured([(model.conv, "weight"), (model.fc, "bias")], cp.L1Unstructured, amount=3)
+    cp.remove(model.fc, "bias")
+    tied: Any = TiedLM()
+    cp.install_masks_(tied, random_masks(1))
+    with pytest.raises(ValueError, match="tied"):
+        cp.l1_unstructured(tied.lm_head, "weight", 1)
+    attention = nn.MultiheadAttention(4, 2)  # its out_proj's parent is in the call's tree
+    cp.global_unstructured([(attention, "in_proj_weight"), (attention.out_proj, "weight")],
+                           cp.L1Unstructured, amount=5)
+    assert any(type(hook).__name__ == "RefreshChild"
+               for hook in attention._forward_pre_hooks.values())
 
 
-def test_the_cheap_check_draws_no_random_numbers() -> None:
-    fc = nn.Linear(3, 2)
-    _tying._baseline.cache_clear()  # the first call measures the baseline
-    state = torch.get_rng_state()
-    cp.l1_unstructured(fc, "weight", 2)
-    assert torch.equal(torch.get_rng_state(), state)
+# --- global pruning prunes every user of a tied weight alike ----------------------------------
+
+NAMES = {"embedding": "embedding.weight", "linear": "linear.weight", "lm_head": "embedding.weight"}
+
+
+def global_pairs(model: Any, order: tuple[str, ...] = ("embedding", "linear", "lm_head")
+                 ) -> list[tuple[nn.Module, str]]:
+    return [(getattr(model, name), "weight") for name in order]
+
+
+@pytest.mark.parametrize("amount", [0.3, 40, 0.75])
+@pytest.mark.parametrize("order", [("embedding", "linear", "lm_head"), ("lm_head", "linear", "embedding")])
+def test_global_prunes_every_user_alike_like_the_functional_api(
+    amount: float, order: tuple[str, ...]
+) -> None:
+    hooked, functional = twins(TiedLM)
+    masks: dict[str, Tensor] | None = None
+    for _ in range(2):  # twice, as Lightning's ModelPruning does every epoch
+        cp.global_unstructured(global_pairs(hooked, order), cp.L1Unstructured, amount=amount)
+        plan = fp.global_unstructured([NAMES[name] for name in order], fp.L1Unstructured(amount))
+        masks = plan(dict(functional.named_parameters()), masks=masks)
+        assert hooked.lm_head.weight_orig is hooked.embedding.weight_orig  # still tied
+        assert torch.equal(hooked.lm_head.weight_mask, hooked.embedding.weight_mask)
+        assert torch.equal(hooked.embedding.weight_mask.bool(), masks["embedding.weight"])
+        assert torch.equal(hooked.linear.weight_mask.bool(), masks["linear.weight"])
+        assert_same_step(hooked_step(hooked), functional_step(functional, masks))
+    assert cp.masks_from_module(hooked).keys() == {"embedding.weight", "linear.weight"}
+
+
+def test_global_counts_a_tied_weight_once_where_torch_counts_it_twice() -> None:
+    ours, theirs = twins(TiedLM)
+    for lib, model in ((cp, ours), (tp, theirs)):
+        lib.global_unstructured(global_pairs(model), lib.L1Unstructured, amount=30)
+    pruned = int((ours.embedding.weight_mask == 0).sum() + (ours.linear.weight_mask == 0).sum())
+    assert pruned == 30  # 66 + 36 distinct entries ranked, 30 of them pruned
+    assert int(sum((getattr(theirs, n).weight_mask == 0).sum() for n in NAMES)) == 30
+    assert theirs.lm_head.weight_orig is theirs.embedding.weight_orig  # torch hooks both too
+
+
+def test_torch_may_give_the_users_of_a_tied_weight_different_masks() -> None:
+    differ = 0
+    for seed in range(20):
+        torch.manual_seed(seed)
+        model: Any = TiedLM()
+        tp.global_unstructured(global_pairs(model), tp.L1Unstructured, amount=0.5)
+        differ += not torch.equal(model.embedding.weight_mask, model.lm_head.weight_mask)
+    assert differ > 0  # the cut falls between the two copies of an entry (documented)
+
+
+def test_global_refuses_a_user_left_out() -> None:
+    model: Any = TiedLM()
+    known_tie(cp, model)
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match="^global_unstructured: cannot prune 'weight' of Linear: "
+                       ".* of type Embedding \\(as 'weight'\\)"):
+        cp.global_unstructured(global_pairs(model, ("linear", "lm_head")),
+                               cp.L1Unstructured, amount=3)
+    assert_same_fingerprint(before, fingerprint(model))
+
+
+def test_global_refuses_users_pruned_differently_before() -> None:
+    model: Any = TiedLM()
+    tp.l1_unstructured(model.lm_head, "weight", 5)  # torch prunes one user
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match="^global_unstructured: Embedding.weight and "
+                       "Linear.weight are one \\(tied\\) Parameter with different masks"):
+        cp.global_unstructured(global_pairs(model), cp.L1Unstructured, amount=3)
+    assert_same_fingerprint(before, fingerprint(model))
+
+
+def test_global_refuses_different_scores_for_one_tied_weight() -> None:
+    model: Any = TiedLM()
+    scores = {(model.embedding, "weight"): torch.rand(11, 6), (model.lm_head, "weight"): torch.rand(11, 6)}
+    with pytest.raises(ValueError, match="one tied Parameter, different scores"):
+        cp.global_unstructured(global_pairs(model), cp.L1Unstructured, importance_scores=scores,
+                               amount=3)
+    same = {(model.lm_head, "weight"): scores[(model.embedding, "weight")]}
+    cp.global_unstructured(global_pairs(model), cp.L1Unstructured, importance_scores=same, amount=3)
+    kept = model.embedding.weight_mask.bool()
+    assert torch.equal(kept, model.lm_head.weight_mask.bool())
+    assert bool((scores[(model.embedding, "weight")][~kept].max()
+                 <= scores[(model.embedding, "weight")][kept].min()))
 
 
 # --- the bridge checks its module argument ---------------------------------------------------
