@@ -58,9 +58,9 @@ DESIGN_SIGNATURES = {
     fp.owl_sparsity: "(params, input_norms, sparsity, *, lam=0.08, m=5, blocks=None)",
     # masks at rest
     fp.pack_masks: "(masks)",
-    fp.unpack_masks: "(packed)",
+    fp.unpack_masks: "(packed, *, like=None)",  # like=: DTensor masks rebuilt where they were saved
     fp.save_masks: "(masks, path)",
-    fp.load_masks: "(path)",
+    fp.load_masks: "(path, *, like=None)",
 }
 
 

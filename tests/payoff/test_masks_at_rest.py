@@ -160,13 +160,86 @@ def test_unpack_refuses_inconsistent_dicts() -> None:
         fp.unpack_masks({**packed, "w": b"\xff\x03"})  # type: ignore[dict-item]
 
 
-def test_dtensor_masks_refused(mesh: DeviceMesh) -> None:
+def test_dtensor_masks_pack_and_save_their_block(mesh: DeviceMesh, tmp_path: Path) -> None:
+    """On a mesh of one process (the block is the whole mask): the block, where it sits, and the DTensor back.
+
+    Several processes: ``tests/dtensor/test_masks_at_rest_across.py``.
+    """
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    whole = random_mask((5, 3), 0)
+    mask = distribute_tensor(whole, mesh, [Shard(1)])
+    packed = fp.pack_masks({"w": mask})
+    assert list(packed) == ["w", "w::shape", "w::dtensor"]
+    assert json.loads(bytes(packed["w::dtensor"].tolist())) == {
+        "shape": [5, 3], "offsets": [0, 0], "placements": ["Shard(1)"], "mesh": [1], "coordinate": [0], "rank": 0,
+    }  # fmt: skip
+    assert bit_equal({"w": whole}, fp.unpack_masks(packed))  # no like: the block, plainly
+    for like in (mesh, {"w": mask, "other": torch.ones(2)}):
+        back = fp.unpack_masks(packed, like=like)["w"]
+        assert isinstance(back, DTensor) and back.placements == (Shard(1),) and back.device_mesh == mesh
+        assert torch.equal(back.to_local(), mask.to_local()) and back.shape == mask.shape
+    assert bit_equal({"w": whole}, fp.unpack_masks([packed]))  # merged: the whole mask
+    path = tmp_path / "m.safetensors"
+    fp.save_masks({"w": mask, "b": torch.tensor([True, False])}, path)
+    loaded = fp.load_masks(path, like=mesh)
+    assert isinstance(loaded["w"], DTensor) and torch.equal(loaded["w"].full_tensor(), whole)
+    assert not isinstance(loaded["b"], DTensor)  # saved whole: whole on a mesh too
+    assert bit_equal({"w": whole, "b": torch.tensor([True, False])}, fp.load_masks([path]))
+    with pytest.raises(ValueError, match=r"the mask 'w' is the block at mesh coordinate \(0,\) \(rank 0\) of a mask "
+                       r"of shape \(5, 3\) laid out as \[Shard\(1\)\] on a mesh of shape \(1,\), but like\['w'\] "
+                       r"is .* laid out as \[Shard\(0\)\]"):
+        fp.load_masks(path, like={"w": distribute_tensor(whole, mesh, [Shard(0)]), "b": torch.ones(2)})
+
+
+def test_a_whole_mask_loads_as_a_dtensor_like_its_parameter(mesh: DeviceMesh, tmp_path: Path) -> None:
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    whole = random_mask((4, 6), 1)
+    path = tmp_path / "m.safetensors"
+    fp.save_masks({"w": whole}, path)
+    for placements in ([Shard(0)], [Replicate()]):
+        param = distribute_tensor(torch.randn(4, 6), mesh, placements)
+        got = fp.load_masks(path, like={"w": param})["w"]
+        assert isinstance(got, DTensor) and got.placements == tuple(placements)
+        assert torch.equal(got.full_tensor(), whole)
+    with pytest.raises(ValueError, match=r"the mask 'w' has shape \(4, 6\), but like\['w'\] is a DTensor of shape"):
+        fp.load_masks(path, like={"w": distribute_tensor(torch.randn(6, 4), mesh, [Shard(0)])})
+    with pytest.raises(ValueError, match=r"the mask 'w' has no tensor in like"):
+        fp.load_masks(path, like={})
+    with pytest.raises(TypeError, match=r"like must be a mapping of names to tensors .* or a DeviceMesh, got int"):
+        fp.load_masks(path, like=3)  # type: ignore[arg-type]
+
+
+def test_partial_dtensor_masks_refused(mesh: DeviceMesh) -> None:
+    from torch.distributed.tensor import DTensor, Partial
+
+    mask = DTensor.from_local(torch.ones(4, dtype=torch.bool), mesh, [Partial()])
+    with pytest.raises(NotImplementedError, match=r"pack_masks: masks\['w'\] is a DTensor laid out as"):
+        fp.pack_masks({"w": mask})
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda r: {**r, "offsets": [1, 0]}, r"is not the one its placements"),
+        (lambda r: {**r, "coordinate": [1]}, r"not in a mesh of shape \[1\]"),
+        (lambda r: {**r, "placements": ["Shard(2)"]}, r"cuts dim 2 of a mask of 2 dims"),
+        (lambda r: {**r, "placements": ["Partial()"]}, r"expected a placement"),
+        (lambda r: {**r, "mesh": [1, 1]}, r"do not fit one another"),
+        (lambda r: {k: v for k, v in r.items() if k != "rank"}, r"expected a record with the keys"),
+    ],
+)
+def test_bad_block_records_refused(mesh: DeviceMesh, edit: object, message: str) -> None:
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    mask = distribute_tensor(torch.ones(4, 4, dtype=torch.bool), mesh, [Shard(0)])
-    with pytest.raises(ValueError, match=r"pack_masks: masks\['w'\] is a DTensor.*full_tensor\(\)"):
-        fp.pack_masks({"w": mask})
-    assert torch.equal(fp.unpack_masks(fp.pack_masks({"w": mask.full_tensor()}))["w"], torch.ones(4, 4).bool())
+    packed = fp.pack_masks({"w": distribute_tensor(random_mask((3, 2), 2), mesh, [Shard(0)])})
+    record = edit(json.loads(bytes(packed["w::dtensor"].tolist())))  # type: ignore[operator]
+    packed["w::dtensor"] = torch.tensor(list(json.dumps(record).encode()), dtype=torch.uint8)
+    with pytest.raises(ValueError, match=rf"unpack_masks: packed\['w::dtensor'\] is not where a block sits.*{message}"):
+        fp.unpack_masks(packed)
+    with pytest.raises(ValueError, match=r"packed\['w::dtensor'\] is where a DTensor's block sits with no packed"):
+        fp.unpack_masks({"w::dtensor": packed["w::dtensor"]})
 
 
 @needs_cuda
@@ -247,7 +320,7 @@ def test_empty_and_odd_names(tmp_path: Path) -> None:
 def test_path_types(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"save_masks: path must be a str or os.PathLike, got int"):
         fp.save_masks({}, 3)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"load_masks: path must be a str or os.PathLike, got bytes"):
+    with pytest.raises(TypeError, match=r"load_masks: path must be a str or os.PathLike \(or a list of them.*got bytes"):
         fp.load_masks(b"x")  # type: ignore[arg-type]
     missing = tmp_path / "missing.safetensors"
     with pytest.raises(FileNotFoundError) as info:
@@ -333,7 +406,9 @@ def edited(key: str, value: object, item: int | None = 0) -> object:
     ("edit", "message"),
     [
         (edited("format", "safetensors.masks", None), "format is not 'funcprune.masks'"),
-        (edited("version", 2, None), "format version 2"),
+        (edited("version", 3, None), "format version 3"),
+        (edited("version", 0, None), "format version 0"),
+        (edited("dtensor", {}), "not a mask record"),  # a block's record in a version 1 file
         (edited("version", True, None), "format version True"),
         (edited("shape", [5, 12]), "shape, numel and kept disagree"),
         (edited("numel", 64), "shape, numel and kept disagree"),
@@ -386,3 +461,34 @@ def test_foreign_safetensors_files_refused(tmp_path: Path) -> None:
     path.write_bytes(b"not a safetensors file at all")
     with pytest.raises(ValueError, match=rf"load_masks: '{re.escape(str(path))}' is not a valid safetensors file"):
         fp.load_masks(path)
+
+
+def test_every_byte_flip_of_a_block_s_file_refused_or_harmless(mesh: DeviceMesh, tmp_path: Path) -> None:
+    """As above, for a file of DTensor blocks (version 2): a flip in where a block sits is refused too, or harmless.
+
+    Harmless: the same block on the mesh (on a mesh of one, ``Shard(1)`` for ``Shard(0)`` is the same block;
+    on more processes the block's shape tells them apart: ``tests/dtensor/test_masks_at_rest_across.py``).
+    """
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    whole = random_mask((5, 13), 0)
+    masks = {"layer.weight": distribute_tensor(whole, mesh, [Shard(0)]), "b": torch.tensor([True])}
+    path = tmp_path / "good.safetensors"
+    fp.save_masks(masks, path)
+    data = path.read_bytes()
+    bad = tmp_path / "flipped.safetensors"
+    refused = 0
+    for i in range(len(data)):
+        flipped = bytearray(data)
+        flipped[i] ^= 0x01
+        bad.write_bytes(bytes(flipped))
+        try:
+            loaded = fp.load_masks(bad, like=mesh)
+        except (ValueError, OSError) as err:
+            assert str(bad) in str(err), err
+            refused += 1
+            continue
+        assert isinstance(loaded["layer.weight"], DTensor) and loaded["layer.weight"].device_mesh == mesh
+        locals_ = {k: v.to_local() if isinstance(v, DTensor) else v for k, v in loaded.items()}
+        assert bit_equal({"layer.weight": whole, "b": masks["b"]}, locals_)  # a mesh of one: the block is all
+    assert refused >= 0.9 * len(data)
