@@ -7,6 +7,9 @@ computed on DTensors (``supported()`` lists them).
 
 from ._channels import keep_channels_across as keep_channels_across
 from ._checks import check_layouts as check_layouts
+from ._cuts import box as box
+from ._cuts import cut_dim as cut_dim
+from ._cuts import strided as strided
 from ._checks import check_like as check_like
 from ._checks import check_not_fsdp as check_not_fsdp
 from ._checks import refuse_in as refuse_in

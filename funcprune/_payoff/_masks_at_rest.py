@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import torch
 
-from .._dtensor import Layout, layout_of, wrap
-from .._dtensor._cuts import box, cut_dim, strided
+from .._dtensor import Layout, box, cut_dim, layout_of, strided, wrap
 from .._names import check_binary
 from .._types import Tensor, is_dtensor
 from .._validate import is_concrete
