@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Literal, NamedTuple, final
 
 import torch
+from torch.sparse import SparseSemiStructuredTensor
 
 from .._dtensor import refuse_in
 from .._names import check_masks, check_params
@@ -139,10 +140,18 @@ def to_sparse(
         A new dict in the order of ``params``: each masked weight a new
         sparse tensor of its dtype and device whose structure is the mask's
         (a kept zero is stored), the other tensors the very same objects.
-        The sparse tensors are inference tensors: they run under
-        ``inference_mode``, ``no_grad`` and with autograd on, carry no
-        autograd history and cannot require grad; ``to_dense()`` works
-        under ``inference_mode`` or on a ``clone()``.
+        The sparse tensors carry no autograd history and cannot require
+        grad. With autograd on, under ``no_grad`` and under
+        ``inference_mode`` alike, ``F.linear`` runs them, and
+        ``to_dense()``, ``repr`` and ``torch.save`` work on them: each is
+        an inference tensor (an ordinary sparse weight fails under
+        ``inference_mode`` in torch 2.13, pytorch#98004) that holds
+        ordinary tensors (its values and indices, views of which
+        ``to_dense()`` reshapes in place). ``torch.load`` gives back
+        ordinary sparse tensors: they run with autograd on and under
+        ``no_grad``, not under ``inference_mode``. ``"semi_structured"`` ones are a tensor
+        subclass: ``torch.load(..., weights_only=True)`` needs their class
+        allowed (``torch.serialization.safe_globals``).
 
     Raises:
         UnknownNameError: if a mask names no parameter; close names are suggested.
@@ -311,27 +320,63 @@ def _check_break_even(
 def _convert(
     fn: str, name: str, weight: Tensor, mask: Tensor, layout: SparseLayout, block: tuple[int, int]
 ) -> Tensor:
-    """``weight`` masked, in ``layout``: a new inference tensor with no autograd history.
+    """``weight`` masked, in ``layout``: a new sparse tensor with no autograd history.
 
-    It is made under ``inference_mode``: an ordinary sparse compressed tensor
-    fails there (``F.linear`` transposes it; pytorch#98004).
+    Its parts (values and indices; 2:4: the packed values and metadata) are
+    ordinary tensors, made under ``no_grad`` and outside ``inference_mode``
+    even when this is called in it; the sparse tensor around them is made
+    under ``inference_mode``. Torch 2.13 needs both, to run and read the
+    tensor in and out of ``inference_mode``:
+
+    - an ordinary sparse tensor fails under ``inference_mode``: ``F.linear``
+      transposes it, and torch cannot record the transpose as a view of it
+      ("Cannot set version_counter for inference tensor", pytorch#98004);
+    - ``to_dense()`` reshapes views of the parts in place (``unsqueeze_``),
+      which fails outside ``inference_mode`` on parts that are inference
+      tensors ("Inplace update to inference tensor outside InferenceMode").
     """
-    with torch.inference_mode(), warnings.catch_warnings():
+    with warnings.catch_warnings():
         # torch warns once a process that these layouts are beta or prototype
         warnings.filterwarnings("ignore", message="Sparse (CSR|BSR) tensor support", category=UserWarning)
         warnings.filterwarnings("ignore", message="The PyTorch API of SparseSemiStructuredTensor")
-        values = torch.where(mask, weight.detach(), 0.0)
-        if layout != "semi_structured":
-            return _compressed(values, mask, block, bsr=layout == "bsr")
-        try:
-            out: Tensor = torch.sparse.to_sparse_semi_structured(values.contiguous())
-        except RuntimeError as err:  # a shape its kernels do not take
-            raise ValueError(f"{fn}: torch cannot make {name!r} semi-structured: {err}") from err
-        return out
+        with torch.inference_mode(False), torch.no_grad():
+            values = torch.where(mask, weight.detach(), 0.0)
+            if layout == "semi_structured":
+                try:
+                    semi = torch.sparse.to_sparse_semi_structured(values.contiguous())
+                except RuntimeError as err:  # a shape its kernels do not take
+                    raise ValueError(f"{fn}: torch cannot make {name!r} semi-structured: {err}") from err
+            else:
+                parts = _compressed_parts(values, mask, block, bsr=layout == "bsr")
+        with torch.inference_mode():
+            if layout == "semi_structured":
+                return _rewrapped(semi)
+            return _compressed(parts, values.shape, bsr=layout == "bsr")
 
 
-def _compressed(values: Tensor, mask: Tensor, block: tuple[int, int], *, bsr: bool) -> Tensor:
-    """A BSR tensor of the blocks that ``mask`` keeps, or a CSR one (``block`` ``(1, 1)``).
+def _rewrapped(semi: SparseSemiStructuredTensor) -> Tensor:
+    """A new tensor of ``semi``'s subclass around the very same inner tensors.
+
+    Made under ``inference_mode``, the wrapper is an inference tensor and
+    its inner tensors stay ordinary ones, as :func:`_convert` needs; it goes
+    through the subclass's own ``__tensor_flatten__`` and
+    ``__tensor_unflatten__``, whichever 2:4 backend (CUTLASS, cuSPARSELt) made it.
+    """
+    names, meta = semi.__tensor_flatten__()
+    inner = {n: getattr(semi, n) for n in names}
+    return type(semi).__tensor_unflatten__(inner, meta, semi.shape, semi.stride())
+
+
+class _Parts(NamedTuple):
+    """The parts of a CSR or BSR tensor: compressed row indices, column indices, values."""
+
+    crow: Tensor
+    col: Tensor
+    values: Tensor
+
+
+def _compressed_parts(values: Tensor, mask: Tensor, block: tuple[int, int], *, bsr: bool) -> _Parts:
+    """The parts of a BSR tensor of the blocks that ``mask`` keeps, or of a CSR one (``block`` ``(1, 1)``).
 
     Its structure comes from the mask, not from the values: a kept zero is
     stored. Indices are ``int32`` where they fit, as MKL takes them: with
@@ -345,8 +390,10 @@ def _compressed(values: Tensor, mask: Tensor, block: tuple[int, int], *, bsr: bo
     crow = torch.cat([counts.new_zeros(1), counts.cumsum(dim=0)]).to(index)
     col = kept.nonzero()[:, 1].to(index)
     blocks = values.reshape(rows // br, br, cols // bc, bc).transpose(1, 2)[kept]
-    if not bsr:
-        flat = blocks.reshape(-1)
-        return torch.sparse_csr_tensor(crow, col, flat, (rows, cols), check_invariants=False)
-    blocks = blocks.contiguous()
-    return torch.sparse_bsr_tensor(crow, col, blocks, (rows, cols), check_invariants=False)
+    return _Parts(crow, col, blocks.contiguous() if bsr else blocks.reshape(-1))
+
+
+def _compressed(parts: _Parts, shape: torch.Size, *, bsr: bool) -> Tensor:
+    """The BSR tensor of ``parts``, or the CSR one, holding them as they are (no copy)."""
+    make = torch.sparse_bsr_tensor if bsr else torch.sparse_csr_tensor
+    return make(parts.crow, parts.col, parts.values, shape, check_invariants=False)

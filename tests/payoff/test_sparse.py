@@ -7,6 +7,7 @@ import sys
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from torch import nn
 
 import funcprune as fp
 from funcprune import BSR_BREAK_EVEN, CSR_BREAK_EVEN, SlowSparseWarning, to_sparse
-from funcprune._payoff._sparse import SparseLayout
+from funcprune._payoff._sparse import SparseLayout, _convert
 
 Tensor = torch.Tensor
 NO_AUTOGRAD: list[Callable[[], AbstractContextManager[object]]] = [torch.no_grad, torch.inference_mode]
@@ -47,8 +48,7 @@ def blocksize(layout: SparseLayout) -> tuple[int, int] | None:
 
 
 def dense_equal(sparse: Tensor, dense: Tensor) -> bool:
-    with torch.inference_mode():  # to_dense writes into its result: an inference tensor
-        return torch.equal(sparse.to_dense(), dense)
+    return torch.equal(sparse.to_dense(), dense)
 
 
 # --- outputs -----------------------------------------------------------------------
@@ -240,8 +240,7 @@ def test_float_masks_mean_what_bool_masks_mean() -> None:
     mask = torch.rand(8, 8) < 0.05
     a = to_sparse(params, {"w": mask}, layout="csr", below_break_even="allow")["w"]
     b = to_sparse(params, {"w": mask.double()}, layout="csr", below_break_even="allow")["w"]
-    with torch.inference_mode():
-        assert torch.equal(a.to_dense(), b.to_dense())
+    assert torch.equal(a.to_dense(), b.to_dense())
 
 
 def two_four(rows: int, cols: int) -> Tensor:
@@ -253,6 +252,143 @@ def test_semi_structured_needs_cuda() -> None:
     params = {"w": torch.randn(64, 64).half()}
     with pytest.raises(ValueError, match=r"to_sparse: layout='semi_structured' needs CUDA weights.*'w' is on cpu"):
         to_sparse(params, {"w": two_four(64, 64)}, layout="semi_structured")
+
+
+# --- reading, saving and running them in and out of inference_mode -------------------
+
+#: Autograd on, no_grad, inference_mode: where the sparse weights are read, saved and run.
+EVERY_MODE: list[Callable[[], AbstractContextManager[object]]] = [torch.enable_grad, *NO_AUTOGRAD]
+
+
+def linear_and_masks(layout: SparseLayout) -> tuple[nn.Linear, dict[str, Tensor], dict[str, Tensor]]:
+    """A hand-built Linear, its parameters and a 90% mask of its weight for ``layout``."""
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 32)
+    params = params_of(lin)
+    spec = fp.L1Unstructured(sparsity=0.9) if layout == "csr" else fp.Block(sparsity=0.9, shape=(16, 16))
+    return lin, params, {"weight": fp.compute_mask(spec, params["weight"].detach())}
+
+
+def parts(sparse: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return sparse.crow_indices(), sparse.col_indices(), sparse.values()
+
+
+@pytest.mark.parametrize("layout", ["csr", "bsr"])
+def test_sparse_weights_read_back_in_and_out_of_inference_mode(layout: SparseLayout) -> None:
+    _, params, masks = linear_and_masks(layout)
+    weight = to_sparse(params, masks, layout=layout, blocksize=blocksize(layout), below_break_even="allow")["weight"]
+    masked = fp.apply_masks(params, masks)["weight"].detach()
+    for mode in EVERY_MODE:
+        with mode():
+            dense, text = weight.to_dense(), repr(weight)
+        assert dense.layout == torch.strided and not dense.requires_grad and torch.equal(dense, masked), mode
+        assert text.startswith("tensor(crow_indices=tensor([") and text.endswith(f"layout={weight.layout})"), mode
+        assert "size=(32, 64)" in text and "grad" not in text
+    # an inference tensor (F.linear runs it under inference_mode) around ordinary parts (to_dense reads them anywhere)
+    assert weight.is_inference() and not any(part.is_inference() for part in parts(weight))
+
+
+@pytest.mark.parametrize("layout", ["csr", "bsr"])
+def test_functional_call_runs_the_sparse_weight_as_its_dense_form_in_every_mode(layout: SparseLayout) -> None:
+    lin, params, masks = linear_and_masks(layout)
+    sparse = to_sparse(params, masks, layout=layout, blocksize=blocksize(layout), below_break_even="allow")
+    x = torch.randn(5, 64)
+    for mode in EVERY_MODE:
+        with mode():
+            out = torch.func.functional_call(lin, sparse, (x,))
+            as_dense = torch.nn.functional.linear(x, sparse["weight"].to_dense(), params["bias"])
+            masked = torch.func.functional_call(lin, fp.apply_masks(params, masks), (x,))
+        torch.testing.assert_close(out, as_dense, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out, masked, rtol=1e-5, atol=1e-5)
+        assert out.requires_grad == (mode is torch.enable_grad)  # through the bias only
+
+
+@pytest.mark.parametrize("layout", ["csr", "bsr"])
+def test_sparse_weights_survive_torch_save_and_load(layout: SparseLayout, tmp_path: Path) -> None:
+    lin, params, masks = linear_and_masks(layout)
+    sparse = to_sparse(params, masks, layout=layout, blocksize=blocksize(layout), below_break_even="allow")
+    x = torch.randn(5, 64)
+    expected = torch.func.functional_call(lin, fp.apply_masks(params, masks), (x,)).detach()
+    path = tmp_path / "sparse.pt"
+    for mode in EVERY_MODE:
+        with mode():
+            torch.save(sparse, path)
+            loaded = torch.load(path, weights_only=True)
+            assert list(loaded) == list(sparse) and loaded["weight"].layout == sparse["weight"].layout
+            assert all(torch.equal(a, b) for a, b in zip(parts(loaded["weight"]), parts(sparse["weight"])))
+            assert torch.equal(loaded["weight"].to_dense(), sparse["weight"].to_dense())
+        with torch.no_grad():  # an ordinary sparse tensor when loaded outside inference_mode (pytorch#98004)
+            torch.testing.assert_close(torch.func.functional_call(lin, loaded, (x,)), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_weights_made_under_inference_mode_work_outside_it() -> None:
+    with torch.inference_mode():  # inference params and masks, to_sparse called in inference_mode
+        lin, params, masks = linear_and_masks("csr")
+        params = {name: p.clone() for name, p in params.items()}
+        sparse = to_sparse(params, masks, layout="csr", below_break_even="allow")
+        masked = fp.apply_masks(params, masks)
+    assert all(p.is_inference() for p in params.values())
+    assert torch.equal(sparse["weight"].to_dense(), masked["weight"])
+    x = torch.randn(5, 64)
+    for mode in EVERY_MODE:
+        with mode():
+            out = torch.func.functional_call(lin, sparse, (x,))
+        torch.testing.assert_close(out, x @ masked["weight"].T + params["bias"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_sparse_transformers_model_runs_reads_back_and_saves_in_and_out_of_inference_mode(tmp_path: Path) -> None:
+    from _hf import tiny  # skips without transformers
+
+    t = tiny("llama")
+    params = params_of(t.model)
+    linears = [f"{name}.weight" for name, m in t.model.named_modules() if isinstance(m, nn.Linear)]
+    masks = {name: fp.compute_mask(fp.L1Unstructured(sparsity=0.9), params[name].detach()) for name in linears}
+    sparse = to_sparse(params, masks, layout="csr", below_break_even="allow")
+    masked = fp.apply_masks(params, masks)
+
+    def logits(p: dict[str, Tensor]) -> Tensor:
+        out: Tensor = torch.func.functional_call(t.model, p, t.args, t.kwargs).logits
+        return out
+
+    with torch.no_grad():
+        expected = logits(masked)
+    for mode in EVERY_MODE:
+        with mode():
+            torch.testing.assert_close(logits(sparse), expected, rtol=1e-4, atol=1e-4)
+            assert all(torch.equal(sparse[n].to_dense(), masked[n].detach()) for n in masks), mode
+            assert all(repr(sparse[n]).startswith("tensor(crow_indices=") for n in masks)
+    torch.save(sparse, tmp_path / "sparse.pt")
+    loaded = torch.load(tmp_path / "sparse.pt", weights_only=True)
+    assert all(torch.equal(loaded[n].to_dense(), sparse[n].to_dense()) for n in masks)
+    with torch.no_grad():
+        torch.testing.assert_close(logits(loaded), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_semi_structured_weights_are_inference_wrappers_of_ordinary_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 2:4 code path on the CPU: torch's CUTLASS 2:4 tensor, made from a CPU weight as CUDA would make it."""
+    from torch.sparse import SparseSemiStructuredTensorCUTLASS as Cutlass
+    from torch.sparse._semi_structured_conversions import (
+        sparse_semi_structured_from_dense_cutlass,
+    )
+
+    def on_the_cpu(dense: Tensor) -> Tensor:
+        packed, meta = sparse_semi_structured_from_dense_cutlass(dense)  # type: ignore[no-untyped-call]
+        return Cutlass(dense.shape, packed=packed, meta=meta, packed_t=None, meta_t=None,
+                       compressed_swizzled_bitmask=None)  # fmt: skip
+
+    monkeypatch.setattr(torch.sparse, "to_sparse_semi_structured", on_the_cpu)
+    torch.manual_seed(0)
+    weight, mask = torch.randn(64, 64, dtype=torch.float16), two_four(64, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch's 2:4 layout is a prototype
+        semi = _convert("to_sparse", "w", weight, mask, "semi_structured", (1, 1))
+    assert isinstance(semi, Cutlass) and semi.is_inference() and not semi.requires_grad
+    assert semi.packed is not None and semi.meta is not None
+    assert not semi.packed.is_inference() and not semi.meta.is_inference()
+    for mode in EVERY_MODE:
+        with mode():
+            assert torch.equal(semi.to_dense(), torch.where(mask, weight, 0.0)), mode  # type: ignore[no-untyped-call]
+            assert repr(semi) == "SparseSemiStructuredTensorCUTLASS(shape=torch.Size([64, 64]))"
 
 
 # --- CUDA ------------------------------------------------------------------------------
@@ -297,3 +433,28 @@ def test_csr_and_bsr_run_on_cuda(layout: SparseLayout) -> None:
         out = torch.func.functional_call(model, sparse, (x,))
         expected = torch.func.functional_call(model, fp.apply_masks(params, masks), (x,))
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
+@needs_2_4
+def test_semi_structured_reads_back_saves_and_runs_in_and_out_of_inference_mode_on_cuda(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 64)).to("cuda", torch.float16)
+    params = params_of(model)
+    masks = {name: two_four(*p.shape).cuda() for name, p in params.items() if p.dim() == 2}
+    sparse = to_sparse(params, masks, layout="semi_structured")
+    masked = fp.apply_masks(params, masks)
+    x = torch.randn(2, 16, 128, device="cuda", dtype=torch.float16)
+    for mode in EVERY_MODE:
+        with mode():
+            for name in masks:
+                torch.testing.assert_close(sparse[name].to_dense(), masked[name].detach())
+                assert repr(sparse[name]).startswith("SparseSemiStructuredTensor")
+            if mode is not torch.enable_grad:  # 2:4 under autograd: not what to_sparse is for
+                out = torch.func.functional_call(model, sparse, (x,))
+                torch.testing.assert_close(out, torch.func.functional_call(model, masked, (x,)), rtol=2e-2, atol=2e-2)
+    torch.save(sparse, tmp_path / "semi.pt")
+    with torch.serialization.safe_globals([type(sparse[name]) for name in masks]):  # a tensor subclass
+        loaded = torch.load(tmp_path / "semi.pt", weights_only=True)
+    for name in masks:
+        assert type(loaded[name]) is type(sparse[name])
+        torch.testing.assert_close(loaded[name].to_dense(), masked[name].detach())
