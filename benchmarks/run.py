@@ -175,7 +175,7 @@ class Bench:
                 tprune.l1_unstructured(h, "weight", amount=0.5)
 
         scores = {n: p.abs() for n, p in self.params.items()}
-        return self.versus_torch("b. per-layer L1 50%", lambda: plan(self.params), theirs, self.params, 12, None, scores)
+        return self.versus_torch("b. per-layer L1 50%", lambda: plan(self.params), theirs, self.params, 40, None, scores)
 
     def ln_structured(self) -> list[Row]:
         convs = {n: p for n, p in self.params.items() if p.dim() == 4}
@@ -225,6 +225,60 @@ class Bench:
             Row(case, "bool masks", "dense", times, None),
         ]
 
+    def shapes(self) -> list[Row]:
+        """N:M, Block and per-row masks of one 4096 x 4096 weight against the floor (|w| > c)."""
+        g = torch.Generator().manual_seed(0)
+        w = torch.randn(4096, 4096, generator=g)
+        magnitude, out = w.abs(), torch.empty(w.shape, dtype=torch.bool)
+        cut = float(magnitude.median())
+        earlier = torch.rand(w.shape, generator=g) > 0.3
+        results: dict[str, torch.Tensor] = {}
+
+        def ours(key: str, spec: fp.Spec, default: torch.Tensor | None = None, native: bool = True) -> Contender:
+            def run() -> None:
+                with contextlib.nullcontext() if native else _native.disabled():
+                    results[key] = fp.compute_mask(spec, w, default)
+
+            return Contender(run)
+
+        floor = Contender(lambda: torch.gt(magnitude, cut, out=out))
+        nm_ao, nm_ao_mask = sparsifier(w, (1, 4), 2, 1.0)
+        block_ao, block_ao_mask = sparsifier(w, (4, 4), 16, 0.5)
+        contenders = {
+            "floor": floor,
+            "NM(2, 4)": ours("nm", fp.NM(2, 4)),
+            "NM(2, 4), torch path": ours("nm torch", fp.NM(2, 4), native=False),
+            "NM(2, 4) after a mask": ours("nm earlier", fp.NM(2, 4), earlier),
+            "NM(2, 4, dim=0)": ours("nm dim 0", fp.NM(2, 4, dim=0)),
+            "Block(0.5, (4, 4))": ours("block", fp.Block(0.5, (4, 4))),
+            "Block, torch path": ours("block torch", fp.Block(0.5, (4, 4)), native=False),
+            "PerSlice(L1Unstructured(0.5), dim=0)": ours("rows", fp.PerSlice(fp.L1Unstructured(0.5), dim=0)),
+            "PerSlice, torch path": ours("rows torch", fp.PerSlice(fp.L1Unstructured(0.5), dim=0), native=False),
+            "L1Unstructured(0.5)": ours("whole", fp.L1Unstructured(0.5)),
+            "torch.ao 2:4": nm_ao,
+            "torch.ao 4x4 blocks": block_ao,
+        }
+        times = interleaved(contenders, self.repeats)
+        self._record({key: results[key] for key in ("nm", "nm earlier", "nm dim 0", "block", "rows")})
+
+        def same(a: str, b: torch.Tensor) -> str:
+            return "identical" if torch.equal(results[a], b) else "DIFFERENT"
+
+        nm_dim0 = fp.compute_mask(fp.NM(2, 4), w.t().contiguous()).t()
+        return [
+            Row("g. N:M 2:4, 4096x4096", "NM(2, 4)", "floor", times, 1.5, False, same("nm", nm_ao_mask())),
+            Row("g. N:M 2:4, 4096x4096", "NM(2, 4), torch path", "floor", times, None, False, same("nm torch", results["nm"])),
+            Row("g. N:M 2:4, 4096x4096", "torch.ao 2:4", "NM(2, 4)", times, None, True, "masks: the row above"),
+            Row("g. N:M 2:4, 4096x4096", "NM(2, 4) after a mask", "floor", times, 2.0, False),
+            Row("g. N:M 2:4, 4096x4096", "NM(2, 4, dim=0)", "floor", times, None, False, same("nm dim 0", nm_dim0)),
+            Row("h. Block 4x4 50%, 4096x4096", "Block(0.5, (4, 4))", "floor", times, 2.0, False, same("block", block_ao_mask())),
+            Row("h. Block 4x4 50%, 4096x4096", "Block, torch path", "floor", times, None, False, same("block torch", results["block"])),
+            Row("h. Block 4x4 50%, 4096x4096", "torch.ao 4x4 blocks", "Block(0.5, (4, 4))", times, None, True, "masks: the row above"),
+            Row("i. per-row L1 50%, 4096x4096", "PerSlice(L1Unstructured(0.5), dim=0)", "L1Unstructured(0.5)", times, 1.5, False),
+            Row("i. per-row L1 50%, 4096x4096", "PerSlice, torch path", "L1Unstructured(0.5)", times, None, False, same("rows torch", results["rows"])),
+            Row("i. per-row L1 50%, 4096x4096", "L1Unstructured(0.5)", "floor", times, None, False),
+        ]
+
     def ensemble(self) -> list[Row]:
         torch.manual_seed(0)
         models = [nn.Sequential(nn.Linear(784, 300), nn.ReLU(), nn.Linear(300, 100), nn.ReLU(), nn.Linear(100, 10)) for _ in range(8)]  # fmt: skip
@@ -243,6 +297,24 @@ class Bench:
         return [Row("f. masks of 8 stacked MLPs", "vmap", "loop", times, 1.0, False, "identical" if same else "DIFFERENT")]
 
 
+def sparsifier(w: torch.Tensor, block: tuple[int, int], zeros: int, level: float) -> tuple[Contender, Callable[[], torch.Tensor]]:
+    """torch.ao's ``WeightNormSparsifier`` on ``w`` (prepared once): its step, and its mask."""
+    from torch.ao.pruning import WeightNormSparsifier  # type: ignore[attr-defined]
+
+    layer = nn.Linear(w.shape[1], w.shape[0], bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+    model = nn.Sequential(layer)
+    sparse = WeightNormSparsifier(sparsity_level=level, sparse_block_shape=block, zeros_per_block=zeros)
+    sparse.prepare(model, config=[{"tensor_fqn": "0.weight"}])  # type: ignore[no-untyped-call]
+
+    def mask() -> torch.Tensor:
+        found: torch.Tensor = getattr(layer, "parametrizations").weight[0].mask
+        return found
+
+    return Contender(sparse.step), mask
+
+
 def mlp() -> nn.Sequential:
     """An MLP of about 10M weights."""
     return nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024), nn.ReLU(), nn.Linear(1024, 1024))
@@ -257,11 +329,15 @@ def memory_line(params: dict[str, torch.Tensor]) -> str:
     return f"mask memory, ResNet-50 set: torch {theirs / 2**20:.1f} MB, funcprune {ours / 2**20:.1f} MB ({theirs / ours:.1f}x less)"
 
 
-def run(threads: int, repeats: int, params: dict[str, torch.Tensor]) -> tuple[list[Row], str, float]:
+def run(threads: int, repeats: int, params: dict[str, torch.Tensor], only: str | None = None) -> tuple[list[Row], str, float]:
     torch.set_num_threads(threads)
     bench = Bench(params, repeats)
+    if only == "shapes":
+        rows = bench.shapes()
+        return rows, bench.digest.hexdigest()[:16], statistics.median(interleaved({"floor": bench.floor}, 5 * repeats)["floor"])
     rows = bench.global_l1(0.2, 10, None) + bench.global_l1(0.5, 30, 4) + bench.global_l1(0.9, 10, None)
     rows += bench.per_layer_l1() + bench.ln_structured() + bench.training_step() + bench.ensemble()
+    rows += bench.shapes()
     floor = statistics.median(interleaved({"floor": bench.floor}, 5 * repeats)["floor"])
     return rows, bench.digest.hexdigest()[:16], floor
 
@@ -271,6 +347,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="2 repetitions per comparison (else 5)")
     parser.add_argument("--threads", default=f"1,{torch.get_num_threads()}", help="comma-separated thread counts")
     parser.add_argument("--no-payoff", action="store_true", help="skip the payoff table (shrink, sparse)")
+    parser.add_argument("--only", choices=["shapes"], help="run one section only (its rows; the digest covers them only)")
     args = parser.parse_args()
     repeats = 2 if args.quick else 5
     torch.manual_seed(0)
@@ -283,15 +360,16 @@ def main() -> int:
     print(HEADER)
     failed = False
     for threads in sorted({int(t) for t in args.threads.split(",")}):
-        rows, digest, floor = run(threads, repeats, params)
+        rows, digest, floor = run(threads, repeats, params, args.only)
         for row in rows:
             print(row.line(threads))
             failed |= row.masks == "DIFFERENT"
         print(f"| floor pass: gt(w, c, out=bool) over every weight | {threads} | {1e3 * floor:.1f} ms | | | | | | | masks digest {digest} |")
-    print(f"\n{memory_line(params)}")
+    if not args.only:
+        print(f"\n{memory_line(params)}")
     if failed:
         print("funcprune's masks differ from torch's beyond ties", file=sys.stderr)
-    if not args.no_payoff:
+    if not args.no_payoff and not args.only:
         print("\nPayoff: shrunk and sparse models against the masked dense model (ratio > 1: faster)\n")
         print(HEADER)
         for threads in sorted({int(t) for t in args.threads.split(",")}):
