@@ -8,7 +8,8 @@ layout, a transform's wrapper), or none is built (:mod:`._build`).
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -18,8 +19,9 @@ from .._types import Mask, Tensor
 from ._build import TYPES, library
 
 __all__ = [
-    "CODE_BINS", "as_many_threads_as_torch", "code_collect", "code_histogram", "mask_multiply", "plain",
-    "scan", "survivors", "threaded",
+    "CODE_BINS", "as_many_threads_as_torch", "block_any", "block_expand", "block_norms", "code_collect",
+    "code_histogram", "mask_multiply",
+    "N_M_MAX", "n_m", "plain", "row_counts", "rows_keep", "scan", "survivors", "threaded",
 ]  # fmt: skip
 
 #: Entries below which a kernel runs in one thread (torch's own grain size for elementwise ops).
@@ -179,3 +181,173 @@ def code_collect(keys: Tensor, eligible: Mask, b: int, counts: Tensor) -> tuple[
         codes.data_ptr(), where.data_ptr(), above.data_ptr(), counts.numel(),
     )  # fmt: skip
     return (codes, where, above.view(torch.bool)) if found == total else None
+
+
+# --- block norms and per-row selection (declared here, on first use) ------------------------
+
+_P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+#: Each kernel's arguments and result, by the name's stem (the dtype's suffix follows).
+_SIGNATURES: dict[str, tuple[list[Any], Any]] = {
+    "block_norms": ([_P, _I64, _I64, _I64, _I64, _I64, _I32, _P, _I32], None),
+    "rows_keep": ([_P, _P, _I64, _I64, _I32, _P, _P, _I32], _I32),
+    "row_counts": ([_P, _I64, _I64, _P, _I32], None),
+    "block_any": ([_P, _I64, _I64, _I64, _I64, _P, _I32], None),
+    "block_expand": ([_P, _P, _I64, _I64, _I64, _I64, _P, _I32], None),
+    "n_m": ([_P, _P, _I64, _I64, _I64, _I64, _P, _I32], _I32),
+}
+
+
+def _declared(kind: str, x: Tensor, *others: Mask) -> _Kernel | None:
+    """:func:`_kernel`, its signature declared (``None`` also where the library in use lacks it).
+
+    A bool ``x`` takes the kernel named ``fp_{kind}`` (no dtype suffix).
+    """
+    if not (x.dtype in TYPES or x.dtype == torch.bool) or not plain(x):
+        return None
+    kernels = library()
+    name = f"fp_{kind}" if x.dtype == torch.bool else f"fp_{kind}_{TYPES[x.dtype][0]}"
+    kernel = None if kernels is None else getattr(kernels, name, None)
+    if kernel is None:
+        return None
+    for t in others:
+        if t is not None and (t.dtype != torch.bool or t.numel() != x.numel() or not plain(t)):
+            return None
+    if kernel.argtypes is None:
+        kernel.argtypes, kernel.restype = _SIGNATURES[kind]
+    return kernel  # type: ignore[no-any-return]
+
+
+def block_norms(x: Tensor, height: int, width: int, fused: bool) -> Tensor | None:
+    """The L2 norm of each ``height`` x ``width`` block of the last two dims of ``x``; ``None``: use torch.
+
+    ``x`` is read as rows of its last dim's length; each block's squares go
+    into one accumulator in row-major order, ``acc + v * v`` or, where
+    ``fused``, ``fma(v, v, acc)``; the norm is the correctly rounded square
+    root, of ``x``'s dtype. Returns shape ``(rows of blocks, blocks a row)``
+    (the lengths must be multiples of the block's).
+    """
+    kernel = _declared("block_norms", x)
+    if kernel is None or x.dim() == 0 or height < 1 or width < 1:
+        return None
+    length = x.shape[-1]
+    if length % width or x.numel() % (height * length):
+        return None
+    rows, columns = x.numel() // (height * length), length // width
+    out = torch.empty(rows, columns, dtype=x.dtype, device="cpu")
+    kernel(x.data_ptr(), rows, height, columns, width, length, int(fused), out.data_ptr(), _threads(x.numel()))
+    return out
+
+
+def rows_keep(x: Tensor, eligible: Mask, absolute: bool, counts: Tensor) -> Tensor | None:
+    """Per row of 2-D ``x``, kept flags (``torch.bool``) once its ``counts[r]`` lowest eligible keys go.
+
+    Keys as in :func:`scan` (``|x|`` where ``absolute``); ties go to the
+    lower index, NaN ranks above every number, a count is capped to
+    ``[0, eligible in the row]``; ``counts`` is ``int64``, one per row.
+    ``None`` where the kernel does not apply (then use torch).
+    """
+    kernel = _declared("rows_keep", x, eligible)
+    if kernel is None or x.dim() != 2 or counts.dtype != torch.int64 or counts.device.type != "cpu":
+        return None
+    if counts.shape != (x.shape[0],):
+        return None
+    counts = counts.contiguous()
+    kept = torch.empty(x.shape, dtype=torch.uint8, device="cpu")
+    threads = min(_threads(x.numel()), max(1, x.shape[0]))  # a row is one thread's: no idle ones
+    status = kernel(
+        x.data_ptr(), _address(eligible), x.shape[0], x.shape[1], int(absolute), counts.data_ptr(),
+        kept.data_ptr(), threads,
+    )  # fmt: skip
+    return kept.view(torch.bool) if status == 0 else None
+
+
+def row_counts(flags: Tensor) -> Tensor | None:
+    """How many flags of each row of a 2-D ``torch.bool`` tensor are set (``int64``); ``None``: use torch."""
+    kernel = _declared("row_counts", flags)
+    if kernel is None or flags.dim() != 2:
+        return None
+    out = torch.empty(flags.shape[0], dtype=torch.int64, device="cpu")
+    kernel(flags.data_ptr(), flags.shape[0], flags.shape[1], out.data_ptr(), _threads(flags.numel()))
+    return out
+
+
+# --- N:M ----------------------------------------------------------------------------------
+
+#: The longest N:M group the kernel ranks (``kernels.c``'s ``NM_MAX_M``): it compares each entry
+#: with the ``m - 1`` others of its group.
+N_M_MAX = 64
+
+
+def n_m(scores: Tensor, eligible: Mask, n: int, m: int, dim: int) -> Tensor | None:
+    """``NM(n, m, dim)``'s kept flags (``torch.bool``, ``scores``' shape); ``None``: use torch.
+
+    In each group of ``m`` consecutive entries along ``dim``, the ``n``
+    eligible entries of largest ``|score|`` are kept (all of them where
+    fewer are eligible): ties go to the lower index first, NaN ranks above
+    every number, ``-0.0`` ties ``0.0``; an entry not ``eligible`` is never
+    kept. ``None`` where the kernel does not apply (dtype, layout, a
+    ``dim`` whose length ``m`` does not divide, ``m`` above :data:`N_M_MAX`).
+    """
+    kernel = _declared("n_m", scores, eligible)
+    if kernel is None or not 1 <= m <= N_M_MAX or (eligible is not None and eligible.shape != scores.shape):
+        return None
+    shape = scores.shape
+    d = dim % len(shape) if shape else 0
+    if (shape[d] if shape else 1) % m:
+        return None
+    inner = 1
+    for length in shape[d + 1 :]:
+        inner *= length
+    kept = torch.empty(shape, dtype=torch.uint8)
+    if scores.numel():
+        units = scores.numel() // (m * inner)
+        status = kernel(
+            scores.data_ptr(), _address(eligible), units, m, inner, n, kept.data_ptr(), _threads(scores.numel())
+        )
+        if status != 0:
+            return None
+    return kept.view(torch.bool)
+
+
+def _blocks_of(shape: Sequence[int], height: int, width: int) -> tuple[int, int] | None:
+    """Rows of blocks and blocks a row of a tensor of ``shape`` cut in ``height`` x ``width`` blocks
+    along its last two dims (``None`` where they do not tile it)."""
+    length = shape[-1] if shape else 1
+    numel = math.prod(shape)
+    if length == 0 or height < 1 or width < 1 or length % width or numel % (height * length):
+        return None
+    return numel // (height * length), length // width
+
+
+def block_any(mask: Tensor, height: int, width: int) -> Tensor | None:
+    """Whether each ``height`` x ``width`` block of a bool mask's last two dims holds a set flag.
+
+    A ``torch.bool`` tensor of shape ``(rows of blocks, blocks a row)``;
+    ``None`` where the kernel does not apply (then use torch).
+    """
+    kernel = _declared("block_any", mask)
+    grid = None if kernel is None or mask.dtype != torch.bool else _blocks_of(mask.shape, height, width)
+    if kernel is None or grid is None:
+        return None
+    out = torch.empty(grid, dtype=torch.uint8, device="cpu")
+    kernel(mask.data_ptr(), grid[0], height, grid[1], width, out.data_ptr(), _threads(mask.numel()))
+    return out.view(torch.bool)
+
+
+def block_expand(kept: Tensor, mask: Mask, height: int, width: int, shape: Sequence[int]) -> Tensor | None:
+    """The bool mask of ``shape`` whose ``height`` x ``width`` blocks (last two dims) are ``kept``.
+
+    ``kept`` is the bool grid of blocks (row-major); each block's flag is
+    written over the block, and'ed with ``mask`` (bool, of ``shape``) where
+    one is given. ``None`` where the kernel does not apply (then use torch).
+    """
+    kernel = _declared("block_expand", kept)
+    grid = None if kernel is None or kept.dtype != torch.bool else _blocks_of(shape, height, width)
+    if kernel is None or grid is None or kept.numel() != grid[0] * grid[1]:
+        return None
+    if mask is not None and (mask.dtype != torch.bool or not plain(mask) or tuple(mask.shape) != tuple(shape)):
+        return None
+    out = torch.empty(tuple(shape), dtype=torch.uint8, device="cpu")
+    numel = out.numel()
+    kernel(kept.data_ptr(), _address(mask), grid[0], height, grid[1], width, out.data_ptr(), _threads(numel))
+    return out.view(torch.bool)

@@ -414,3 +414,666 @@ static inline uint32_t code_bin_f64(int64_t code) {
 
 CODE_KERNELS(f32, float)
 CODE_KERNELS(f64, double)
+
+/* ---- block norms: each tile's L2 norm, with torch.linalg.vector_norm's arithmetic ----
+ *
+ * For the Block spec (funcprune/_specs/_shape_kernels.py): blocks are ranked by
+ * the norms vector_norm gives, so these are computed as torch's generic CPU
+ * reduction computes them (one accumulator, the tile's entries in row-major
+ * order: acc + v * v, or fma(v, v, acc) where `fused`, as torch's compiler
+ * contracted it); funcprune/_select/_blocks.py finds which, once per
+ * process and dtype, on a probe (where neither matches, torch computes the
+ * norms). x is rows of `width` entries; tile (p, c), for p < P and c < C, has
+ * rows i < a, the b entries of row p * a + i from c * b on. The norm is the
+ * correctly rounded square root of the sum, in T (the caller rounds it to a
+ * narrower dtype). The sums of a row of tiles go along together, a row of
+ * every tile at a time, each tile's in its own order (vectorized across
+ * tiles where the compiler can: a constant b lets it interleave the loads);
+ * rows of tiles are shared among the threads, a few at a time.
+ */
+
+#define BLOCK_NORMS(NAME, T, FMA, SQRT)                                                 \
+    static inline __attribute__((always_inline)) void NAME##_tiles(                      \
+        const T *restrict x, int64_t width, int64_t a, int64_t C, int64_t b, int fused,  \
+        T *restrict o) {                                                                 \
+        for (int64_t c = 0; c < C; c++) o[c] = 0;                                        \
+        for (int64_t i = 0; i < a; i++) {                                                \
+            const T *restrict r = x + i * width;                                         \
+            for (int64_t c = 0; c < C; c++) {                                            \
+                T acc = o[c];                                                            \
+                for (int64_t j = 0; j < b; j++) {                                        \
+                    T v = r[c * b + j];                                                  \
+                    acc = fused ? FMA(v, v, acc) : acc + v * v;                          \
+                }                                                                        \
+                o[c] = acc;                                                              \
+            }                                                                            \
+        }                                                                                \
+        for (int64_t c = 0; c < C; c++) o[c] = SQRT(o[c]);                               \
+    }                                                                                    \
+    static void NAME##_row(const T *x, int64_t width, int64_t a, int64_t C, int64_t b,   \
+                           int fused, T *o) {                                            \
+        if (fused) {                                                                     \
+            if (b == 4) NAME##_tiles(x, width, a, C, 4, 1, o);                           \
+            else if (b == 8) NAME##_tiles(x, width, a, C, 8, 1, o);                      \
+            else if (b == 2) NAME##_tiles(x, width, a, C, 2, 1, o);                      \
+            else if (b == 16) NAME##_tiles(x, width, a, C, 16, 1, o);                    \
+            else if (b == 1) NAME##_tiles(x, width, a, C, 1, 1, o);                      \
+            else NAME##_tiles(x, width, a, C, b, 1, o);                                  \
+        } else {                                                                         \
+            if (b == 4) NAME##_tiles(x, width, a, C, 4, 0, o);                           \
+            else if (b == 8) NAME##_tiles(x, width, a, C, 8, 0, o);                      \
+            else if (b == 2) NAME##_tiles(x, width, a, C, 2, 0, o);                      \
+            else if (b == 16) NAME##_tiles(x, width, a, C, 16, 0, o);                    \
+            else if (b == 1) NAME##_tiles(x, width, a, C, 1, 0, o);                      \
+            else NAME##_tiles(x, width, a, C, b, 0, o);                                  \
+        }                                                                                \
+    }                                                                                    \
+    void NAME(const T *x, int64_t P, int64_t a, int64_t C, int64_t b, int64_t width,     \
+              int fused, T *out, int threads) {                                          \
+        (void)threads; /* without OpenMP */                                              \
+        /* dynamic: a thread slowed down (a busy core) leaves its rows to the others */ \
+        _Pragma("omp parallel for num_threads(threads) schedule(dynamic, 8)")           \
+        for (int64_t p = 0; p < P; p++) NAME##_row(x + p * a * width, width, a, C, b, fused, out + p * C); \
+    }
+
+BLOCK_NORMS(fp_block_norms_f32, float, fmaf, sqrtf)
+BLOCK_NORMS(fp_block_norms_f64, double, fma, sqrt)
+
+/* ---- per-row selection: in every row, the k[r] lowest eligible keys pruned ----
+ *
+ * For funcprune/_select/_rows.py: many long groups at once (PerSlice). Rows of
+ * n keys, contiguous; key(i) = |x[i]| (absolute) or x[i]; an entry whose
+ * eligible byte is 0 (eligible may be NULL: all eligible) is neither pruned
+ * nor kept. Keys are compared by their order codes (as above: -0.0 as 0.0,
+ * NaN one above +inf; an entry not eligible codes as the largest integer),
+ * so the selection is exact. Per row, as the bracket path does for one
+ * group: a strided sample's order statistics bracket the k-th code; one pass
+ * counts the codes below the bracket and collects those inside; a select over
+ * those (histograms of their codes' range, narrowed round by round) finds the
+ * k-th code t (over every eligible code where the sample misled); one pass
+ * writes the flags (code above t), and a last one, only where some codes equal
+ * to t stay, keeps those after the first (k - codes below t) in index order.
+ * k[r] is capped to [0, eligible]. Rows are shared among the threads (a few at
+ * a time, as each thread is free), each row one thread's. Returns -1 where
+ * scratch memory could not be had (the caller then runs torch).
+ */
+
+#define ROW_SAMPLE 256
+#define ROW_SELECT_MIN 1024 /* rows shorter than this: a select over all their codes */
+#define ROW_RUN 16           /* the sample: runs of this many entries, spread evenly (few cache lines) */
+#define SAMPLE_AT(j, n) ((2 * ((j) / ROW_RUN) + 1) * ((n) - ROW_RUN) / (2 * ROW_SAMPLE / ROW_RUN) + (j) % ROW_RUN)
+#define ROW_SORT_MAX 32
+
+/* Order codes without branches (vectorizable): as order_code_*, 0x7F.. the NaN code. */
+static inline int32_t row_code_f32(float v, int absolute) {
+    uint32_t raw;
+    memcpy(&raw, &v, sizeof raw);
+    uint32_t magnitude = raw & 0x7FFFFFFFu;
+    raw = absolute || magnitude == 0 ? magnitude : raw; /* |v|; -0.0 as 0.0 */
+    int32_t s = (int32_t)raw, code = s ^ (int32_t)((uint32_t)(s >> 31) >> 1);
+    return magnitude > 0x7F800000u ? (int32_t)0x7F800001 : code;
+}
+
+static inline int64_t row_code_f64(double v, int absolute) {
+    uint64_t raw;
+    memcpy(&raw, &v, sizeof raw);
+    uint64_t magnitude = raw & 0x7FFFFFFFFFFFFFFFull;
+    raw = absolute || magnitude == 0 ? magnitude : raw;
+    int64_t s = (int64_t)raw, code = s ^ (int64_t)((uint64_t)(s >> 63) >> 1);
+    return magnitude > 0x7FF0000000000000ull ? (int64_t)0x7FF0000000000001LL : code;
+}
+
+/* The r-th smallest (0-based) of a[0..n) (0 <= r < n), all of them in [lo, hi]:
+ * a 256-bin histogram of the range, narrowed to the bin holding it, until a few
+ * codes or one value are left, then sorted. Also how many of a are below it
+ * (*under) and equal to it (*same). a is overwritten. */
+#define RANGE_SELECT(NAME, C, U)                                                        \
+    static C NAME(C *restrict a, int64_t n, int64_t r, C lo, C hi, int64_t *under,      \
+                  int64_t *same) {                                                       \
+        uint32_t hist[256];                                                              \
+        int64_t below = 0;                                                               \
+        while (n > ROW_SORT_MAX && lo < hi) {                                            \
+            U span = (U)hi - (U)lo;                                                      \
+            int shift = 0;                                                               \
+            while ((span >> shift) >= 256) shift++;                                      \
+            memset(hist, 0, sizeof hist);                                                \
+            for (int64_t j = 0; j < n; j++) hist[((U)a[j] - (U)lo) >> shift]++;          \
+            uint32_t bin = 0;                                                            \
+            int64_t cum = 0;                                                             \
+            while (cum + hist[bin] <= r) cum += hist[bin++];                             \
+            below += cum;                                                                \
+            r -= cum;                                                                    \
+            int64_t f = 0;                                                               \
+            for (int64_t j = 0; j < n; j++) {                                            \
+                C v = a[j];                                                              \
+                a[f] = v;                                                                \
+                f += (((U)v - (U)lo) >> shift) == bin;                                   \
+            }                                                                            \
+            n = f;                                                                       \
+            C base = (C)((U)lo + ((U)bin << shift));                                     \
+            U room = ((U)1 << shift) - 1;                                                \
+            if (room < (U)hi - (U)base) hi = (C)((U)base + room);                        \
+            lo = base;                                                                   \
+        }                                                                                \
+        if (lo == hi) { /* all equal */                                                 \
+            *under = below;                                                              \
+            *same = n;                                                                   \
+            return lo;                                                                   \
+        }                                                                                \
+        for (int64_t i = 1; i < n; i++) {                                                \
+            C v = a[i];                                                                  \
+            int64_t h = i;                                                               \
+            for (; h > 0 && a[h - 1] > v; h--) a[h] = a[h - 1];                          \
+            a[h] = v;                                                                    \
+        }                                                                                \
+        C t = a[r];                                                                      \
+        int64_t first = r, last = r;                                                     \
+        while (first > 0 && a[first - 1] == t) first--;                                  \
+        while (last + 1 < n && a[last + 1] == t) last++;                                 \
+        *under = below + first;                                                          \
+        *same = last - first + 1;                                                        \
+        return t;                                                                        \
+    }
+
+RANGE_SELECT(range_select_i32, int32_t, uint32_t)
+RANGE_SELECT(range_select_i64, int64_t, uint64_t)
+
+/* The bracket's pass over float keys, 8 at a time where the compiler targets
+ * AVX2: adds the count of codes below lo to *below, writes the codes in
+ * [lo, hi] at inside + *found (8 more entries' room is needed) and moves
+ * *found on; returns how many keys it looked at (the caller does the rest).
+ * Elsewhere it looks at none. */
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+static inline __attribute__((always_inline)) __m256i codes8_f32(const float *x, const uint8_t *e,
+                                                                int absolute) {
+    __m256i raw = _mm256_loadu_si256((const __m256i *)x);
+    __m256i magnitude = _mm256_and_si256(raw, _mm256_set1_epi32(0x7FFFFFFF));
+    __m256i zero = _mm256_setzero_si256();
+    if (absolute) raw = magnitude;
+    else raw = _mm256_andnot_si256(_mm256_cmpeq_epi32(magnitude, zero), raw); /* -0.0 as 0.0 */
+    __m256i code = _mm256_xor_si256(raw, _mm256_srli_epi32(_mm256_srai_epi32(raw, 31), 1));
+    __m256i nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F800000));
+    code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7F800001), nan);
+    if (e) {
+        __m256i flags = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)e));
+        code = _mm256_blendv_epi8(code, _mm256_set1_epi32(INT32_MAX), _mm256_cmpeq_epi32(flags, zero));
+    }
+    return code;
+}
+
+static inline __attribute__((always_inline)) int64_t vector_bracket_f32(
+    const float *x, const uint8_t *e, int64_t n, int absolute, int32_t lo_, int32_t hi_,
+    int32_t *inside, int64_t *below, int64_t *found, const int32_t (*pack)[8]) {
+    const __m256i lo = _mm256_set1_epi32(lo_), hi = _mm256_set1_epi32(hi_);
+    __m256i count = _mm256_setzero_si256();
+    int64_t i = 0, f = *found;
+    for (; i + 8 <= n; i += 8) {
+        __m256i c = codes8_f32(x + i, e ? e + i : NULL, absolute);
+        __m256i under = _mm256_cmpgt_epi32(lo, c), over = _mm256_cmpgt_epi32(c, hi);
+        count = _mm256_sub_epi32(count, under);
+        int in = ~_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_or_si256(under, over))) & 0xFF;
+        __m256i packed = _mm256_permutevar8x32_epi32(c, _mm256_loadu_si256((const __m256i *)pack[in]));
+        _mm256_storeu_si256((__m256i *)(inside + f), packed);
+        f += __builtin_popcount((unsigned)in);
+    }
+    int32_t lanes[8];
+    _mm256_storeu_si256((__m256i *)lanes, count);
+    for (int l = 0; l < 8; l++) *below += lanes[l];
+    *found = f;
+    return i;
+}
+#define ROW_PACK 1
+#else
+static inline int64_t vector_bracket_f32(const float *x, const uint8_t *e, int64_t n, int absolute,
+                                         int32_t lo, int32_t hi, int32_t *inside, int64_t *below,
+                                         int64_t *found, const int32_t (*pack)[8]) {
+    (void)x, (void)e, (void)n, (void)absolute, (void)lo, (void)hi, (void)inside, (void)below,
+        (void)found, (void)pack;
+    return 0;
+}
+#define ROW_PACK 0
+#endif
+
+static inline int64_t vector_bracket_f64(const double *x, const uint8_t *e, int64_t n, int absolute,
+                                         int64_t lo, int64_t hi, int64_t *inside, int64_t *below,
+                                         int64_t *found, const int32_t (*pack)[8]) {
+    (void)x, (void)e, (void)n, (void)absolute, (void)lo, (void)hi, (void)inside, (void)below,
+        (void)found, (void)pack;
+    return 0;
+}
+
+#define ROWS_KEEP(NAME, T, C, CODE, CMAX, SELECT, VECTOR)                                \
+    static inline __attribute__((always_inline)) C NAME##_code(const T *x,               \
+        const uint8_t *e, int64_t i, int absolute) {                                     \
+        C c = CODE(x[i], absolute);                                                      \
+        return !e || e[i] ? c : CMAX;                                                    \
+    }                                                                                    \
+    /* One row, its kk (1 <= kk < m, the eligible count): cand has room for n + 8. */  \
+    static inline __attribute__((always_inline)) void NAME##_run(                        \
+        const T *restrict x, const uint8_t *restrict e, int64_t n, int64_t m,            \
+        int absolute, int64_t kk, C *restrict cand, const int32_t (*pack)[8],            \
+        uint8_t *restrict kept) {                                                        \
+        int64_t below = 0, found = 0, rank = kk - 1, under, same;                        \
+        C lo = -CMAX - 1, hi = CMAX - 1;                                                 \
+        if (n >= ROW_SELECT_MIN) {                                                       \
+            C sample[ROW_SAMPLE], copy[ROW_SAMPLE], least = CMAX, most = -CMAX - 1;      \
+            for (int64_t j = 0; j < ROW_SAMPLE; j++) {                                   \
+                C c = NAME##_code(x, e, SAMPLE_AT(j, n), absolute);                      \
+                sample[j] = c;                                                           \
+                least = c < least ? c : least;                                           \
+                most = c > most ? c : most;                                              \
+            }                                                                            \
+            double p = (double)kk / (double)n, q = p * ROW_SAMPLE;                       \
+            double margin = 2.5 * sqrt(ROW_SAMPLE * p * (1 - p)) + 3;                    \
+            int64_t lo_r = (int64_t)floor(q - margin), hi_r = (int64_t)ceil(q + margin); \
+            if (lo_r >= 0) {                                                             \
+                memcpy(copy, sample, sizeof copy);                                       \
+                lo = SELECT(copy, ROW_SAMPLE, lo_r, least, most, &under, &same);         \
+            }                                                                            \
+            if (hi_r < ROW_SAMPLE) {                                                     \
+                memcpy(copy, sample, sizeof copy);                                       \
+                hi = SELECT(copy, ROW_SAMPLE, hi_r, least, most, &under, &same);         \
+                hi = hi < CMAX - 1 ? hi : CMAX - 1;                                      \
+            }                                                                            \
+            int64_t i = VECTOR(x, e, n, absolute, lo, hi, cand, &below, &found, pack);   \
+            for (; i < n; i++) {                                                         \
+                C c = NAME##_code(x, e, i, absolute);                                    \
+                below += c < lo;                                                         \
+                cand[found] = c;                                                         \
+                found += (c >= lo) & (c <= hi);                                          \
+            }                                                                            \
+            if (below < kk && kk <= below + found) {                                     \
+                rank = kk - 1 - below;                                                   \
+            } else { /* the sample misled: every eligible code */                       \
+                below = found = 0;                                                       \
+                lo = -CMAX - 1;                                                          \
+                hi = CMAX - 1;                                                           \
+            }                                                                            \
+        }                                                                                \
+        if (found == 0) {                                                                \
+            for (int64_t i = 0; i < n; i++) {                                            \
+                cand[found] = NAME##_code(x, e, i, absolute);                            \
+                found += !e || e[i] != 0;                                                \
+            }                                                                            \
+        }                                                                                \
+        (void)m;                                                                         \
+        C t = SELECT(cand, found, rank, lo, hi, &under, &same);                          \
+        int64_t ties = kk - below - under; /* of the `same` codes equal to t */         \
+        for (int64_t i = 0; i < n; i++)                                                  \
+            kept[i] = (uint8_t)(NAME##_code(x, e, i, absolute) > t) & (uint8_t)(!e || e[i] != 0); \
+        if (same > ties) /* the first `ties` codes equal to t go, the others stay */    \
+            for (int64_t i = 0; i < n; i++)                                              \
+                if (NAME##_code(x, e, i, absolute) == t && ties-- <= 0) kept[i] = 1;      \
+    }                                                                                    \
+    static void NAME##_row(const T *x, const uint8_t *e, int64_t n, int absolute,        \
+                           int64_t kk, C *cand, const int32_t (*pack)[8], uint8_t *kept) { \
+        int64_t m = n;                                                                   \
+        if (e) {                                                                         \
+            m = 0;                                                                       \
+            for (int64_t i = 0; i < n; i++) m += e[i] != 0;                              \
+        }                                                                                \
+        kk = kk < 0 ? 0 : kk > m ? m : kk;                                               \
+        if (kk == 0) {                                                                   \
+            for (int64_t i = 0; i < n; i++) kept[i] = !e || e[i] != 0;                   \
+        } else if (kk == m) {                                                            \
+            memset(kept, 0, (size_t)n);                                                  \
+        } else if (e) { /* one copy of the row's code per case, each without the other's tests */ \
+            if (absolute) NAME##_run(x, e, n, m, 1, kk, cand, pack, kept);               \
+            else NAME##_run(x, e, n, m, 0, kk, cand, pack, kept);                        \
+        } else {                                                                         \
+            if (absolute) NAME##_run(x, NULL, n, m, 1, kk, cand, pack, kept);            \
+            else NAME##_run(x, NULL, n, m, 0, kk, cand, pack, kept);                     \
+        }                                                                                \
+    }                                                                                    \
+    int NAME(const T *x, const uint8_t *e, int64_t rows, int64_t n, int absolute,       \
+             const int64_t *k, uint8_t *kept, int threads) {                             \
+        int failed = 0;                                                                  \
+        if (rows <= 0 || n <= 0) return 0;                                               \
+        (void)threads; /* without OpenMP */                                              \
+        _Pragma("omp parallel num_threads(threads)")                                    \
+        {                                                                                \
+            C *cand = malloc(((size_t)n + 8) * sizeof(C));                               \
+            int32_t(*pack)[8] = ROW_PACK ? malloc(256 * sizeof *pack) : NULL;            \
+            for (int b = 0; pack && b < 256; b++) { /* the lanes set in b, first */     \
+                int f = 0;                                                               \
+                for (int l = 0; l < 8; l++)                                              \
+                    if (b >> l & 1) pack[b][f++] = l;                                    \
+                while (f < 8) pack[b][f++] = 0;                                          \
+            }                                                                            \
+            int ready = cand && (pack || !ROW_PACK);                                     \
+            _Pragma("omp for schedule(dynamic, 8)") /* as the block norms' */          \
+            for (int64_t r = 0; r < rows; r++) {                                         \
+                if (!ready) {                                                            \
+                    _Pragma("omp atomic write")                                         \
+                    failed = 1;                                                          \
+                    continue;                                                            \
+                }                                                                        \
+                if (n >= ROW_SELECT_MIN && r + 1 < rows) /* the next row's sample, meanwhile */ \
+                    for (int64_t j = 0; j < ROW_SAMPLE; j += ROW_RUN) {                  \
+                        __builtin_prefetch(x + (r + 1) * n + SAMPLE_AT(j, n));           \
+                        if (e) __builtin_prefetch(e + (r + 1) * n + SAMPLE_AT(j, n));    \
+                    }                                                                    \
+                NAME##_row(x + r * n, e ? e + r * n : NULL, n, absolute, k[r], cand,     \
+                           (const int32_t(*)[8])pack, kept + r * n);                     \
+            }                                                                            \
+            free(cand);                                                                  \
+            free(pack);                                                                  \
+        }                                                                                \
+        return failed ? -1 : 0;                                                          \
+    }
+
+ROWS_KEEP(fp_rows_keep_f32, float, int32_t, row_code_f32, INT32_MAX, range_select_i32, vector_bracket_f32)
+ROWS_KEEP(fp_rows_keep_f64, double, int64_t, row_code_f64, INT64_MAX, range_select_i64, vector_bracket_f64)
+
+/* ---- per-row counts of a bool mask: how many of each row's n flags are set ----
+ *
+ * For funcprune/_select (eligible_per_group): the per-row counts that resolve
+ * a per-slice amount against an earlier mask, in one pass (a torch sum over
+ * the last dim of bool costs several nanoseconds a flag). Rows are split
+ * among the threads.
+ */
+
+void fp_row_counts(const uint8_t *e, int64_t rows, int64_t n, int64_t *out, int threads) {
+    (void)threads; /* without OpenMP */
+    _Pragma("omp parallel for num_threads(threads) schedule(dynamic, 8)")
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = e + r * n;
+        int64_t total = 0;
+        for (int64_t i = 0; i < n;) { /* 32-bit partial sums: vectorized widening adds */
+            int64_t end = n - i < ((int64_t)1 << 24) ? n : i + ((int64_t)1 << 24);
+            uint32_t part = 0;
+            for (; i < end; i++) part += row[i] != 0;
+            total += part;
+        }
+        out[r] = total;
+    }
+}
+
+/* ---- N:M: in each group of m entries along a dim, the n of largest |x| kept ----
+ *
+ * For the NM spec (funcprune/_select/_n_m.py). The tensor is viewed as
+ * (units, m, inner): a group is m entries `inner` apart, m consecutive ones
+ * where inner = 1 (N:M along the last dim). An entry's key is |x|, compared
+ * by its order code (the bits with the sign cleared, every NaN one code
+ * above +inf, so that -0.0 ties 0.0 and NaNs tie each other) plus one; an
+ * entry that is not eligible codes 0. Entry t of a group is kept where it is
+ * eligible and fewer than n entries of its group beat it, s beating t where
+ * its code is greater, or equal with s > t. That is _select's rule: the
+ * max(0, eligible - n) lowest eligible keys of a group go, ties to the lower
+ * index first (a code 0 never beats an eligible entry). One read of x (and
+ * e), one byte written per entry; each entry is compared with the m - 1
+ * others of its group (m at most NM_MAX_M), in loops over contiguous codes
+ * that the compiler vectorizes whatever m is:
+ *
+ * - inner = 1: a run of whole groups is coded into a buffer; each entry is
+ *   compared with the one r further on in its group (1 <= r < m), wrapping
+ *   around: at i + r, or at i + r - m where that passes the group's end
+ *   (both read, one chosen by the entry's place in its group). For m = 2
+ *   and 4 one pass does every r; for other m, one pass per r adds up the
+ *   counts;
+ * - inner > 1: NM_TILE groups side by side (consecutive columns) are coded
+ *   row by row and ranked column-wise: no transposed copy.
+ */
+
+#define NM_MAX_M 64
+/* Entries coded and ranked at a time (inner = 1: whole groups, NM_RUN / m of them). */
+#define NM_RUN 256
+/* Groups side by side (inner > 1). */
+#define NM_TILE 64
+/* Runs per work item (inner = 1). */
+#define NM_RUNS 16
+
+/* Codes are signed (the compares vectorize natively), every one below the sign bit. */
+static inline int32_t nm_code_f32(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    bits &= 0x7FFFFFFFu;
+    return (int32_t)(bits < 0x7F800001u ? bits : 0x7F800001u) + 1;
+}
+
+static inline int64_t nm_code_f64(double x) {
+    uint64_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    bits &= 0x7FFFFFFFFFFFFFFFull;
+    return (int64_t)(bits < 0x7FF0000000000001ull ? bits : 0x7FF0000000000001ull) + 1;
+}
+
+/* m = 4 in float32, 8 entries (two groups) at a time in registers: each entry
+ * is compared with the 3 others of its group by rotating the lanes within
+ * each group of four, no buffer. Returns how many entries it ranked (a
+ * multiple of 8; the caller ranks the rest); none where the compiler lacks
+ * __builtin_shufflevector (GCC before 12). */
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define NM_SHUFFLE 1
+#endif
+#endif
+
+#ifdef NM_SHUFFLE
+typedef int32_t nm_lanes __attribute__((vector_size(32)));
+
+static int64_t nm_groups_of_4_f32(const float *restrict x, const uint8_t *restrict e, int64_t len, int n,
+                                  uint8_t *restrict kept) {
+    /* round r: -1 in the lanes whose entry r further on (wrapping) has the higher index */
+    const nm_lanes later1 = {-1, -1, -1, 0, -1, -1, -1, 0}, later2 = {-1, -1, 0, 0, -1, -1, 0, 0},
+                   later3 = {-1, 0, 0, 0, -1, 0, 0, 0};
+    const nm_lanes magnitude = {0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF,
+                                0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF};
+    const nm_lanes inf = {0x7F800000, 0x7F800000, 0x7F800000, 0x7F800000,
+                          0x7F800000, 0x7F800000, 0x7F800000, 0x7F800000};
+    const nm_lanes one = {1, 1, 1, 1, 1, 1, 1, 1}, zero = {0, 0, 0, 0, 0, 0, 0, 0};
+    const nm_lanes least = zero - n; /* minus the count of entries beating one it keeps, above this */
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        nm_lanes c;
+        memcpy(&c, x + i, sizeof c);
+        c &= magnitude;
+        c = ((c & ~(c > inf)) | ((inf + one) & (c > inf))) + one; /* every NaN one above +inf */
+        if (e) {
+            const uint8_t *f = e + i;
+            nm_lanes eligible = {f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]};
+            c &= eligible != zero;
+        }
+        nm_lanes r1 = __builtin_shufflevector(c, c, 1, 2, 3, 0, 5, 6, 7, 4);
+        nm_lanes r2 = __builtin_shufflevector(c, c, 2, 3, 0, 1, 6, 7, 4, 5);
+        nm_lanes r3 = __builtin_shufflevector(c, c, 3, 0, 1, 2, 7, 4, 5, 6);
+        nm_lanes minus_beaten = ((r1 > c) | ((r1 == c) & later1)) + ((r2 > c) | ((r2 == c) & later2)) +
+                                ((r3 > c) | ((r3 == c) & later3));
+        nm_lanes keep = (minus_beaten > least) & (c != zero);
+        for (int j = 0; j < 8; j++) kept[i + j] = (uint8_t)(keep[j] & 1);
+    }
+    return i;
+}
+#else
+static int64_t nm_groups_of_4_f32(const float *x, const uint8_t *e, int64_t len, int n, uint8_t *kept) {
+    (void)x, (void)e, (void)len, (void)n, (void)kept;
+    return 0;
+}
+#endif
+
+static int64_t nm_groups_of_4_f64(const double *x, const uint8_t *e, int64_t len, int n, uint8_t *kept) {
+    (void)x, (void)e, (void)len, (void)n, (void)kept;
+    return 0;
+}
+
+#define N_M(SUFFIX, T, C)                                                               \
+    /* c[i] for len entries, 0 where not eligible; c[-m..0) and c[len..len + m) too */ \
+    static inline void nm_codes_##SUFFIX(const T *restrict x, const uint8_t *restrict e, \
+                                         int64_t len, int m, C *restrict c) {          \
+        if (e)                                                                         \
+            for (int64_t i = 0; i < len; i++) c[i] = nm_code_##SUFFIX(x[i]) & -(C)(e[i] != 0); \
+        else                                                                           \
+            for (int64_t i = 0; i < len; i++) c[i] = nm_code_##SUFFIX(x[i]);           \
+        for (int64_t i = 0; i < m; i++) c[i - m] = c[len + i] = 0; /* read, never chosen */ \
+    }                                                                                  \
+    /* len entries (whole groups of m) from x, e, to kept; place[i] = i % m */          \
+    static void nm_run_##SUFFIX(const T *restrict x, const uint8_t *restrict e, int64_t len, \
+                                int m, int n, const C *restrict place, uint8_t *restrict kept) { \
+        C buffer[NM_MAX_M + NM_RUN + NM_MAX_M], beaten[NM_RUN];                        \
+        C *restrict c = buffer + NM_MAX_M;                                             \
+        nm_codes_##SUFFIX(x, e, len, m, c);                                            \
+        for (int64_t i = 0; i < len; i++) beaten[i] = 0;                               \
+        for (int r = 1; r < m; r++)                                                    \
+            for (int64_t i = 0; i < len; i++) {                                        \
+                C ci = c[i], after = c[i + r], before = c[i + r - m];                  \
+                beaten[i] += place[i] + r < m ? after >= ci : before > ci;             \
+            }                                                                          \
+        for (int64_t i = 0; i < len; i++) kept[i] = (c[i] != 0) & (beaten[i] < n);     \
+    }                                                                                  \
+    /* the same in one pass, for a constant m once inlined */                          \
+    static inline __attribute__((always_inline)) void nm_run_unrolled_##SUFFIX(         \
+        const T *restrict x, const uint8_t *restrict e, int64_t len, int m, int n,       \
+        const C *restrict place, uint8_t *restrict kept) {                             \
+        C buffer[NM_MAX_M + NM_RUN + NM_MAX_M];                                        \
+        C *restrict c = buffer + NM_MAX_M;                                             \
+        nm_codes_##SUFFIX(x, e, len, m, c);                                            \
+        for (int64_t i = 0; i < len; i++) {                                            \
+            C ci = c[i], beaten = 0;                                                   \
+            for (int r = 1; r < m; r++)                                                \
+                beaten += place[i] + r < m ? c[i + r] >= ci : c[i + r - m] > ci;       \
+            kept[i] = (ci != 0) & (beaten < n);                                        \
+        }                                                                              \
+    }                                                                                  \
+    static void nm_runs_##SUFFIX(const T *x, const uint8_t *e, int64_t len, int m, int n, \
+                                 const C *place, uint8_t *kept) {                      \
+        int64_t per = NM_RUN / m * m;                                                  \
+        int64_t i = m == 4 ? nm_groups_of_4_##SUFFIX(x, e, len, n, kept) : 0;          \
+        for (; i < len; i += per) {                                                    \
+            const uint8_t *ei = e ? e + i : NULL;                                      \
+            int64_t part = len - i < per ? len - i : per;                              \
+            if (m == 4) nm_run_unrolled_##SUFFIX(x + i, ei, part, 4, n, place, kept + i); \
+            else if (m == 2) nm_run_unrolled_##SUFFIX(x + i, ei, part, 2, n, place, kept + i); \
+            else nm_run_##SUFFIX(x + i, ei, part, m, n, place, kept + i);              \
+        }                                                                              \
+    }                                                                                  \
+    /* w <= NM_TILE groups side by side, entry t of group j at t * inner + j */       \
+    static void nm_columns_##SUFFIX(const T *restrict x, const uint8_t *restrict e,     \
+                                    int64_t inner, int64_t w, int m, int n,            \
+                                    uint8_t *restrict kept) {                          \
+        C c[NM_MAX_M][NM_TILE];                                                        \
+        for (int t = 0; t < m; t++) {                                                  \
+            const T *xt = x + t * inner;                                               \
+            const uint8_t *et = e ? e + t * inner : NULL;                              \
+            if (et)                                                                    \
+                for (int64_t j = 0; j < w; j++) c[t][j] = nm_code_##SUFFIX(xt[j]) & -(C)(et[j] != 0); \
+            else                                                                       \
+                for (int64_t j = 0; j < w; j++) c[t][j] = nm_code_##SUFFIX(xt[j]);     \
+        }                                                                              \
+        for (int t = 0; t < m; t++) {                                                  \
+            C beaten[NM_TILE];                                                         \
+            for (int64_t j = 0; j < w; j++) beaten[j] = 0;                             \
+            for (int s = 0; s < t; s++)                                                \
+                for (int64_t j = 0; j < w; j++) beaten[j] += c[s][j] > c[t][j];        \
+            for (int s = t + 1; s < m; s++)                                            \
+                for (int64_t j = 0; j < w; j++) beaten[j] += c[s][j] >= c[t][j];       \
+            for (int64_t j = 0; j < w; j++)                                            \
+                kept[t * inner + j] = (c[t][j] != 0) & (beaten[j] < n);                \
+        }                                                                              \
+    }                                                                                  \
+    /* kept[i] (0/1) for x viewed as (units, m, inner); e NULL (all eligible) or 0/1   \
+       bytes. Returns 0, or -1 (nothing written) where m is not in [1, NM_MAX_M]. */   \
+    int fp_n_m_##SUFFIX(const T *x, const uint8_t *e, int64_t units, int64_t m,        \
+                        int64_t inner, int64_t n, uint8_t *kept, int threads) {        \
+        (void)threads; /* without OpenMP */                                            \
+        if (m < 1 || m > NM_MAX_M || units < 0 || inner < 1) return -1;                \
+        int n_ = n < 0 ? 0 : n > m ? (int)m : (int)n;                                  \
+        if (inner == 1) {                                                              \
+            int64_t total = units * m, item = NM_RUN / m * m * NM_RUNS;                \
+            int64_t items = (total + item - 1) / item;                                 \
+            C place[NM_RUN]; /* each entry's place in its group */                     \
+            for (int64_t i = 0, p = 0; i < NM_RUN; i++, p = p + 1 == m ? 0 : p + 1) place[i] = (C)p; \
+            _Pragma("omp parallel for num_threads(threads) schedule(static)")         \
+            for (int64_t k = 0; k < items; k++) {                                      \
+                int64_t i = k * item, len = total - i < item ? total - i : item;       \
+                nm_runs_##SUFFIX(x + i, e ? e + i : NULL, len, (int)m, n_, place, kept + i); \
+            }                                                                          \
+            return 0;                                                                  \
+        }                                                                              \
+        int64_t tiles = (inner + NM_TILE - 1) / NM_TILE;                               \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")             \
+        for (int64_t k = 0; k < units * tiles; k++) {                                  \
+            int64_t u = k / tiles, j = k % tiles * NM_TILE;                            \
+            int64_t at = u * m * inner + j, w = inner - j < NM_TILE ? inner - j : NM_TILE; \
+            nm_columns_##SUFFIX(x + at, e ? e + at : NULL, inner, w, (int)m, n_, kept + at); \
+        }                                                                              \
+        return 0;                                                                      \
+    }
+
+N_M(f32, float, int32_t)
+N_M(f64, double, int64_t)
+
+/* ---- block masks: which blocks keep an entry of a bool mask, and the mask from kept blocks ----
+ *
+ * For the Block spec (funcprune/_select/_blocks.py), around its selection over
+ * blocks: one pass each, in one parallel region (a row of blocks at a time,
+ * shared among the threads as they are free). A mask is rows of width = C * b
+ * bytes; block (p, c), for p < P and c < C, covers rows p * a + i (i < a),
+ * bytes c * b to c * b + b - 1. fp_block_any writes any[p * C + c] = 1 where a
+ * byte of the block is nonzero; fp_block_expand writes out = kept[p * C + c]
+ * over each block, and'ed with mask where it is not NULL (bytes 0 or 1).
+ */
+
+#define BLOCK_WIDTHS(CALL)                                                              \
+    if (b == 4) CALL(4);                                                                \
+    else if (b == 8) CALL(8);                                                           \
+    else if (b == 2) CALL(2);                                                           \
+    else if (b == 1) CALL(1);                                                           \
+    else if (b == 16) CALL(16);                                                         \
+    else CALL(b)
+
+static inline __attribute__((always_inline)) void block_any_row(
+    const uint8_t *restrict mask, int64_t a, int64_t C, int64_t b, uint8_t *restrict any) {
+    for (int64_t c = 0; c < C; c++) any[c] = 0;
+    for (int64_t i = 0; i < a; i++) {
+        const uint8_t *restrict row = mask + i * C * b;
+        for (int64_t c = 0; c < C; c++) {
+            uint8_t set = 0;
+            for (int64_t j = 0; j < b; j++) set |= row[c * b + j];
+            any[c] |= set != 0;
+        }
+    }
+}
+
+void fp_block_any(const uint8_t *mask, int64_t P, int64_t a, int64_t C, int64_t b, uint8_t *any,
+                  int threads) {
+    (void)threads; /* without OpenMP */
+    _Pragma("omp parallel for num_threads(threads) schedule(dynamic, 8)")
+    for (int64_t p = 0; p < P; p++) {
+        const uint8_t *m = mask + p * a * C * b;
+        uint8_t *o = any + p * C;
+#define BLOCK_ANY(B) block_any_row(m, a, C, B, o)
+        BLOCK_WIDTHS(BLOCK_ANY);
+#undef BLOCK_ANY
+    }
+}
+
+static inline __attribute__((always_inline)) void block_expand_row(
+    const uint8_t *restrict kept, const uint8_t *restrict mask, int64_t a, int64_t C, int64_t b,
+    uint8_t *restrict out) {
+    for (int64_t i = 0; i < a; i++) {
+        uint8_t *restrict row = out + i * C * b;
+        if (mask) {
+            const uint8_t *restrict earlier = mask + i * C * b;
+            for (int64_t c = 0; c < C; c++)
+                for (int64_t j = 0; j < b; j++) row[c * b + j] = kept[c] & (earlier[c * b + j] != 0);
+        } else {
+            for (int64_t c = 0; c < C; c++)
+                for (int64_t j = 0; j < b; j++) row[c * b + j] = kept[c];
+        }
+    }
+}
+
+void fp_block_expand(const uint8_t *kept, const uint8_t *mask, int64_t P, int64_t a, int64_t C,
+                     int64_t b, uint8_t *out, int threads) {
+    (void)threads; /* without OpenMP */
+    _Pragma("omp parallel for num_threads(threads) schedule(dynamic, 8)")
+    for (int64_t p = 0; p < P; p++) {
+        const uint8_t *k = kept + p * C, *m = mask ? mask + p * a * C * b : NULL;
+        uint8_t *o = out + p * a * C * b;
+#define BLOCK_EXPAND(B) block_expand_row(k, m, a, C, B, o)
+        BLOCK_WIDTHS(BLOCK_EXPAND);
+#undef BLOCK_EXPAND
+    }
+}

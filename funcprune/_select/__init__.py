@@ -1,5 +1,8 @@
 """Exact bottom-k selection, the one door (``README.md``: the three rules and the paths)."""
 
+from ._blocks import block_norms as block_norms
+from ._blocks import blocks_with_an_entry as blocks_with_an_entry
+from ._blocks import expand_blocks as expand_blocks
 from ._choose import FAST_MIN_KEYS as FAST_MIN_KEYS
 from ._choose import SHARDED_BRACKET_MIN_KEYS as SHARDED_BRACKET_MIN_KEYS
 from ._choose import eligible_per_group as eligible_per_group
@@ -17,6 +20,7 @@ from ._groups import Sparsity as Sparsity
 from ._groups import Target as Target
 from ._groups import Whole as Whole
 from ._groups import magnitude_of as magnitude_of
+from ._n_m import kept_n_m as kept_n_m
 from ._sharded import Selection as Selection
 from ._sharded import keep_over_shards_each as keep_over_shards_each
 from ._sharded import processes as processes

@@ -26,9 +26,19 @@ from collections.abc import Callable
 
 import torch
 
-from .._select import Blocks, Slices, Target, eligible_per_group, keep, resolve_count
+from .._select import (
+    Slices,
+    Target,
+    block_norms,
+    blocks_with_an_entry,
+    eligible_per_group,
+    expand_blocks,
+    keep,
+    kept_n_m,
+    resolve_count,
+)
 from .._types import Count, Mask, Tensor
-from .._validate import is_concrete, validate_dim_range
+from .._validate import is_concrete, refuse_dtensors, validate_dim_range
 from ._kernels import as_bool, keep_all, unpruned_count
 
 __all__ = ["blocks", "kept_blocks", "n_m", "per_slice", "per_slice_unstructured"]
@@ -41,7 +51,13 @@ def n_m(n: int, m: int, dim: int, scores: Tensor, default_mask: Mask) -> Tensor:
     """Keep the ``n`` largest ``|scores|`` of every ``m`` consecutive entries along ``dim``.
 
     A group holding entries pruned before keeps ``min(n, still kept)``: the
-    earlier pruned count among its ``m - n``.
+    earlier pruned count among its ``m - n``. Ties go to the lower index
+    first, NaN is kept first, ``-0.0`` ties ``0.0``. No sort: the native
+    kernel (float32/float64 scores on the CPU, eager, ``m <= 64``: one read
+    of the scores, one byte written per entry, along any dim), else torch
+    ranking each entry by comparisons with its group's others (``m <= 16``,
+    under transforms too), else ``funcprune._select`` over ``Blocks``; all
+    three give the same mask (``_n_m.py``).
     """
     validate_dim_range(scores, dim)
     length = scores.shape[dim] if scores.dim() else 1
@@ -51,13 +67,10 @@ def n_m(n: int, m: int, dim: int, scores: Tensor, default_mask: Mask) -> Tensor:
             f"(scores of shape {tuple(scores.shape)}); choose a dim whose length m divides"
         )
     default_mask = as_bool(default_mask)
-    group = Blocks(m, dim)
-    if default_mask is None:
-        if n == m:
-            return keep_all(scores, None)
-        return keep(scores.abs(), m - n, group=group)
-    k = torch.clamp(eligible_per_group(default_mask, group) - n, min=0)
-    return keep(scores.abs(), k, default_mask, group=group)
+    refuse_dtensors("compute_mask", scores, default_mask)
+    if default_mask is None and n == m:
+        return keep_all(scores, None)
+    return kept_n_m(n, m, dim, scores, default_mask)
 
 
 # --- blocks -------------------------------------------------------------------
@@ -87,10 +100,13 @@ def kept_blocks(mask: Tensor, shape: tuple[int, ...]) -> Tensor:
     """Whether each block of ``shape`` keeps an entry of ``mask``: the grid of blocks, as bool.
 
     A block counts as remaining while any of its entries is kept (what
-    :func:`blocks` selects among, and what a BSR tensor stores).
+    :func:`blocks` selects among, and what a BSR tensor stores). Read a
+    block row's width at a time where it can be (``funcprune._select``'s ``_blocks.py``).
     """
     view, inner = block_view(shape, mask)
-    return mask.reshape(view).any(dim=inner)
+    grid = [n for i, n in enumerate(view) if i not in inner]
+    fast = blocks_with_an_entry(mask, shape, grid) if mask.dtype == torch.bool else None
+    return fast if fast is not None else mask.reshape(view).any(dim=inner)
 
 
 def blocks(amount: Target, shape: tuple[int, ...], scores: Tensor, default_mask: Mask) -> Tensor:
@@ -100,15 +116,23 @@ def blocks(amount: Target, shape: tuple[int, ...], scores: Tensor, default_mask:
     is a row of blocks of its own. A block is remaining while one of its
     entries is kept; ``amount`` and :class:`~._select.Sparsity` count blocks.
     Ties go to the lower block index (row-major over the grid of blocks).
+
+    Eagerly, each pass is one pass over the whole tensor (``funcprune._select``'s ``_blocks.py``):
+    the norms summed natively exactly as ``torch.linalg.vector_norm`` sums
+    them (the same keys, so the same ranking), the selection over the grid
+    of blocks, and the mask written a block row's width at a time.
     """
     view, inner = block_view(shape, scores)
     default_mask = as_bool(default_mask)
-    norms = torch.linalg.vector_norm(scores.reshape(view), dim=inner)
+    norms = block_norms(scores, shape, view, inner)
     eligible = None if default_mask is None else kept_blocks(default_mask, shape)
     k = resolve_count(amount, unpruned_count(norms, eligible, norms.numel()), norms.numel())
     if isinstance(k, int) and k == 0:
         return keep_all(scores, default_mask)
     kept = keep(norms, k, eligible)
+    mask = expand_blocks(kept, shape, scores, default_mask)
+    if mask is not None:
+        return mask
     for d in inner:
         kept = kept.unsqueeze(d)
     kept = kept.expand(view).reshape(scores.shape)
@@ -119,14 +143,17 @@ def blocks(amount: Target, shape: tuple[int, ...], scores: Tensor, default_mask:
 
 
 def per_slice_unstructured(
-    amount: Target, dim: int, keys: Tensor, scores: Tensor, default_mask: Mask
+    amount: Target, dim: int, keys: Tensor | None, scores: Tensor, default_mask: Mask
 ) -> Tensor:
     """Prune ``amount`` of each slice's remaining entries along ``dim``, lowest ``keys`` first.
 
     Each slice (``scores.select(dim, i)``) prunes its own exact count: an
     ``int`` amount, or a fraction of its unpruned entries, or what its
     :class:`~._select.Sparsity` target takes; ties go to the lower index
-    within the slice. ``keys`` has the scores' shape.
+    within the slice. ``keys`` has the scores' shape; ``None`` ranks
+    ``|scores|`` (computed only where the selection needs them). Eagerly,
+    every slice is selected at once (``funcprune._select``'s long-rows
+    path), each with its own count.
     """
     validate_dim_range(scores, dim)
     default_mask = as_bool(default_mask)
@@ -138,6 +165,8 @@ def per_slice_unstructured(
     k = resolve_count(amount, available, size)
     if isinstance(k, int) and k == 0:
         return keep_all(scores, default_mask)
+    if keys is None:
+        return keep(scores.detach(), k, default_mask, group=group, magnitude=True)
     return keep(keys, k, default_mask, group=group)
 
 

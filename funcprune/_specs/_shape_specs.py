@@ -205,8 +205,8 @@ class PerSlice(Spec):
         check_dim_indexes(self, self.dim, scores)
         spec = self.spec
         if isinstance(spec, L1Unstructured):
-            keys = scores.detach().abs()
-            return kernels.per_slice_unstructured(spec.target, self.dim, keys, scores, default_mask)
+            # keys None: |scores|, never materialized where every slice is selected at once
+            return kernels.per_slice_unstructured(spec.target, self.dim, None, scores, default_mask)
         if isinstance(spec, RandomUnstructured):
             device = generator.device if generator is not None else scores.device
             keys = torch.rand(scores.shape, generator=generator, dtype=scores.dtype, device=device)
