@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from _inputs import values
 from _shapes_reference import (
     block_norms_reference,
     blocks_reference,
@@ -47,23 +48,6 @@ def mode(native: bool, threads: int) -> Iterator[None]:
             yield
     finally:
         torch.set_num_threads(before)
-
-
-def values(shape: tuple[int, ...], seed: int, kind: int, dtype: torch.dtype) -> Tensor:
-    """Normal values over many scales (0), small ints (1: ties), specials (2), all equal (3)."""
-    g = torch.Generator().manual_seed(seed)
-    if kind == 0:
-        scale = torch.exp(torch.randn(shape, generator=g, dtype=torch.float64) * 3)
-        return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype)
-    if kind == 3:
-        return torch.full(shape, 0.5, dtype=dtype)
-    x = torch.randint(-3, 4, shape, generator=g).to(dtype)
-    if kind == 2:
-        special = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0], dtype=dtype)
-        where = torch.rand(shape, generator=g) < 0.3
-        picks = special[torch.randint(0, 5, shape, generator=g)]
-        x = torch.where(where, picks, x)
-    return x
 
 
 def earlier(shape: tuple[int, ...], seed: int, how: int) -> Tensor | None:
