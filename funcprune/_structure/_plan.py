@@ -12,8 +12,7 @@ plan runs under ``vmap`` as the other plans do.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal, final
 
@@ -28,8 +27,10 @@ from .._specs import (
     keep_units,
     normalized,
 )
-from .._types import Params, Scores, Tensor, is_dtensor
-from ._units import KINDS, Kind, Member, Structure, UnitGroup
+from .._types import Params, Scores, Tensor
+from ._blocks import Blocks, sharded_members
+from ._keys import unit_keys
+from ._units import KINDS, Kind, Structure, UnitGroup
 
 __all__ = ["Scope", "UnitPlan", "structured"]
 
@@ -104,28 +105,31 @@ class UnitPlan(AbstractPlan):
         fn, groups = self._FN, self.groups()
         for name, group in groups.items():
             _check_members(fn, name, group, params)
-        keys, eligible = [], []
-        for group in groups.values():
-            unit_keys, unit_eligible = _unit_keys(self.spec, group, params, masks, scores, self.normalize)
-            keys.append(unit_keys)
-            eligible.append(unit_eligible)
+        names = list(dict.fromkeys(m.name for g in groups.values() for m in g.members))
+        sharded = sharded_members(names, params)
+        blocks = Blocks.of(fn, names, params, masks, scores) if sharded else Blocks.whole(names, params, masks, scores)
+        keyed = unit_keys(
+            [(g, [blocks.piece(m) for m in g.members]) for g in groups.values()], _order(self.spec), blocks.reduce
+        )
+        keys = [normalized(k, e, self.normalize) for k, e in keyed]
+        eligible = [e for _, e in keyed]
         if self.scope == "global":
             total = sum(g.size for g in groups.values())
             what = f"the {total} units of {len(groups)} groups jointly"
-            kept = torch.split(_select(fn, self.spec, keys, eligible, generator, what), [g.size for g in groups.values()])
+            kept = blocks.agreed(_select(fn, self.spec, keys, eligible, generator, what), self.spec)
+            split = torch.split(kept, [g.size for g in groups.values()])
         else:
-            kept = tuple(
-                _select(fn, self.spec, [k], [e], generator, f"the {g.size} {g.kind} of {name!r}")
+            split = tuple(
+                blocks.agreed(_select(fn, self.spec, [k], [e], generator, f"the {g.size} {g.kind} of {name!r}"), self.spec)
                 for (name, g), k, e in zip(groups.items(), keys, eligible, strict=True)
             )
-        out = dict(masks)
-        for group, units in zip(groups.values(), kept, strict=True):
+        local: dict[str, Tensor] = {}
+        for group, units in zip(groups.values(), split, strict=True):
             for member in group.members:
-                param = params[member.name]
-                mask = out.get(member.name)
-                keep = _member_keep(member, group.size, units, param.shape)
-                out[member.name] = keep if mask is None else mask & keep
-        return out
+                keep = blocks.keep(member, group.size, units)
+                mask = local.get(member.name, blocks.mask(member.name))
+                local[member.name] = keep if mask is None else mask & keep
+        return dict(masks) | {name: blocks.wrapped(name, mask) for name, mask in local.items()}
 
 
 def _check_members(fn: str, name: str, group: UnitGroup, params: Params) -> None:
@@ -136,11 +140,6 @@ def _check_members(fn: str, name: str, group: UnitGroup, params: Params) -> None
                 f"{fn}: group {name!r} spans {member.name!r}, which params do not hold; pass the parameters "
                 "of the model the structure was read from"
             )
-        if is_dtensor(param):
-            raise NotImplementedError(
-                f"{fn}: {member.name!r} is a DTensor; plans over units do not support DTensors yet "
-                "(prune the unsharded model's parameters, or use global_structured per tensor)"
-            )
         if member.dim >= param.dim() or member.start + group.size * member.width > param.shape[member.dim]:
             raise ValueError(
                 f"{fn}: group {name!r} spans {group.size} units of {member.width} along dim {member.dim} "
@@ -148,49 +147,6 @@ def _check_members(fn: str, name: str, group: UnitGroup, params: Params) -> None
             )
         if not param.is_floating_point():
             raise TypeError(f"{fn}: {member.name!r} must be floating-point to be ranked, got {param.dtype}")
-
-
-def _units_view(member: Member, size: int, t: Tensor) -> tuple[Tensor, tuple[int, ...]]:
-    """``t``'s slice that the units span, with dim ``member.dim`` split in (units, width); the other dims."""
-    part = t.narrow(member.dim, member.start, size * member.width)
-    shape = (*part.shape[: member.dim], size, member.width, *part.shape[member.dim + 1 :])
-    part = part.reshape(shape)  # a view: narrow keeps the dim's stride
-    return part, tuple(d for d in range(part.dim()) if d != member.dim)
-
-
-def _unit_keys(
-    spec: StructuredSpec, group: UnitGroup, params: Params, masks: Mapping[str, Tensor], scores: Scores,
-    normalize: Normalize,
-) -> tuple[Tensor, Tensor | None]:  # fmt: skip
-    """Each unit's norm over all of its members' entries (zeros for a random spec), and the units still unpruned."""
-    norms: list[Tensor] = []
-    alive: list[Tensor] = []
-    p = 2.0 if not isinstance(spec, LnStructured) or spec.n == "fro" else float(spec.n)
-    for member in group.members:
-        param, mask = params[member.name], masks.get(member.name)
-        given = scores.get(member.name)
-        values = given if given is not None else param.detach() if mask is None else param.detach() * mask.to(param.dtype)
-        view, others = _units_view(member, group.size, values)
-        norms.append(torch.linalg.vector_norm(view.float(), ord=p, dim=others))
-        if mask is not None:
-            kept, _ = _units_view(member, group.size, mask)
-            alive.append(kept.movedim(member.dim, 0).flatten(1).any(1))
-    eligible = torch.stack(alive).any(0) if alive else None
-    if isinstance(spec, RandomStructured):
-        return torch.zeros(group.size, device=norms[0].device), eligible
-    return normalized(_combined(norms, p), eligible, normalize), eligible
-
-
-def _combined(norms: Sequence[Tensor], p: float) -> Tensor:
-    """The ``p``-norm of the concatenation of vectors, from each one's ``p``-norm."""
-    stacked = torch.stack(list(norms))
-    if p == math.inf:
-        return stacked.amax(0)
-    if p == -math.inf:
-        return stacked.amin(0)
-    if p == 0:
-        return stacked.sum(0)
-    return stacked.pow(p).sum(0).pow(1 / p)
 
 
 def _select(
@@ -204,16 +160,11 @@ def _select(
         raise type(e)(f"{fn}: cannot prune {what} with {spec!r}: {e}") from e
 
 
-def _member_keep(member: Member, size: int, units: Tensor, shape: torch.Size) -> Tensor:
-    """The mask of ``shape`` that clears the member's slices of the units not kept."""
-    d = member.dim
-    inside = units.repeat_interleave(member.width)
-    before = torch.ones(member.start, dtype=torch.bool, device=units.device)
-    after = torch.ones(shape[d] - member.start - size * member.width, dtype=torch.bool, device=units.device)
-    keep = torch.cat([before, inside, after])
-    view = [1] * len(shape)
-    view[d] = shape[d]
-    return keep.reshape(view).expand(shape)
+def _order(spec: StructuredSpec) -> float | None:
+    """The norm order units are ranked by (``None``: drawn at random)."""
+    if not isinstance(spec, LnStructured):
+        return None
+    return 2.0 if spec.n == "fro" else float(spec.n)
 
 
 def structured(
@@ -242,6 +193,20 @@ def structured(
     - Exactly the count asked for goes; ties go to the earlier unit (groups
       in order, then units); NaN scores are pruned last. Under ``vmap``
       it runs per sample, as the other plans do.
+    - Norms are float64, and each unit's sum of ``|x| ** n`` is added up
+      order-free (every term rounded to a quantum of the unit's largest
+      term times its entry count over ``2**50``), so they are the same
+      bit for bit however the entries are split.
+    - Sharded models: on DTensor parameters (``fully_shard``,
+      ``parallelize_module``, both on a 2-D mesh) every process calls the
+      plan on its own ``dict(model.named_parameters())`` and gets DTensor
+      masks of each parameter's layout that equal, bit for bit, the masks
+      one process computes on the whole model. Only two ``all_reduce``
+      calls of a few float64 numbers per unit cross processes (per mesh
+      dim that cuts a member), never a weight; ``RandomStructured`` keeps
+      the units the mesh's first process draws (one more). Plain tensors
+      beside DTensors (a module tensor parallelism leaves whole) are copies
+      every process holds alike.
 
     Args:
         structure: the model's structure (or any :class:`~funcprune.Structure`).
@@ -268,7 +233,8 @@ def structured(
             group of those kinds. When the plan is called: a ``KeyError`` if a
             member names no parameter, a ``ValueError`` if a member does not
             fit its parameter or an ``int`` amount exceeds the unpruned
-            units, ``NotImplementedError`` for DTensors.
+            units; ``NotImplementedError`` for DTensor members on different
+            meshes or in a layout funcprune does not support (``Partial``).
 
     >>> import torch, funcprune as fp
     >>> s = fp.Structure({

@@ -44,7 +44,7 @@ def reference(
     keys: list[tuple[float, int, str, int]] = []
     position = 0
     for name, group in structure.items():
-        norms = [float(torch.linalg.vector_norm(unit_entries(group, u, params), ord=n)) for u in range(group.size)]
+        norms = [float(torch.linalg.vector_norm(unit_entries(group, u, params).double(), ord=n)) for u in range(group.size)]
         scale = 1.0
         if normalize == "mean":
             scale = sum(norms) / len(norms)

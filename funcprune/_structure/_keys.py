@@ -1,0 +1,289 @@
+"""Unit keys: each unit's ``n``-norm over all of its members' entries, the same wherever the entries lie.
+
+A unit's entries may lie in several parameters (a KV group's query, key,
+value and output slices) and, for sharded parameters, on several processes
+(FSDP2 cuts a head's rows of ``o_proj`` between processes; tensor
+parallelism keeps them whole). Each holder of some entries adds up its part
+of the unit's sum of ``|x| ** n``, and the parts are added across members
+and processes. Floating-point sums depend on their order, so the parts are
+made **order-free**: every term is first rounded to a multiple of one
+quantum per unit (``(v + M) - M`` with ``M = 1.5 * 2**E`` in float64, the
+pre-rounding of reproducible summation), chosen from the unit's largest
+term and its entry count so that every partial sum of such terms is exact.
+The unit's sum is then the same bit for bit in one process, split over
+members, or over any number of processes in any order, and so is every
+mask ranked from it. The rounding costs at most one quantum per term:
+about ``count * max_term * 2**-50`` on the sum, far below float32's
+precision.
+
+What crosses processes is one maximum (each unit's largest term, its NaN
+and inf flags and whether an earlier mask left it) and one sum (the
+rounded sums, or counts for ``n = 0``), of a few numbers per unit, never the
+weights. ``n = inf`` and ``-inf`` need the maximum only, ``n = 0`` a count.
+Terms are ``|x| ** n`` in float64 (``x * x`` and ``|x|`` exactly for
+``n = 2`` and ``1``; other orders use torch's elementwise ``pow``).
+
+A unit with a NaN entry has a NaN key (ranked last by the selection), one
+with an infinite term an infinite sum (``n < 0``: a zero entry, so a zero
+norm), as ``torch.linalg.vector_norm`` gives.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, final
+
+import torch
+
+from .._types import Tensor
+from ._units import Member, UnitGroup
+
+__all__ = ["Piece", "Reduce", "unit_keys"]
+
+#: Reduces a vector of per-unit numbers over the processes that hold parts of the units (identity in one).
+Reduce = Callable[[Tensor, Literal["sum", "max"]], Tensor]
+
+
+@final
+@dataclass(frozen=True, slots=True, eq=False)
+class Piece:
+    """One member's values as this process holds them.
+
+    Attributes:
+        member: the member.
+        values: the block of the values ranked (the scores, else the
+            parameter as currently pruned), the whole tensor in one process.
+        mask: the block of the member's earlier mask, or ``None``.
+        offset: where the block starts along ``member.dim`` in the whole tensor.
+        entries: the whole tensor's entries per index along ``member.dim``.
+        counted: whether this block's sums count (``False`` on a copy of a
+            block that another process counts).
+    """
+
+    member: Member
+    values: Tensor
+    mask: Tensor | None
+    offset: int
+    entries: int
+    counted: bool = True
+
+
+def _order(n: float) -> Literal["sum", "count", "max", "min"]:
+    if n == 0:
+        return "count"
+    if n == math.inf:
+        return "max"
+    if n == -math.inf:
+        return "min"
+    return "sum"
+
+
+def _terms(x: Tensor, n: float) -> Tensor:
+    """``|x| ** n`` in float64 (exact for n = 1 and 2)."""
+    x = x.to(torch.float64)
+    if n == 2:
+        return x * x
+    if n == 1:
+        return x.abs()
+    return x.abs().pow(n)
+
+
+def _span(piece: Piece, size: int) -> tuple[Tensor, Tensor | None, int] | None:
+    """The part of the block within the units' run, its mask, and where it starts in the run (or ``None``)."""
+    m = piece.member
+    length = piece.values.shape[m.dim]
+    lo = max(piece.offset, m.start)
+    hi = min(piece.offset + length, m.start + size * m.width)
+    if lo >= hi or piece.values.numel() == 0:
+        return None
+    part = piece.values.narrow(m.dim, lo - piece.offset, hi - lo)
+    kept = None if piece.mask is None else piece.mask.narrow(m.dim, lo - piece.offset, hi - lo)
+    return part, kept, lo - m.start
+
+
+def _per_index(t: Tensor, dim: int, how: Literal["sum", "max"]) -> Tensor:
+    """``t`` reduced over every dim but ``dim``: one number per index along ``dim``."""
+    others = tuple(d for d in range(t.dim()) if d != dim)
+    if not others:
+        return t
+    return t.sum(others) if how == "sum" else t.amax(others)
+
+
+def _to_units(
+    per_index: Tensor, first: int, size: int, width: int, how: Literal["sum", "max"], neutral: float = 0.0
+) -> Tensor:
+    """Per-index numbers (from index ``first`` of the units' run on) combined per unit: a vector of ``size``.
+
+    Units this block does not reach get ``neutral``.
+    """
+    length = per_index.shape[-1]
+    lead = first % width
+    units = -(-(lead + length) // width)
+    tail = units * width - lead - length
+    before = first // width
+    after = size - before - units
+
+    def fill(count: int) -> Tensor:
+        return torch.full((count,), neutral, dtype=per_index.dtype, device=per_index.device)
+
+    padded = per_index if not (lead or tail) else torch.cat([fill(lead), per_index, fill(tail)], -1)
+    grid = padded.reshape(*padded.shape[:-1], units, width)
+    combined = grid.sum(-1) if how == "sum" else grid.amax(-1)
+    return combined if not (before or after) else torch.cat([fill(before), combined, fill(after)], -1)
+
+
+def _flag(t: Tensor, dim: int, first: int, size: int, width: int) -> Tensor:
+    """1.0 for the units where ``t`` (bool) has a true entry, else 0.0."""
+    others = tuple(d for d in range(t.dim()) if d != dim)
+    per_index = t.any(dim=others) if others else t
+    return _to_units(per_index.to(torch.float64), first, size, width, "max")
+
+
+def _device(pieces: Sequence[Piece]) -> torch.device:
+    return pieces[0].values.device
+
+
+@dataclass(slots=True)
+class _Maxima:
+    """What one group reduces by maximum: units an earlier mask left, NaN and inf flags, largest terms."""
+
+    alive: Tensor | None
+    nan: Tensor | None = None
+    inf: Tensor | None = None
+    top: Tensor | None = None
+
+    def parts(self) -> list[Tensor]:
+        return [t for t in (self.alive, self.nan, self.inf, self.top) if t is not None]
+
+    def replaced(self, values: list[Tensor]) -> _Maxima:
+        it = iter(values)
+        return _Maxima(*(None if t is None else next(it) for t in (self.alive, self.nan, self.inf, self.top)))
+
+
+def _maxima(group: UnitGroup, pieces: Sequence[Piece], how: str | None, n: float) -> _Maxima:
+    size = group.size
+    zeros = torch.zeros(size, dtype=torch.float64, device=_device(pieces))
+    masked = any(p.mask is not None for p in pieces)
+    got = _Maxima(zeros if masked else None)
+    if how in ("sum", "max", "min"):
+        got.nan = zeros
+        got.inf = zeros if how == "sum" else None
+        got.top = zeros if how == "sum" else torch.full_like(zeros, -math.inf)
+    for piece in pieces:
+        span = _span(piece, size)
+        if span is None:
+            continue
+        part, kept, first = span
+        d, w = piece.member.dim, piece.member.width
+        if kept is not None and got.alive is not None:
+            got.alive = torch.maximum(got.alive, _flag(kept, d, first, size, w))
+        if got.nan is None or got.top is None:
+            continue
+        v = part.to(torch.float64).abs() if how != "sum" else _terms(part, n)
+        isnan = v.isnan()
+        got.nan = torch.maximum(got.nan, _flag(isnan, d, first, size, w))
+        if got.inf is not None:
+            isinf = v.isinf()
+            got.inf = torch.maximum(got.inf, _flag(isinf, d, first, size, w))
+            v = torch.where(isnan | isinf, torch.zeros_like(v), v)
+            neutral = 0.0
+        else:
+            v = torch.where(isnan, torch.full_like(v, -math.inf), v if how == "max" else -v)
+            neutral = -math.inf
+        got.top = torch.maximum(got.top, _to_units(_per_index(v, d, "max"), first, size, w, "max", neutral))
+    return got
+
+
+def _quanta(group: UnitGroup, pieces: Sequence[Piece], top: Tensor) -> Tensor:
+    """Each unit's ``M = 1.5 * 2**E``: its terms rounded to multiples of ``ulp(M)`` add up exactly.
+
+    With every term at most ``2**e`` (``e = ceil(log2(largest))``) and at most
+    ``2**k`` terms, every partial sum is below ``2**(e + k)``; ``E = e + k + 2``
+    keeps it under ``2**(E + 1)``, where multiples of ``ulp(M) = 2**(E - 52)``
+    are exact, and ``|term| < M / 2`` as the rounding by ``(v + M) - M`` needs.
+    """
+    count = sum(p.member.width * p.entries for p in pieces)
+    k = math.ceil(math.log2(count + 1))
+    e = torch.ceil(torch.log2(top.clamp(min=2.0**-1000)))
+    return torch.ldexp(torch.full_like(top, 1.5), e + (k + 2))
+
+
+def _rounded_sums(group: UnitGroup, pieces: Sequence[Piece], n: float, top: Tensor) -> Tensor:
+    """This process's part of each unit's sum of ``|x| ** n``, every term rounded to the unit's quantum."""
+    size = group.size
+    big = _quanta(group, pieces, top)
+    total = torch.zeros(size, dtype=torch.float64, device=top.device)
+    for piece in pieces:
+        span = _span(piece, size)
+        if span is None or not piece.counted:
+            continue
+        part, _, first = span
+        d, w = piece.member.dim, piece.member.width
+        length = part.shape[d]
+        shape = [length if i == d else 1 for i in range(part.dim())]
+        m = big.repeat_interleave(w, dim=-1).narrow(-1, first, length).reshape(shape)
+        v = _terms(part, n)
+        rounded = torch.where(v.isfinite(), (v + m) - m, torch.zeros_like(v))
+        total = total + _to_units(_per_index(rounded, d, "sum"), first, size, w, "sum")
+    return total
+
+
+def _counts(group: UnitGroup, pieces: Sequence[Piece]) -> Tensor:
+    """This process's part of each unit's count of nonzero entries (NaN counts, as torch counts it)."""
+    size = group.size
+    total = torch.zeros(size, dtype=torch.float64, device=_device(pieces))
+    for piece in pieces:
+        span = _span(piece, size)
+        if span is None or not piece.counted:
+            continue
+        part, _, first = span
+        d, w = piece.member.dim, piece.member.width
+        nonzero = (part != 0).to(torch.float64)
+        total = total + _to_units(_per_index(nonzero, d, "sum"), first, size, w, "sum")
+    return total
+
+
+def unit_keys(
+    groups: Sequence[tuple[UnitGroup, Sequence[Piece]]], n: float | None, reduce: Reduce
+) -> list[tuple[Tensor, Tensor | None]]:
+    """Each group's unit keys and the units an earlier mask left (``None``: no member has a mask).
+
+    Keys are float64 ``n``-norms of all of a unit's entries (zeros where ``n``
+    is ``None``: units drawn at random). ``reduce`` is called at most twice:
+    once with ``"max"``, once with ``"sum"``, each over one vector of a few
+    numbers per unit of every group.
+    """
+    how = None if n is None else _order(n)
+    maxima = [_maxima(group, pieces, how, 0.0 if n is None else n) for group, pieces in groups]
+    flat = [t for got in maxima for t in got.parts()]
+    if flat:
+        reduced = iter(torch.split(reduce(torch.cat(flat, -1), "max"), [t.shape[-1] for t in flat], -1))
+        maxima = [got.replaced([next(reduced) for _ in got.parts()]) for got in maxima]
+    sums: list[Tensor] = []
+    for (group, pieces), got in zip(groups, maxima, strict=True):
+        if how == "sum" and got.top is not None and n is not None:
+            sums.append(_rounded_sums(group, pieces, n, got.top))
+        elif how == "count":
+            sums.append(_counts(group, pieces))
+    summed = iter(torch.split(reduce(torch.cat(sums, -1), "sum"), [t.shape[-1] for t in sums], -1)) if sums else iter(())
+    out: list[tuple[Tensor, Tensor | None]] = []
+    for (group, pieces), got in zip(groups, maxima, strict=True):
+        eligible = None if got.alive is None else got.alive > 0
+        if how is None:
+            keys = torch.zeros(group.size, dtype=torch.float64, device=_device(pieces))
+        elif how == "count":
+            keys = next(summed)
+        else:
+            assert got.nan is not None and got.top is not None and n is not None
+            if how == "sum":
+                assert got.inf is not None
+                total = next(summed)
+                total = torch.where(got.inf > 0, torch.full_like(total, math.inf), total)
+                keys = total if n == 1 else total.pow(1 / n)
+            else:
+                keys = got.top if how == "max" else -got.top
+            keys = torch.where(got.nan > 0, torch.full_like(keys, math.nan), keys)
+        out.append((keys, eligible))
+    return out
