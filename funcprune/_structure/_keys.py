@@ -103,12 +103,14 @@ def _span(piece: Piece, size: int) -> tuple[Tensor, Tensor | None, int] | None:
     return part, kept, lo - m.start
 
 
-def _per_index(t: Tensor, dim: int, how: Literal["sum", "max"]) -> Tensor:
+def _per_index(t: Tensor, dim: int, how: Literal["sum", "max", "min"]) -> Tensor:
     """``t`` reduced over every dim but ``dim``: one number per index along ``dim``."""
     others = tuple(d for d in range(t.dim()) if d != dim)
     if not others:
         return t
-    return t.sum(others) if how == "sum" else t.amax(others)
+    if how == "sum":
+        return t.sum(others)
+    return t.amax(others) if how == "max" else t.amin(others)
 
 
 def _to_units(
@@ -162,6 +164,16 @@ class _Maxima:
         return _Maxima(*(None if t is None else next(it) for t in (self.alive, self.nan, self.inf, self.top)))
 
 
+def _abs_max(part: Tensor, dim: int) -> Tensor:
+    """The largest ``|x|`` per index along ``dim`` (NaN where there is one): two reads, no copy of ``|x|``."""
+    return torch.maximum(_per_index(part, dim, "max"), -_per_index(part, dim, "min"))
+
+
+def _fast(n: float) -> bool:
+    """Whether ``n``'s terms are exact in float64 and monotone in ``|x|``: their extremes come from ``x``'s."""
+    return n in (1.0, 2.0)
+
+
 def _maxima(group: UnitGroup, pieces: Sequence[Piece], how: str | None, n: float) -> _Maxima:
     size = group.size
     zeros = torch.zeros(size, dtype=torch.float64, device=_device(pieces))
@@ -181,18 +193,25 @@ def _maxima(group: UnitGroup, pieces: Sequence[Piece], how: str | None, n: float
             got.alive = torch.maximum(got.alive, _flag(kept, d, first, size, w))
         if got.nan is None or got.top is None:
             continue
-        v = part.to(torch.float64).abs() if how != "sum" else _terms(part, n)
-        isnan = v.isnan()
-        got.nan = torch.maximum(got.nan, _flag(isnan, d, first, size, w))
+        if how == "sum" and not _fast(n):  # any other order: every term computed (rare orders, slower)
+            v = _terms(part, n)
+            nan, inf = _per_index(v.isnan(), d, "max"), _per_index(v.isinf(), d, "max")
+            largest = _per_index(torch.where(v.isfinite(), v, torch.zeros_like(v)), d, "max")
+        else:  # per index from x's extremes, then one term per index
+            if how == "min":
+                extreme = _per_index(part.abs(), d, "min").to(torch.float64)
+            else:
+                extreme = _abs_max(part, d).to(torch.float64)
+            term = extreme if how != "sum" else _terms(extreme, n)
+            nan, inf = term.isnan(), term.isinf()
+            largest = term if how != "min" else -term
+        got.nan = torch.maximum(got.nan, _to_units(nan.to(torch.float64), first, size, w, "max"))
         if got.inf is not None:
-            isinf = v.isinf()
-            got.inf = torch.maximum(got.inf, _flag(isinf, d, first, size, w))
-            v = torch.where(isnan | isinf, torch.zeros_like(v), v)
-            neutral = 0.0
+            got.inf = torch.maximum(got.inf, _to_units(inf.to(torch.float64), first, size, w, "max"))
+            largest, neutral = torch.where(largest.isfinite(), largest, torch.zeros_like(largest)), 0.0
         else:
-            v = torch.where(isnan, torch.full_like(v, -math.inf), v if how == "max" else -v)
-            neutral = -math.inf
-        got.top = torch.maximum(got.top, _to_units(_per_index(v, d, "max"), first, size, w, "max", neutral))
+            largest, neutral = torch.where(nan, torch.full_like(largest, -math.inf), largest), -math.inf
+        got.top = torch.maximum(got.top, _to_units(largest, first, size, w, "max", neutral))
     return got
 
 
@@ -210,6 +229,38 @@ def _quanta(group: UnitGroup, pieces: Sequence[Piece], top: Tensor) -> Tensor:
     return torch.ldexp(torch.full_like(top, 1.5), e + (k + 2))
 
 
+#: Entries per chunk of the rounded sums: float64 temporaries that stay in cache.
+CHUNK = 1 << 15
+
+
+def _rounded_part(part: Tensor, d: int, big: Tensor, n: float) -> Tensor:
+    """Per index along ``d``: the sum of ``part``'s terms, each rounded to its index's quantum (``big``: ``M``).
+
+    Chunk by chunk along dim 0 (every sum is exact, so the order is free);
+    terms that are not finite give NaN, which the flags override.
+    """
+    length = part.shape[d]
+    shape = [length if i == d else 1 for i in range(part.dim())]
+    m = big.reshape(shape)
+    rows = part.shape[0]
+    step = max(1, CHUNK // max(1, part.numel() // max(1, rows)))
+    out: list[Tensor] = []
+    total: Tensor | None = None
+    for s in range(0, rows, step):
+        count = min(step, rows - s)
+        v = _terms(part.narrow(0, s, count), n)
+        here = m.narrow(0, s, count) if d == 0 else m
+        per_index = _per_index((v + here) - here, d, "sum")
+        if d == 0:
+            out.append(per_index)
+        else:
+            total = per_index if total is None else total + per_index
+    if d == 0:
+        return torch.cat(out, -1) if len(out) > 1 else out[0]
+    assert total is not None
+    return total
+
+
 def _rounded_sums(group: UnitGroup, pieces: Sequence[Piece], n: float, top: Tensor) -> Tensor:
     """This process's part of each unit's sum of ``|x| ** n``, every term rounded to the unit's quantum."""
     size = group.size
@@ -222,11 +273,8 @@ def _rounded_sums(group: UnitGroup, pieces: Sequence[Piece], n: float, top: Tens
         part, _, first = span
         d, w = piece.member.dim, piece.member.width
         length = part.shape[d]
-        shape = [length if i == d else 1 for i in range(part.dim())]
-        m = big.repeat_interleave(w, dim=-1).narrow(-1, first, length).reshape(shape)
-        v = _terms(part, n)
-        rounded = torch.where(v.isfinite(), (v + m) - m, torch.zeros_like(v))
-        total = total + _to_units(_per_index(rounded, d, "sum"), first, size, w, "sum")
+        per_index_m = big.repeat_interleave(w, dim=-1).narrow(-1, first, length)
+        total = total + _to_units(_rounded_part(part, d, per_index_m, n), first, size, w, "sum")
     return total
 
 
@@ -240,8 +288,9 @@ def _counts(group: UnitGroup, pieces: Sequence[Piece]) -> Tensor:
             continue
         part, _, first = span
         d, w = piece.member.dim, piece.member.width
-        nonzero = (part != 0).to(torch.float64)
-        total = total + _to_units(_per_index(nonzero, d, "sum"), first, size, w, "sum")
+        others = tuple(i for i in range(part.dim()) if i != d)
+        nonzero = torch.count_nonzero(part, dim=others) if others else (part != 0).to(torch.int64)
+        total = total + _to_units(nonzero.to(torch.float64), first, size, w, "sum")
     return total
 
 
