@@ -236,14 +236,17 @@ CHUNK = 1 << 15
 def _rounded_part(part: Tensor, d: int, big: Tensor, n: float) -> Tensor:
     """Per index along ``d``: the sum of ``part``'s terms, each rounded to its index's quantum (``big``: ``M``).
 
-    Chunk by chunk along dim 0 (every sum is exact, so the order is free);
-    terms that are not finite give NaN, which the flags override.
+    Chunk by chunk along dim 0 (every sum is exact, so the order is free;
+    in one step when compiled); terms that are not finite give NaN, which
+    the flags override.
     """
     length = part.shape[d]
     shape = [length if i == d else 1 for i in range(part.dim())]
     m = big.reshape(shape)
     rows = part.shape[0]
     step = max(1, CHUNK // max(1, part.numel() // max(1, rows)))
+    if torch.compiler.is_compiling():
+        step = max(1, rows)  # one step: the compiler fuses the terms into the sum, and a loop would unroll
     out: list[Tensor] = []
     total: Tensor | None = None
     for s in range(0, rows, step):
