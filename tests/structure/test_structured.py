@@ -236,7 +236,6 @@ def test_a_structure_is_a_read_only_mapping() -> None:
 
 def test_compiled_equals_eager() -> None:
     structure, params = fused()
-    for spec in (fp.LnStructured(0.5, n=2), fp.LnStructured(2, n=math.inf)):
-        plan = fp.structured(structure, spec, normalize="mean")
-        eager, compiled = plan(params), torch.compile(plan)(params)
-        assert all(torch.equal(eager[k], compiled[k]) for k in eager)
+    plan = fp.structured(structure, fp.LnStructured(0.5, n=2), normalize="mean")
+    eager, compiled = plan(params), torch.compile(plan)(params)
+    assert all(torch.equal(eager[k], compiled[k]) for k in eager)
