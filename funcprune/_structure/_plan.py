@@ -115,14 +115,13 @@ class UnitPlan(AbstractPlan):
         eligible = [e for _, e in keyed]
         if self.scope == "global":
             total = sum(g.size for g in groups.values())
-            what = f"the {total} units of {len(groups)} groups jointly"
-            kept = blocks.agreed(_select(fn, self.spec, keys, eligible, generator, what), self.spec)
-            split = torch.split(kept, [g.size for g in groups.values()])
+            kept = _select(fn, self.spec, keys, eligible, generator, f"the {total} units of {len(groups)} groups jointly")
         else:
-            split = tuple(
-                blocks.agreed(_select(fn, self.spec, [k], [e], generator, f"the {g.size} {g.kind} of {name!r}"), self.spec)
+            kept = torch.cat([
+                _select(fn, self.spec, [k], [e], generator, f"the {g.size} {g.kind} of {name!r}")
                 for (name, g), k, e in zip(groups.items(), keys, eligible, strict=True)
-            )
+            ])  # fmt: skip
+        split = torch.split(blocks.agreed(kept, self.spec), [g.size for g in groups.values()])
         local: dict[str, Tensor] = {}
         for group, units in zip(groups.values(), split, strict=True):
             for member in group.members:
