@@ -42,6 +42,7 @@ CALL_TIMEOUT = 90
 #: What the fork server imports once for every process it forks (missing ones are skipped).
 PRELOAD = [
     "torch", "torch.distributed", "torch.distributed.tensor", "torch.distributed.fsdp", "hypothesis", "funcprune",
+    "transformers", "transformers.models.llama.modeling_llama", "transformers.models.mixtral.modeling_mixtral",
     __name__,
 ]  # fmt: skip
 

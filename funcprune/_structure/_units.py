@@ -128,6 +128,10 @@ class Structure(Mapping[str, UnitGroup]):
                 raise TypeError(f"Structure: groups must map names (str) to UnitGroup, got {name!r}: {group!r}")
         object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
 
+    def __reduce__(self) -> tuple[type[Structure], tuple[dict[str, UnitGroup]]]:
+        """Pickled as its groups (so one process can read a structure and send it to the others)."""
+        return (Structure, (dict(self.groups),))
+
     def __getitem__(self, name: str) -> UnitGroup:
         return self.groups[name]
 

@@ -204,10 +204,8 @@ def _llama(name: str) -> Any:
     return tiny(name, layers=2, seed=0)
 
 
-def _model_on_ranks(rank: int, size: int, name: str, how: str, kinds: list[str]) -> dict[str, Any]:
-    tiny = _llama(name)
-    model = tiny.model
-    structure = fp.structure(model, tiny.args)
+def _model_on_ranks(rank: int, size: int, name: str, how: str, kinds: list[str], structure: fp.Structure) -> dict[str, Any]:
+    model = _llama(name).model
     plan = fp.structured(structure, fp.LnStructured(0.4, n=2), kinds=kinds, normalize="mean")  # type: ignore[arg-type]
     whole = {n: p.detach().clone() for n, p in model.named_parameters()}
     reference = plan(whole)
@@ -248,7 +246,8 @@ def _model_on_ranks(rank: int, size: int, name: str, how: str, kinds: list[str])
 @pytest.mark.parametrize("how", ["fsdp", "tp"])
 def test_a_transformers_model_sharded_prunes_as_one_process(world2: World, name: str, kinds: list[str], how: str) -> None:
     pytest.importorskip("transformers")
-    for r in world2.run(_model_on_ranks, name, how, kinds):
+    t = _llama(name)
+    for r in world2.run(_model_on_ranks, name, how, kinds, fp.structure(t.model, t.args)):
         assert r["got"].keys() == r["reference"].keys()
         for n in r["reference"]:
             assert torch.equal(r["got"][n], r["reference"][n]), n
@@ -259,7 +258,8 @@ def test_a_transformers_model_sharded_prunes_as_one_process(world2: World, name:
 
 def test_a_transformers_model_under_fsdp2_and_tensor_parallelism_prunes_as_one_process(world4: World) -> None:
     pytest.importorskip("transformers")
-    for r in world4.run(_model_on_ranks, "llama", "2d", ["channels", "kv_groups"]):
+    t = _llama("llama")
+    for r in world4.run(_model_on_ranks, "llama", "2d", ["channels", "kv_groups"], fp.structure(t.model, t.args)):
         for n in r["reference"]:
             assert torch.equal(r["got"][n], r["reference"][n]), n
         assert r["collectives"] == {"c10d.allreduce_"}

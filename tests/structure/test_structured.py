@@ -239,3 +239,12 @@ def test_compiled_equals_eager() -> None:
     plan = fp.structured(structure, fp.LnStructured(0.5, n=2), normalize="mean")
     eager, compiled = plan(params), torch.compile(plan)(params)
     assert all(torch.equal(eager[k], compiled[k]) for k in eager)
+
+
+def test_a_structure_pickles_and_copies() -> None:
+    import copy
+    import pickle
+
+    structure, _ = fused()
+    for again in (pickle.loads(pickle.dumps(structure)), copy.deepcopy(structure), copy.copy(structure)):
+        assert again == structure and list(again) == list(structure)
