@@ -43,6 +43,7 @@ CALL_TIMEOUT = 90
 PRELOAD = [
     "torch", "torch.distributed", "torch.distributed.tensor", "torch.distributed.fsdp", "hypothesis", "funcprune",
     "transformers", "transformers.models.llama.modeling_llama", "transformers.models.mixtral.modeling_mixtral",
+    "transformers.models.gpt2.modeling_gpt2", "transformers.models.opt.modeling_opt",
     __name__,
 ]  # fmt: skip
 

@@ -10,9 +10,9 @@ processes:
   ``Replicate``, 2-D meshes), every norm order, ties, NaN and inf, earlier
   masks, given scores, amounts, scopes and normalizations, and random units;
 - real transformers models (Llama with grouped-query attention: channels,
-  KV groups; Mixtral: experts) under ``fully_shard``, under
-  ``parallelize_module`` (column-wise q/k/v/gate/up, row-wise o/down) and
-  under both on a 2x2 mesh;
+  KV groups; Mixtral: experts; GPT-2 and OPT: heads) under ``fully_shard``,
+  under ``parallelize_module`` (column-wise q/k/v/gate/up, row-wise
+  o/down) and under both on a 2x2 mesh;
 - the bytes sent, which stay the same when the hidden size grows 4x.
 """
 
@@ -204,6 +204,18 @@ def _llama(name: str) -> Any:
     return tiny(name, layers=2, seed=0)
 
 
+def _layers(model: Any) -> Any:
+    """The decoder layers of a Llama-like model, OPT or GPT-2."""
+    if hasattr(model, "transformer"):
+        return model.transformer.h
+    return model.model.decoder.layers if hasattr(model.model, "decoder") else model.model.layers
+
+
+#: Tensor parallelism's plan per layer: column-wise in, row-wise out (OPT's names, else Llama's).
+_OPT_TP = {"self_attn.q_proj": "col", "self_attn.k_proj": "col", "self_attn.v_proj": "col",
+           "self_attn.out_proj": "row", "fc1": "col", "fc2": "row"}  # fmt: skip
+
+
 def _model_on_ranks(rank: int, size: int, name: str, how: str, kinds: list[str], structure: fp.Structure) -> dict[str, Any]:
     model = _llama(name).model
     plan = fp.structured(structure, fp.LnStructured(0.4, n=2), kinds=kinds, normalize="mean")  # type: ignore[arg-type]
@@ -213,7 +225,7 @@ def _model_on_ranks(rank: int, size: int, name: str, how: str, kinds: list[str],
         from torch.distributed.fsdp import fully_shard
 
         mesh = init_device_mesh("cpu", (size,))
-        for layer in model.model.layers:
+        for layer in _layers(model):
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
     else:
@@ -222,9 +234,12 @@ def _model_on_ranks(rank: int, size: int, name: str, how: str, kinds: list[str],
         mesh = init_device_mesh("cpu", (2, size // 2) if how == "2d" else (size,), mesh_dim_names=("dp", "tp")[-(2 if how == "2d" else 1):])
         tp = mesh["tp"] if how == "2d" else mesh
         col, row = ColwiseParallel(), RowwiseParallel()
-        for layer in model.model.layers:
-            plan_tp = {f"self_attn.{p}": col for p in ("q_proj", "k_proj", "v_proj")} | {"self_attn.o_proj": row}
-            if hasattr(layer.mlp, "gate_proj"):
+        for layer in _layers(model):
+            if name == "opt":
+                plan_tp = {k: col if v == "col" else row for k, v in _OPT_TP.items()}
+            else:
+                plan_tp = {f"self_attn.{p}": col for p in ("q_proj", "k_proj", "v_proj")} | {"self_attn.o_proj": row}
+            if hasattr(layer, "mlp") and hasattr(layer.mlp, "gate_proj"):
                 plan_tp |= {"mlp.gate_proj": col, "mlp.up_proj": col, "mlp.down_proj": row}
             parallelize_module(layer, tp, plan_tp)  # type: ignore[arg-type]
         if how == "2d":
@@ -242,8 +257,15 @@ def _model_on_ranks(rank: int, size: int, name: str, how: str, kinds: list[str],
     return {"reference": reference, "got": got, "collectives": collectives(comm), "bytes": counter.bytes, "layouts": layouts}
 
 
-@pytest.mark.parametrize(("name", "kinds"), [("llama", ["channels", "kv_groups"]), ("mixtral", ["experts", "kv_groups"])])
-@pytest.mark.parametrize("how", ["fsdp", "tp"])
+@pytest.mark.parametrize(
+    ("name", "kinds", "how"),
+    [
+        ("llama", ["channels", "kv_groups"], "fsdp"), ("llama", ["channels", "kv_groups"], "tp"),
+        ("mixtral", ["experts", "kv_groups"], "fsdp"), ("mixtral", ["experts", "kv_groups"], "tp"),
+        ("gpt2", ["heads", "channels"], "fsdp"),  # fused c_attn (in, 3 * hidden): every head cut across processes
+        ("opt", ["heads", "channels"], "tp"),
+    ],
+)  # fmt: skip
 def test_a_transformers_model_sharded_prunes_as_one_process(world2: World, name: str, kinds: list[str], how: str) -> None:
     pytest.importorskip("transformers")
     t = _llama(name)
