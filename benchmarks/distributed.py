@@ -1,31 +1,60 @@
 """funcprune on DTensors: worlds of 2 and 4 gloo processes beside one process.
 
-Run from the repository root (after installing the package):
+Run from the repository root (after installing the package; the structured
+suite needs the ``hf`` extra, transformers):
 
-    python benchmarks/distributed.py                 # worlds 2 and 4, ResNet-50 set, 5 repetitions
+    python benchmarks/distributed.py                 # worlds 2 and 4, both suites (about 10 min on 2 shared cores)
     python benchmarks/distributed.py --world 2 --repeats 9
-    python benchmarks/distributed.py --quick         # width/4 ResNet-50 (1.6M weights), 2 repetitions
+    python benchmarks/distributed.py --only unstructured   # the ResNet-50 set only, 5 repetitions
+    python benchmarks/distributed.py --only structured     # the 1.1B Llama's units only, 3 repetitions
+    python benchmarks/distributed.py --quick         # width/4 ResNet-50 (1.6M weights), a 48M Llama, 2 repetitions
+
+Two suites, each its own set of worlds (``--only`` picks one):
+
+- unstructured: the ResNet-50 weight set (below), a global plan and a
+  per-tensor plan.
+- structured: ``fp.structured`` over the units of a Llama of about 1B
+  parameters (:data:`LLAMA_1B`: hidden 2048, MLP 8192, 16 layers, 32 query
+  heads in 8 KV groups, vocabulary 32000; 1.10B parameters, printed), its
+  MLP channels (8192 per layer) and KV groups (8 per layer), L2 norms,
+  25%, ``normalize="mean"``: one plan over both kinds (``scope="global"``:
+  they compete, each layer's group normalized to mean 1), and two plans,
+  one per kind (so 25% of the KV groups go too: with random weights the
+  normalized KV-group norms all lie within a hair of 1, and the single
+  plan's 25% all come from the channels). The parameters are the units'
+  member weights only (q/k/v/o and gate/up/down of every layer, 973M
+  float32 weights, 3.6 GiB in one process): no embeddings, norms or LM
+  head, which no unit touches. Nothing traces the 1B model: its
+  ``fp.Structure`` is built from the config (:meth:`Llama.structure`), and
+  before any world starts the same builder, applied to a tiny Llama config
+  (:data:`LLAMA_TINY`), must equal ``fp.structure`` of that tiny
+  ``LlamaForCausalLM`` (order included), its member shapes and parameter
+  count those of the model, or the run fails.
 
 Every world (1 = one process, plain tensors, no DTensor; 2 and 4 = gloo
 processes on 127.0.0.1, a free port, each tensor a ``Shard(0)`` DTensor on a
-1-D mesh) is a fresh set of processes started by
+1-D mesh, as ``fully_shard`` lays out parameters) is a fresh set of processes started by
 ``torch.multiprocessing.start_processes``, each on 1 torch thread: forked
 from a fork server, a fresh interpreter that imports torch once
 (``--start-method spawn``: each rank a fresh interpreter, about 3 s of
 imports per rank on 2 cores). A world that runs past ``--timeout`` is
 terminated and fails the run; collectives time out after
-:data:`COLLECTIVE_TIMEOUT` seconds. Two cases are
-timed, interleaved, after an untimed warm-up call each: one global ranking
-of every weight (``global_unstructured``, L1 50%) and a per-tensor plan
-(``Plan({"*": L1Unstructured(0.5)})``). Every rank waits at a barrier before
-each call.
+:data:`COLLECTIVE_TIMEOUT` seconds. A suite's cases are
+timed, interleaved, after an untimed warm-up call each (unstructured: one
+global ranking of every weight, ``global_unstructured``, L1 50%, and a
+per-tensor plan, ``Plan({"*": L1Unstructured(0.5)})``; structured: the two
+above, a two-plan case timed as one call of both). Every rank waits at a
+barrier before each call.
 
 What each column measures:
 
 - time per call: ``perf_counter`` around one call, per rank; "rank 0" is
   rank 0's median (min) over the repetitions, "slowest" the median (min)
   over repetitions of the slowest rank's time in that repetition, which is
-  when the last rank has its masks.
+  when the last rank has its masks. Under the table, each rank's median
+  CPU time per call (``process_time``: its own work, gloo's threads
+  included, whatever the contention for the cores), for worlds that
+  oversubscribe or share the cores.
 - collectives, bytes: one more call, under ``CommDebugMode`` (which counts
   collectives issued through the dispatcher, direct ``dist.all_reduce`` on
   plain tensors included) and a dispatch mode that adds up the bytes of the
@@ -42,8 +71,10 @@ What each column measures:
   temporaries and its output masks (CPU tensors are invisible to
   tracemalloc). The parameters' own block is the "weights / rank" column.
 - masks: after the timing, every rank gathers the DTensor masks
-  (``full_tensor()``, not timed or counted) and rank 0 compares them with
-  the single process's masks, bit for bit; "DIFFERENT" exits with status 1.
+  (``full_tensor()``, not timed or counted, one tensor at a time) and rank
+  0 compares them with the single process's masks (saved to a temporary
+  folder, read back memory-mapped), bit for bit; "DIFFERENT" exits with
+  status 1.
 - selection rounds (lines under the table): every radix round all-reduces
   one histogram of ``funcprune._select._radix.BINS`` int64 (32 KiB), the first
   one's sum the unpruned count; a bracketed selection (from
@@ -55,12 +86,21 @@ What each column measures:
   together) and selections by wrapping ``funcprune._select._sharded._search_all``,
   ``funcprune._select._sharded.keep_over_shards_each`` and
   ``funcprune._select._choose.keep_by_bracket_over_shards`` in the worker processes.
+- units (lines under the structured table): the units each plan ranks,
+  the units it pruned (counted in the single process's masks), and the
+  bytes sent per unit. A structured plan all-reduces float64 numbers per
+  unit (the maxima, then the rounded sums), never a weight, so the bytes
+  follow the unit count, not the weights or the world size. One process's
+  masks are stride-0 views of each unit's flag; a DTensor mask's local
+  block is contiguous (``_structure._blocks.Blocks.wrapped``), a byte per
+  weight, which the peak-memory column shows.
 
-The weights are the conv and linear weights of ResNet-50 (``run.py``'s
-shapes, He-scaled normal values). Every rank builds only its own rows: row
-``r`` of tensor ``t`` is drawn from a generator seeded with ``(seed, t, r)``,
-so every world size holds the same values without anyone building, or
-sending, a whole tensor.
+The unstructured suite's weights are the conv and linear weights of
+ResNet-50 (``run.py``'s shapes), the structured suite's the Llama's member
+weights; both He-scaled normal values. Every rank builds only its own
+rows: row ``r`` of tensor ``t`` is drawn from a generator seeded with
+``(seed, t, r)``, so every world size holds the same values without anyone
+building, or sending, a whole tensor.
 """
 
 from __future__ import annotations
@@ -94,9 +134,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import funcprune as fp
-from funcprune import _native
-from funcprune import _select
+from funcprune import _native, _select
 from funcprune._select import _choose, _radix, _sharded
+from funcprune._structure._units import Kind
 from funcprune._types import is_dtensor
 
 Masks = dict[str, torch.Tensor]
@@ -114,18 +154,141 @@ PRELOAD = ["__main__", "torch", "torch.distributed", "torch.distributed.tensor",
 #: Bytes of one radix round's histogram.
 HISTOGRAM_BYTES = _radix.BINS * 8
 
-CASES: dict[str, Callable[[list[str]], Callable[[Masks], Masks]]] = {
-    "global L1 50%": lambda names: fp.global_unstructured(names, fp.L1Unstructured(0.5)),
-    "per-tensor L1 50%": lambda names: fp.Plan({"*": fp.L1Unstructured(0.5)}),
+
+@dataclass(frozen=True)
+class Llama:
+    """A ``LlamaConfig``'s sizes: its units' member weights and their ``fp.Structure``, built without a model."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def describe(self) -> str:
+        return (
+            f"hidden {self.hidden}, MLP {self.intermediate}, {self.layers} layers, {self.heads} query heads in "
+            f"{self.kv_heads} KV groups, vocabulary {self.vocab}"
+        )
+
+    def config(self) -> Any:
+        """The ``transformers.LlamaConfig`` of these sizes (untied embeddings, as ``LlamaConfig``'s default)."""
+        import transformers
+
+        return transformers.LlamaConfig(
+            vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
+            num_hidden_layers=self.layers, num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
+            max_position_embeddings=64,
+        )  # fmt: skip
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """The member weights' shapes, named and ordered as ``LlamaForCausalLM.named_parameters()``."""
+        h, d = self.hidden, self.head_dim
+        out: dict[str, tuple[int, ...]] = {}
+        for i in range(self.layers):
+            a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            out |= {
+                a + "q_proj.weight": (self.heads * d, h), a + "k_proj.weight": (self.kv_heads * d, h),
+                a + "v_proj.weight": (self.kv_heads * d, h), a + "o_proj.weight": (h, self.heads * d),
+                m + "gate_proj.weight": (self.intermediate, h), m + "up_proj.weight": (self.intermediate, h),
+                m + "down_proj.weight": (h, self.intermediate),
+            }  # fmt: skip
+        return out
+
+    def structure(self) -> fp.Structure:
+        """What ``fp.structure`` reads from the model: per layer its KV groups, then its MLP channels."""
+        d, per_group = self.head_dim, self.heads // self.kv_heads
+        groups: dict[str, fp.UnitGroup] = {}
+        for i in range(self.layers):
+            a, m = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+            groups[a] = fp.UnitGroup("kv_groups", self.kv_heads, (
+                fp.Member(f"{a}.q_proj.weight", 0, per_group * d), fp.Member(f"{a}.k_proj.weight", 0, d),
+                fp.Member(f"{a}.v_proj.weight", 0, d), fp.Member(f"{a}.o_proj.weight", 1, per_group * d),
+            ))  # fmt: skip
+            groups[m] = fp.UnitGroup("channels", self.intermediate, (
+                fp.Member(f"{m}.gate_proj.weight", 0, 1), fp.Member(f"{m}.up_proj.weight", 0, 1),
+                fp.Member(f"{m}.down_proj.weight", 1, 1),
+            ))  # fmt: skip
+        return fp.Structure(groups)
+
+    def parameters(self) -> int:
+        """The whole model's parameter count: the members, two norms per layer, the final norm, embeddings, LM head."""
+        members = sum(math.prod(s) for s in self.shapes().values())
+        return members + (2 * self.layers + 1) * self.hidden + 2 * self.vocab * self.hidden
+
+
+#: The structured suite's model: about 1B parameters (1.10B, 973M of them in units' member weights).
+LLAMA_1B = Llama(hidden=2048, intermediate=8192, layers=16, heads=32, kv_heads=8, vocab=32000)
+#: ``--quick``'s: the same family at a quarter of the width, 4 layers.
+LLAMA_QUICK = Llama(hidden=512, intermediate=2048, layers=4, heads=8, kv_heads=2, vocab=32000)
+#: The builder's check: a model this small is traced with ``fp.structure`` (4 query heads per KV group, as above).
+LLAMA_TINY = Llama(hidden=64, intermediate=96, layers=2, heads=8, kv_heads=2, vocab=64)
+
+
+def check_builder(llama: Llama) -> str:
+    """Fails unless ``llama``'s structure, member shapes and parameter count equal those of its model, traced."""
+    import transformers
+
+    torch.manual_seed(0)
+    model: Any = transformers.LlamaForCausalLM(llama.config())
+    model.eval()
+    traced = fp.structure(model, (torch.randint(0, llama.vocab, (1, 8)),))
+    built = llama.structure()
+    assert list(traced.items()) == list(built.items()), f"the builder's structure differs:\n{traced}\n{built}"
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters() if n in llama.shapes()}
+    assert list(shapes.items()) == list(llama.shapes().items()), "the builder's member shapes differ"
+    count = sum(p.numel() for p in model.parameters())
+    assert count == llama.parameters(), f"the parameter count differs: {count} != {llama.parameters()}"
+    return f"{len(built)} groups, member shapes and {count:,} parameters equal the traced model's"
+
+
+PlanCall = Callable[[Masks], Masks]
+#: The structured suite's cases: the kinds of each plan a call runs (a case with two runs both, one mask dict).
+STRUCTURED: dict[str, tuple[tuple[Kind, ...], ...]] = {
+    "units L2 25%, one plan": (("channels", "kv_groups"),),
+    "units L2 25%, two plans": (("channels",), ("kv_groups",)),
 }
+
+
+def _structured(kinds: tuple[tuple[Kind, ...], ...]) -> Callable[[Config], PlanCall]:
+    def make(config: Config) -> PlanCall:
+        assert config.llama is not None
+        structure = config.llama.structure()
+        plans = [fp.structured(structure, fp.LnStructured(0.25, n=2), kinds=k, normalize="mean") for k in kinds]
+
+        def call(params: Masks) -> Masks:
+            masks: Masks = {}
+            for plan in plans:
+                masks |= plan(params)
+            return masks
+
+        return call
+
+    return make
+
+
+CASES: dict[str, Callable[[Config], PlanCall]] = {
+    "global L1 50%": lambda config: fp.global_unstructured(list(config.shapes), fp.L1Unstructured(0.5)),
+    "per-tensor L1 50%": lambda config: fp.Plan({"*": fp.L1Unstructured(0.5)}),
+    **{case: _structured(kinds) for case, kinds in STRUCTURED.items()},
+}
+#: The suites (``--only``): each its weights and its cases, every world started afresh for it.
+SUITES = {"unstructured": ("global L1 50%", "per-tensor L1 50%"), "structured": tuple(STRUCTURED)}
 
 
 @dataclass(frozen=True)
 class Config:
     shapes: dict[str, tuple[int, ...]]
+    cases: tuple[str, ...]
     repeats: int
     seed: int
     out: str  # folder for results and the single process's masks
+    llama: Llama | None = None  # the structured suite's model
 
 
 # --- the weights: every rank its own rows -------------------------------------------
@@ -300,11 +463,11 @@ def rank_main(rank: int, world: int, port: int, config: Config) -> None:
 
 def _measure(rank: int, world: int, config: Config) -> dict[str, Any]:
     params = weights(config, rank, world)
-    names = list(params)
-    plans = {case: make(names) for case, make in CASES.items()}
+    plans = {case: CASES[case](config) for case in config.cases}
     result: dict[str, Any] = {
         "weight_bytes": sum(local(p).numel() * local(p).element_size() for p in params.values()),
-        "times": {c: [] for c in CASES},
+        "times": {c: [] for c in config.cases},
+        "cpu": {c: [] for c in config.cases},
     }
     for plan in plans.values():  # warm-up
         _barrier(world)
@@ -316,16 +479,32 @@ def _measure(rank: int, world: int, config: Config) -> dict[str, Any]:
     for _ in range(config.repeats):
         for case, plan in plans.items():
             _barrier(world)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             plan(params)
             result["times"][case].append(time.perf_counter() - start)
-    result["comm"], result["masks"] = {}, {}
+            result["cpu"][case].append(time.process_time() - cpu)
+    result["comm"], result["masks"], result["pruned"] = {}, {}, {}
     for case, plan in plans.items():
         _barrier(world)
         masks, comm = _communication(world, lambda: plan(params))
         result["comm"][case] = comm
+        if world == 1 and config.llama is not None:
+            result["pruned"][case] = pruned_units(config.llama.structure(), masks)
         result["masks"][case] = _check(rank, world, config, case, masks)
+        del masks
     return result
+
+
+def pruned_units(structure: fp.Structure, masks: Masks) -> dict[str, int]:
+    """Units pruned per kind: those whose slice of their group's first member is all pruned."""
+    out: Counter[str] = Counter()
+    for group in structure.values():
+        first = group.members[0]
+        if first.name not in masks:
+            continue
+        rows = masks[first.name].movedim(first.dim, 0)[first.start : first.start + group.size * first.width]
+        out[group.kind] += int((~rows.reshape(group.size, -1).any(1)).sum())
+    return dict(out)
 
 
 def _communication(world: int, call: Callable[[], Masks]) -> tuple[Masks, dict[str, Any]]:
@@ -349,13 +528,15 @@ def _check(rank: int, world: int, config: Config, case: str, masks: Masks) -> st
     if world == 1:
         torch.save(masks, path)
         return "reference"
-    whole = {n: m.full_tensor() for n, m in masks.items()}  # type: ignore[attr-defined]  # DTensor masks
+    reference: Masks = torch.load(path, mmap=True) if rank == 0 else {}
+    same = rank != 0 or list(masks) == list(reference)
+    for n, m in masks.items():  # one tensor at a time: a 1B model's masks are 1 GB whole
+        whole = m.full_tensor()  # type: ignore[attr-defined]  # DTensor masks; every rank gathers
+        if rank == 0:
+            same = same and n in reference and whole.dtype == torch.bool and torch.equal(whole, reference[n])
+        del whole
     if rank != 0:
         return ""
-    reference: Masks = torch.load(path)
-    same = list(whole) == list(reference) and all(
-        m.dtype == torch.bool and torch.equal(m, reference[n]) for n, m in whole.items()
-    )
     return "identical" if same else "DIFFERENT"
 
 
@@ -417,13 +598,14 @@ class Summary:
     rows: list[str]
     rounds: list[str]
     failed: list[str]
+    cpu: list[str]
 
 
-def summarize(world: int, results: list[dict[str, Any]]) -> Summary:
-    """Table rows (one per case) and the selection-rounds lines of one world."""
-    out = Summary([], [], [])
+def summarize(world: int, results: list[dict[str, Any]], config: Config) -> Summary:
+    """Table rows (one per case) and the selection-rounds (or units) lines of one world."""
+    out = Summary([], [], [], [])
     weight_bytes = max(r["weight_bytes"] for r in results)
-    for case in CASES:
+    for case in config.cases:
         times = [r["times"][case] for r in results]
         slowest = [max(ts) for ts in zip(*times, strict=True)]
         memory = [r["memory"][case] for r in results]
@@ -445,13 +627,21 @@ def summarize(world: int, results: list[dict[str, Any]]) -> Summary:
                 f"{sum(first['ops'].values())}, the wrapper {sum(first['calls'].values())}"
             )
         time_cell = f"{_ms(statistics.median(times[0]))} / {_ms(statistics.median(slowest))}"
+        cpu = [statistics.median(r["cpu"][case]) for r in results]
+        out.cpu.append(
+            f"- world {world}, {case}: {_ms(cpu[0])} ms (rank 0), {_ms(max(cpu))} ms (most), "
+            f"{_ms(sum(cpu))} ms (all ranks together); wall clock {time_cell} ms"
+        )
         min_cell = f"{_ms(min(times[0]))} / {_ms(min(slowest))}"
         kinds = ", ".join(f"{n} x {_payload(size)}" for _, size, n in first["sizes"]) or "none"
         out.rows.append(
             f"| {world} | {case} | {time_cell} | {min_cell} | {collectives} ({kinds}) | {_bytes(sent)} | "
             f"{_bytes(weight_bytes)} | {peak} | {masks} |"
         )
-        if world > 1:
+        if case in STRUCTURED:
+            assert config.llama is not None
+            out.rounds.append(_units_line(world, case, config.llama.structure(), results[0]["pruned"].get(case), sent))
+        elif world > 1:
             stacked = [(size // HISTOGRAM_BYTES, n) for _, size, n in first["sizes"] if size % HISTOGRAM_BYTES == 0]
             counted = sum(n for _, size, n in first["sizes"] if size == HISTOGRAM_BYTES + 8)
             rounds = sum(n for _, n in stacked) + counted
@@ -469,11 +659,55 @@ def summarize(world: int, results: list[dict[str, Any]]) -> Summary:
     return out
 
 
+def _units_line(world: int, case: str, structure: fp.Structure, pruned: dict[str, int] | None, sent: int) -> str:
+    """The units a structured case ranks (and, in the single process, prunes), and the bytes sent per unit."""
+    kinds = [k for plan in STRUCTURED[case] for k in plan]
+    units = {k: sum(g.size for g in structure.values() if g.kind == k) for k in kinds}
+    ranked = " + ".join(f"{n} {k}" for k, n in units.items())
+    plans = " and ".join(f"one over {' and '.join(ks)}" for ks in STRUCTURED[case])
+    if pruned is not None:
+        cut = ", ".join(f"{pruned.get(k, 0)} of {n} {k}" for k, n in units.items())
+        return f"- world {world}, {case} ({plans}): {ranked} units; pruned {cut}"
+    total = sum(units.values())
+    return f"- world {world}, {case}: {_bytes(sent)} per call over {total} units = {sent / total:.1f} B per unit"
+
+
+def _suite(suite: str, quick: bool, repeats: int, out: str) -> tuple[Config, str]:
+    """A suite's config and the lines that describe it."""
+    if suite == "unstructured":
+        shapes = quick_shapes() if quick else resnet50_shapes()
+        config = Config(shapes, SUITES[suite], repeats, seed=0, out=out)
+        what = f"{'quick: ResNet-50 at 1/4 width' if quick else 'ResNet-50 weight set'}: {len(shapes)} tensors"
+    else:
+        llama = LLAMA_QUICK if quick else LLAMA_1B
+        checked = check_builder(LLAMA_TINY)
+        shapes = llama.shapes()
+        config = Config(shapes, SUITES[suite], repeats, seed=0, out=out, llama=llama)
+        what = (
+            f"{'quick: ' if quick else ''}LlamaForCausalLM config ({llama.describe()}): {llama.parameters():,} "
+            f"parameters ({llama.parameters() / 1e9:.2f}B); the params are its units' member weights only (no "
+            f"embeddings, norms or LM head): {len(shapes)} tensors; fp.Structure built from the config, not traced "
+            f"(the builder on a tiny Llama, {LLAMA_TINY.describe()}: {checked})"
+        )
+    total = sum(math.prod(s) for s in shapes.values())
+    return config, (
+        f"{suite}: {what}, {total / 1e6:.1f}M float32 weights ({_bytes(4 * total)}), each a Shard(0) DTensor on a "
+        f"1-D mesh in worlds > 1; {repeats} interleaved repetitions after a warm-up call, a barrier before each call"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world", default="2,4", help="comma-separated world sizes (1, the single process, always runs)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed calls per case (default 5, --quick 2)")
-    parser.add_argument("--quick", action="store_true", help="ResNet-50 at a quarter of the width, 2 repetitions")
+    parser.add_argument("--only", choices=list(SUITES), default=None, help="one suite (default: both)")
+    parser.add_argument(
+        "--repeats", type=int, default=None,
+        help="timed calls per case (default 5 unstructured, 3 structured; --quick 2)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="ResNet-50 at a quarter of the width and a 48M-parameter Llama (15M member weights), 2 repetitions",
+    )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=None, help="seconds per world (default 600, --quick 120)")
     methods = [m for m in ("forkserver", "spawn") if m in multiprocessing.get_all_start_methods()]
     parser.add_argument(
@@ -483,10 +717,8 @@ def main() -> int:
     )  # fmt: skip
     args = parser.parse_args()
     worlds = sorted({1, *(int(w) for w in args.world.split(","))})
-    repeats = args.repeats or (2 if args.quick else 5)
+    suites = [args.only] if args.only else list(SUITES)
     timeout = args.timeout or (120.0 if args.quick else 600.0)
-    shapes = quick_shapes() if args.quick else resnet50_shapes()
-    total = sum(math.prod(s) for s in shapes.values())
     started = time.monotonic()
     if args.start_method == "forkserver":
         multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
@@ -497,35 +729,23 @@ def main() -> int:
         + (f" (worlds of more than {os.cpu_count()} processes oversubscribe the cores)" if max(worlds) > (os.cpu_count() or 1) else "")
     )
     print(
-        f"{'quick: ResNet-50 at 1/4 width' if args.quick else 'ResNet-50 weight set'}: {len(shapes)} tensors, "
-        f"{total / 1e6:.1f}M float32 weights, each a Shard(0) DTensor on a 1-D mesh in worlds > 1; "
-        f"{repeats} interleaved repetitions after a warm-up call, a barrier before each call"
-    )
-    print(
         f"funcprune's kernels: {_native.status().detail}; DTensor blocks: funcprune._select's radix "
         f"select (its first round in those kernels where they load), bracketed from "
-        f"{_select.SHARDED_BRACKET_MIN_KEYS} weights per process in a selection (funcprune._select._sharded_bracket)\n"
+        f"{_select.SHARDED_BRACKET_MIN_KEYS} weights per process in a selection (funcprune._select._sharded_bracket)"
     )
     failed: list[str] = []
-    summaries = []
     walls: list[str] = []
     with tempfile.TemporaryDirectory(prefix="funcprune-distributed-") as out:
-        config = Config(shapes, repeats, seed=0, out=out)
-        for world in worlds:
-            begun = time.monotonic()
-            summaries.append(summarize(world, run_world(world, config, timeout, args.start_method)))
-            walls.append(f"world {world}: {time.monotonic() - begun:.0f} s")
-    print(
-        "| world | case | ms per call, median (rank 0 / slowest) | min (rank 0 / slowest) | collectives per call "
-        "| bytes sent per rank per call | weights / rank | peak memory growth per rank (max) | masks |\n"
-        "|---|---|---|---|---|---|---|---|---|"
-    )
-    for s in summaries:
-        print("\n".join(s.rows))
-        failed += s.failed
-    print("\nSelection rounds (from the collectives' sizes; passes and bracketed selections from wrappers):")
-    for s in summaries:
-        print("\n".join(s.rounds))
+        for suite in suites:
+            repeats = args.repeats or (2 if args.quick else 5 if suite == "unstructured" else 3)
+            config, description = _suite(suite, args.quick, repeats, out)
+            print(f"\n{description}", flush=True)
+            summaries = []
+            for world in worlds:
+                begun = time.monotonic()
+                summaries.append(summarize(world, run_world(world, config, timeout, args.start_method), config))
+                walls.append(f"{suite} world {world}: {time.monotonic() - begun:.0f} s")
+            failed += _table(suite, summaries)
     print(
         "\nBytes are each rank's payload (the tensors it all-reduces); a ring all-reduce moves about "
         "2 (p - 1) / p times that in and out of each rank. Peak memory: growth of VmHWM over VmRSS during "
@@ -535,6 +755,31 @@ def main() -> int:
     for line in failed:
         print(line, file=sys.stderr)
     return 1 if failed else 0
+
+
+def _table(suite: str, summaries: list[Summary]) -> list[str]:
+    """Prints a suite's table and the lines under it; returns its failures."""
+    print(
+        "\n| world | case | ms per call, median (rank 0 / slowest) | min (rank 0 / slowest) | collectives per call "
+        "| bytes sent per rank per call | weights / rank | peak memory growth per rank (max) | masks |\n"
+        "|---|---|---|---|---|---|---|---|---|"
+    )
+    for s in summaries:
+        print("\n".join(s.rows))
+    if suite == "structured":
+        print("\nUnits (ranked and pruned in the single process; bytes per unit in the worlds):")
+    else:
+        print("\nSelection rounds (from the collectives' sizes; passes and bracketed selections from wrappers):")
+    for s in summaries:
+        print("\n".join(s.rounds))
+    print(
+        "\nCPU time per call (median of each rank's process_time: its own work, whatever the cores' "
+        "contention; gloo's threads included):"
+    )
+    for s in summaries:
+        print("\n".join(s.cpu))
+    sys.stdout.flush()
+    return [line for s in summaries for line in s.failed]
 
 
 if __name__ == "__main__":
