@@ -264,25 +264,8 @@ def _rounded_part(part: Tensor, d: int, big: Tensor, n: float) -> Tensor:
     return total
 
 
-def _rounded_sums(group: UnitGroup, pieces: Sequence[Piece], n: float, top: Tensor) -> Tensor:
-    """This process's part of each unit's sum of ``|x| ** n``, every term rounded to the unit's quantum."""
-    size = group.size
-    big = _quanta(group, pieces, top)
-    total = torch.zeros(size, dtype=torch.float64, device=top.device)
-    for piece in pieces:
-        span = _span(piece, size)
-        if span is None or not piece.counted:
-            continue
-        part, _, first = span
-        d, w = piece.member.dim, piece.member.width
-        length = part.shape[d]
-        per_index_m = big.repeat_interleave(w, dim=-1).narrow(-1, first, length)
-        total = total + _to_units(_rounded_part(part, d, per_index_m, n), first, size, w, "sum")
-    return total
-
-
-def _counts(group: UnitGroup, pieces: Sequence[Piece]) -> Tensor:
-    """This process's part of each unit's count of nonzero entries (NaN counts, as torch counts it)."""
+def _summed(group: UnitGroup, pieces: Sequence[Piece], per_index: Callable[[Tensor, int, int, int], Tensor]) -> Tensor:
+    """This process's part of a per-unit sum: ``per_index(part, dim, first, width)`` of each counted block, per unit."""
     size = group.size
     total = torch.zeros(size, dtype=torch.float64, device=_device(pieces))
     for piece in pieces:
@@ -291,10 +274,28 @@ def _counts(group: UnitGroup, pieces: Sequence[Piece]) -> Tensor:
             continue
         part, _, first = span
         d, w = piece.member.dim, piece.member.width
-        others = tuple(i for i in range(part.dim()) if i != d)
-        nonzero = torch.count_nonzero(part, dim=others) if others else (part != 0).to(torch.int64)
-        total = total + _to_units(nonzero.to(torch.float64), first, size, w, "sum")
+        total = total + _to_units(per_index(part, d, first, w).to(torch.float64), first, size, w, "sum")
     return total
+
+
+def _rounded_sums(group: UnitGroup, pieces: Sequence[Piece], n: float, top: Tensor) -> Tensor:
+    """This process's part of each unit's sum of ``|x| ** n``, every term rounded to the unit's quantum."""
+    big = _quanta(group, pieces, top)
+
+    def rounded(part: Tensor, d: int, first: int, w: int) -> Tensor:
+        return _rounded_part(part, d, big.repeat_interleave(w, dim=-1).narrow(-1, first, part.shape[d]), n)
+
+    return _summed(group, pieces, rounded)
+
+
+def _counts(group: UnitGroup, pieces: Sequence[Piece]) -> Tensor:
+    """This process's part of each unit's count of nonzero entries (NaN counts, as torch counts it)."""
+
+    def nonzero(part: Tensor, d: int, first: int, w: int) -> Tensor:
+        others = tuple(i for i in range(part.dim()) if i != d)
+        return torch.count_nonzero(part, dim=others) if others else (part != 0).to(torch.int64)
+
+    return _summed(group, pieces, nonzero)
 
 
 def unit_keys(
