@@ -16,6 +16,7 @@ from ._calls import code_histogram as code_histogram
 from ._calls import mask_multiply as mask_multiply
 from ._calls import n_m as n_m
 from ._calls import plain as plain
+from ._calls import ragged_keep as ragged_keep
 from ._calls import row_counts as row_counts
 from ._calls import rows_keep as rows_keep
 from ._calls import scan as scan

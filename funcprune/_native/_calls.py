@@ -21,7 +21,7 @@ from ._build import TYPES, library
 __all__ = [
     "CODE_BINS", "as_many_threads_as_torch", "block_any", "block_expand", "block_norms", "code_collect",
     "code_histogram", "mask_multiply",
-    "N_M_MAX", "n_m", "plain", "row_counts", "rows_keep", "scan", "survivors", "threaded",
+    "N_M_MAX", "n_m", "plain", "ragged_keep", "row_counts", "rows_keep", "scan", "survivors", "threaded",
 ]  # fmt: skip
 
 #: Entries below which a kernel runs in one thread (torch's own grain size for elementwise ops).
@@ -190,6 +190,7 @@ _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "block_norms": ([_P, _I64, _I64, _I64, _I64, _I64, _I32, _P, _I32], None),
     "rows_keep": ([_P, _P, _I64, _I64, _I32, _P, _P, _I32], _I32),
+    "ragged_keep": ([_P, _P, _P, _P, _I64, _I32, _P, _P, _I32], _I32),
     "row_counts": ([_P, _I64, _I64, _P, _I32], None),
     "block_any": ([_P, _I64, _I64, _I64, _I64, _P, _I32], None),
     "block_expand": ([_P, _P, _I64, _I64, _I64, _I64, _P, _I32], None),
@@ -259,6 +260,53 @@ def rows_keep(x: Tensor, eligible: Mask, absolute: bool, counts: Tensor) -> Tens
         kept.data_ptr(), threads,
     )  # fmt: skip
     return kept.view(torch.bool) if status == 0 else None
+
+
+def ragged_keep(
+    sources: Sequence[Tensor], eligible: Sequence[Mask], absolute: bool, counts: Sequence[int],
+    available: Sequence[int] | None = None,
+) -> list[Tensor] | None:
+    """:func:`rows_keep` over rows of their own lengths: one per tensor, each with its own count.
+
+    Row ``r`` is ``sources[r]`` read flat (keys as in :func:`scan`), its
+    entries eligible where ``eligible[r]`` (bool, of as many entries, or
+    ``None``: all) is set, of which ``available[r]`` are (where given: the
+    kernel does not count them); its ``counts[r]`` lowest eligible keys go
+    (capped to ``[0, eligible]``). Every source has one dtype. Returns one
+    new flat ``torch.bool`` tensor per row, or ``None`` where the kernel does
+    not apply (then use torch). Rows go to the threads one at a time, the
+    longest first, each row one thread's: the flags do not depend on the threads.
+    """
+    if not sources or len(eligible) != len(sources) or len(counts) != len(sources):
+        return None
+    if available is not None and len(available) != len(sources):
+        return None
+    kernel = _declared("ragged_keep", sources[0])
+    if kernel is None:
+        return None
+    dtype = sources[0].dtype
+    for source, flags in zip(sources, eligible, strict=True):
+        if source.dtype != dtype or not plain(source):
+            return None
+        if flags is not None and (flags.dtype != torch.bool or flags.numel() != source.numel() or not plain(flags)):
+            return None
+    rows = len(sources)
+    lengths = [x.numel() for x in sources]
+    order = sorted(range(rows), key=lengths.__getitem__, reverse=True)  # the longest first
+    kept = [torch.empty(n, dtype=torch.uint8) for n in lengths]
+    columns = (
+        [sources[r].data_ptr() for r in order],
+        [_address(eligible[r]) or 0 for r in order],
+        [lengths[r] for r in order],
+        [-1 if available is None else available[r] for r in order],
+        [max(0, min(counts[r], lengths[r])) for r in order],
+        [kept[r].data_ptr() for r in order],
+    )  # x, e, n, m, k, kept: one row of the table each
+    table = torch.tensor([v for column in columns for v in column], dtype=torch.int64)
+    at = [table.data_ptr() + 8 * rows * i for i in range(6)]
+    threads = min(_threads(sum(lengths)), rows)
+    status = kernel(at[0], at[1], at[2], at[3], rows, int(absolute), at[4], at[5], threads)
+    return [k.view(torch.bool) for k in kept] if status == 0 else None
 
 
 def row_counts(flags: Tensor) -> Tensor | None:

@@ -481,28 +481,51 @@ BLOCK_NORMS(fp_block_norms_f64, double, fma, sqrt)
 
 /* ---- per-row selection: in every row, the k[r] lowest eligible keys pruned ----
  *
- * For funcprune/_select/_rows.py: many long groups at once (PerSlice). Rows of
- * n keys, contiguous; key(i) = |x[i]| (absolute) or x[i]; an entry whose
- * eligible byte is 0 (eligible may be NULL: all eligible) is neither pruned
- * nor kept. Keys are compared by their order codes (as above: -0.0 as 0.0,
- * NaN one above +inf; an entry not eligible codes as the largest integer),
- * so the selection is exact. Per row, as the bracket path does for one
- * group: a strided sample's order statistics bracket the k-th code; one pass
- * counts the codes below the bracket and collects those inside; a select over
- * those (histograms of their codes' range, narrowed round by round) finds the
- * k-th code t (over every eligible code where the sample misled); one pass
- * writes the flags (code above t), and a last one, only where some codes equal
- * to t stay, keeps those after the first (k - codes below t) in index order.
+ * For funcprune/_select/_rows.py: many long groups at once (PerSlice), and
+ * many tensors at once, each a row of its own length (a plan's per-tensor
+ * rules: fp_ragged_keep_*). Rows of n keys, contiguous; key(i) = |x[i]|
+ * (absolute) or x[i]; an entry whose eligible byte is 0 (eligible may be
+ * NULL: all eligible) is neither pruned nor kept. Keys are compared by their
+ * order codes (as above: -0.0 as 0.0, NaN one above +inf; an entry not
+ * eligible codes as the largest integer), so the selection is exact. Per
+ * row, as the bracket path does for one group: a strided sample's order
+ * statistics bracket the k-th code (256 keys; 1024, 4096 or 16384 in longer
+ * rows, with a wider margin: fewer keys inside); one pass counts the codes below
+ * the bracket and collects those inside; a select over those (histograms of
+ * their codes' range, narrowed round by round) finds the k-th code t (over
+ * every eligible code where the sample misled); one pass writes the flags
+ * (code above t), and a last one, only where some codes equal to t stay,
+ * keeps those after the first (k - codes below t) in index order. Rows from
+ * ROW_FUSE_MIN keys are read once instead: the collecting pass also writes
+ * every flag the bracket decides (code above it: kept; below: pruned) and
+ * the indices of the codes inside, whose flags are then set once t is known
+ * (the first k - codes below t equal to t, in index order, pruned).
  * k[r] is capped to [0, eligible]. Rows are shared among the threads (a few at
  * a time, as each thread is free), each row one thread's. Returns -1 where
  * scratch memory could not be had (the caller then runs torch).
  */
 
 #define ROW_SAMPLE 256
+#define ROW_SAMPLE_MAX 16384
 #define ROW_SELECT_MIN 1024 /* rows shorter than this: a select over all their codes */
 #define ROW_RUN 16           /* the sample: runs of this many entries, spread evenly (few cache lines) */
-#define SAMPLE_AT(j, n) ((2 * ((j) / ROW_RUN) + 1) * ((n) - ROW_RUN) / (2 * ROW_SAMPLE / ROW_RUN) + (j) % ROW_RUN)
+#define ROW_FUSE_MIN (1 << 15) /* rows this long and longer: one read (flags and indices written on the way) */
+#define SAMPLE_AT(j, n, s) ((2 * ((j) / ROW_RUN) + 1) * ((n) - ROW_RUN) / (2 * (s) / ROW_RUN) + (j) % ROW_RUN)
 #define ROW_SORT_MAX 32
+
+/* The sample's size in a row of n keys (a power of two, a multiple of ROW_RUN): from 65536
+ * keys, n / 256 to n / 64 of them, at most ROW_SAMPLE_MAX. */
+static inline int64_t row_sample(int64_t n) {
+    if (n < ((int64_t)1 << 16)) return ROW_SAMPLE;
+    if (n < ((int64_t)1 << 18)) return 1024;
+    return n < ((int64_t)1 << 20) ? 4096 : ROW_SAMPLE_MAX;
+}
+
+/* Byte i of the result is bit i of b (0 or 1). */
+static inline uint64_t spread_bits(unsigned b) {
+    uint64_t set = ((uint64_t)b * 0x0101010101010101ull) & 0x8040201008040201ull;
+    return ((set + 0x7F7F7F7F7F7F7F7Full) >> 7) & 0x0101010101010101ull;
+}
 
 /* Order codes without branches (vectorizable): as order_code_*, 0x7F.. the NaN code. */
 static inline int32_t row_code_f32(float v, int absolute) {
@@ -582,7 +605,9 @@ RANGE_SELECT(range_select_i64, int64_t, uint64_t)
  * AVX2: adds the count of codes below lo to *below, writes the codes in
  * [lo, hi] at inside + *found (8 more entries' room is needed) and moves
  * *found on; returns how many keys it looked at (the caller does the rest).
- * Elsewhere it looks at none. */
+ * Elsewhere it looks at none. The fused pass (vector_fused_*) also writes the
+ * indices of the codes inside at where + *found (as many, the same room) and
+ * a flag per key: 1 where its code is above hi and it is eligible, else 0. */
 #if defined(__AVX2__)
 #include <immintrin.h>
 
@@ -624,6 +649,38 @@ static inline __attribute__((always_inline)) int64_t vector_bracket_f32(
     *found = f;
     return i;
 }
+
+/* n < 2**31: the indices and each lane's count below fit in 32 bits. */
+static inline __attribute__((always_inline)) int64_t vector_fused_f32(
+    const float *x, const uint8_t *e, int64_t n, int absolute, int32_t lo_, int32_t hi_,
+    int32_t *inside, int32_t *where, uint8_t *kept, int64_t *below, int64_t *found,
+    const int32_t (*pack)[8]) {
+    const __m256i lo = _mm256_set1_epi32(lo_), hi = _mm256_set1_epi32(hi_);
+    const __m256i none = _mm256_set1_epi32(INT32_MAX), eight = _mm256_set1_epi32(8);
+    __m256i count = _mm256_setzero_si256(), index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    int64_t i = 0, f = *found;
+    for (; i + 8 <= n; i += 8) {
+        __m256i c = codes8_f32(x + i, e ? e + i : NULL, absolute);
+        __m256i under = _mm256_cmpgt_epi32(lo, c), over = _mm256_cmpgt_epi32(c, hi);
+        count = _mm256_sub_epi32(count, under);
+        int in = ~_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_or_si256(under, over))) & 0xFF;
+        __m256i order = _mm256_loadu_si256((const __m256i *)pack[in]);
+        _mm256_storeu_si256((__m256i *)(inside + f), _mm256_permutevar8x32_epi32(c, order));
+        _mm256_storeu_si256((__m256i *)(where + f), _mm256_permutevar8x32_epi32(index, order));
+        f += __builtin_popcount((unsigned)in);
+        unsigned up = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(over));
+        if (e) /* not eligible: coded INT32_MAX, above hi, never kept */
+            up &= ~(unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(c, none)));
+        uint64_t bytes = spread_bits(up);
+        memcpy(kept + i, &bytes, sizeof bytes);
+        index = _mm256_add_epi32(index, eight);
+    }
+    int32_t lanes[8];
+    _mm256_storeu_si256((__m256i *)lanes, count);
+    for (int l = 0; l < 8; l++) *below += lanes[l];
+    *found = f;
+    return i;
+}
 #define ROW_PACK 1
 #else
 static inline int64_t vector_bracket_f32(const float *x, const uint8_t *e, int64_t n, int absolute,
@@ -631,6 +688,15 @@ static inline int64_t vector_bracket_f32(const float *x, const uint8_t *e, int64
                                          int64_t *found, const int32_t (*pack)[8]) {
     (void)x, (void)e, (void)n, (void)absolute, (void)lo, (void)hi, (void)inside, (void)below,
         (void)found, (void)pack;
+    return 0;
+}
+
+static inline int64_t vector_fused_f32(const float *x, const uint8_t *e, int64_t n, int absolute,
+                                       int32_t lo, int32_t hi, int32_t *inside, int32_t *where,
+                                       uint8_t *kept, int64_t *below, int64_t *found,
+                                       const int32_t (*pack)[8]) {
+    (void)x, (void)e, (void)n, (void)absolute, (void)lo, (void)hi, (void)inside, (void)where,
+        (void)kept, (void)below, (void)found, (void)pack;
     return 0;
 }
 #define ROW_PACK 0
@@ -644,45 +710,139 @@ static inline int64_t vector_bracket_f64(const double *x, const uint8_t *e, int6
     return 0;
 }
 
-#define ROWS_KEEP(NAME, T, C, CODE, CMAX, SELECT, VECTOR)                                \
+static inline int64_t vector_fused_f64(const double *x, const uint8_t *e, int64_t n, int absolute,
+                                       int64_t lo, int64_t hi, int64_t *inside, int32_t *where,
+                                       uint8_t *kept, int64_t *below, int64_t *found,
+                                       const int32_t (*pack)[8]) {
+    (void)x, (void)e, (void)n, (void)absolute, (void)lo, (void)hi, (void)inside, (void)where,
+        (void)kept, (void)below, (void)found, (void)pack;
+    return 0;
+}
+
+/* A thread's scratch: for a row of up to `longest` keys, room for n + 8 codes
+ * (and, from ROW_FUSE_MIN keys, as many indices and a copy of the codes), the
+ * sample and a copy of it, and the vector pass's lane orders. */
+typedef struct {
+    void *cand, *work, *sample;
+    int32_t *where;
+    int32_t (*pack)[8];
+} RowScratch;
+
+static int row_scratch(RowScratch *s, int64_t longest, size_t width) {
+    size_t room = (size_t)longest + 8;
+    int fuse = longest >= ROW_FUSE_MIN;
+    s->cand = malloc(room * width);
+    s->work = fuse ? malloc(room * width) : NULL;
+    s->where = fuse ? malloc(room * sizeof(int32_t)) : NULL;
+    s->sample = malloc(2 * ROW_SAMPLE_MAX * width);
+    s->pack = ROW_PACK ? malloc(256 * sizeof *s->pack) : NULL;
+    for (int b = 0; s->pack && b < 256; b++) { /* the lanes set in b, first */
+        int f = 0;
+        for (int l = 0; l < 8; l++)
+            if (b >> l & 1) s->pack[b][f++] = l;
+        while (f < 8) s->pack[b][f++] = 0;
+    }
+    return s->cand && s->sample && (!fuse || (s->work && s->where)) && (s->pack || !ROW_PACK);
+}
+
+static void row_scratch_free(RowScratch *s) {
+    free(s->cand);
+    free(s->work);
+    free(s->where);
+    free(s->sample);
+    free(s->pack);
+}
+
+#define ROWS_KEEP(NAME, RAGGED, T, C, CODE, CMAX, SELECT, VECTOR, FUSED)                 \
     static inline __attribute__((always_inline)) C NAME##_code(const T *x,               \
         const uint8_t *e, int64_t i, int absolute) {                                     \
         C c = CODE(x[i], absolute);                                                      \
         return !e || e[i] ? c : CMAX;                                                    \
     }                                                                                    \
-    /* One row, its kk (1 <= kk < m, the eligible count): cand has room for n + 8. */  \
-    static inline __attribute__((always_inline)) void NAME##_run(                        \
-        const T *restrict x, const uint8_t *restrict e, int64_t n, int64_t m,            \
-        int absolute, int64_t kk, C *restrict cand, const int32_t (*pack)[8],            \
-        uint8_t *restrict kept) {                                                        \
-        int64_t below = 0, found = 0, rank = kk - 1, under, same;                        \
-        C lo = -CMAX - 1, hi = CMAX - 1;                                                 \
-        if (n >= ROW_SELECT_MIN) {                                                       \
-            C sample[ROW_SAMPLE], copy[ROW_SAMPLE], least = CMAX, most = -CMAX - 1;      \
-            for (int64_t j = 0; j < ROW_SAMPLE; j++) {                                   \
-                C c = NAME##_code(x, e, SAMPLE_AT(j, n), absolute);                      \
-                sample[j] = c;                                                           \
+    /* The codes likely to hold the kk-th (1 <= kk < eligible), from a sample of s. */  \
+    static inline __attribute__((always_inline)) void NAME##_bracket(                    \
+        const T *restrict x, const uint8_t *restrict e, int64_t n, int absolute,         \
+        int64_t kk, C *restrict sample, C *lo, C *hi) {                                  \
+        int64_t s = row_sample(n), under, same;                                          \
+        C *copy = sample + ROW_SAMPLE_MAX, least = CMAX, most = -CMAX - 1;               \
+        for (int64_t j = 0; j < s; j += ROW_RUN) { /* every run's lines asked for at once */ \
+            int64_t at = SAMPLE_AT(j, n, s);                                             \
+            __builtin_prefetch(x + at);                                                  \
+            __builtin_prefetch(x + at + ROW_RUN - 1);                                    \
+            if (e) __builtin_prefetch(e + at);                                           \
+        }                                                                                \
+        for (int64_t j = 0; j < s; j += ROW_RUN) {                                       \
+            int64_t at = SAMPLE_AT(j, n, s);                                             \
+            for (int64_t l = 0; l < ROW_RUN; l++) {                                      \
+                C c = NAME##_code(x, e, at + l, absolute);                               \
+                sample[j + l] = c;                                                       \
                 least = c < least ? c : least;                                           \
                 most = c > most ? c : most;                                              \
             }                                                                            \
-            double p = (double)kk / (double)n, q = p * ROW_SAMPLE;                       \
-            double margin = 2.5 * sqrt(ROW_SAMPLE * p * (1 - p)) + 3;                    \
-            int64_t lo_r = (int64_t)floor(q - margin), hi_r = (int64_t)ceil(q + margin); \
-            if (lo_r >= 0) {                                                             \
-                memcpy(copy, sample, sizeof copy);                                       \
-                lo = SELECT(copy, ROW_SAMPLE, lo_r, least, most, &under, &same);         \
-            }                                                                            \
-            if (hi_r < ROW_SAMPLE) {                                                     \
-                memcpy(copy, sample, sizeof copy);                                       \
-                hi = SELECT(copy, ROW_SAMPLE, hi_r, least, most, &under, &same);         \
-                hi = hi < CMAX - 1 ? hi : CMAX - 1;                                      \
-            }                                                                            \
-            int64_t i = VECTOR(x, e, n, absolute, lo, hi, cand, &below, &found, pack);   \
-            for (; i < n; i++) {                                                         \
-                C c = NAME##_code(x, e, i, absolute);                                    \
-                below += c < lo;                                                         \
-                cand[found] = c;                                                         \
-                found += (c >= lo) & (c <= hi);                                          \
+        }                                                                                \
+        double p = (double)kk / (double)n, q = p * (double)s;                            \
+        double spread = s == ROW_SAMPLE ? 2.5 : 3.5; /* standard deviations */          \
+        double margin = spread * sqrt((double)s * p * (1 - p)) + 3;                      \
+        int64_t lo_r = (int64_t)floor(q - margin), hi_r = (int64_t)ceil(q + margin);     \
+        if (lo_r >= 0) {                                                                 \
+            memcpy(copy, sample, (size_t)s * sizeof(C));                                 \
+            *lo = SELECT(copy, s, lo_r, least, most, &under, &same);                     \
+        }                                                                                \
+        if (hi_r < s) {                                                                  \
+            memcpy(copy, sample, (size_t)s * sizeof(C));                                 \
+            C h = SELECT(copy, s, hi_r, least, most, &under, &same);                     \
+            *hi = h < CMAX - 1 ? h : CMAX - 1;                                           \
+        }                                                                                \
+    }                                                                                    \
+    /* One row read once (n < 2**31): 1 where done, 0 where the sample misled. Every    \
+     * flag outside the bracket is final once written; those inside are set once the   \
+     * cut t is found (the codes and indices collected, in index order). */            \
+    static inline __attribute__((always_inline)) int NAME##_fused(                       \
+        const T *restrict x, const uint8_t *restrict e, int64_t n, int absolute,         \
+        int64_t kk, C lo, C hi, const RowScratch *sc, uint8_t *restrict kept) {          \
+        C *restrict cand = sc->cand, *restrict work = sc->work;                          \
+        int32_t *restrict where = sc->where;                                             \
+        int64_t below = 0, found = 0, under, same;                                       \
+        int64_t i = FUSED(x, e, n, absolute, lo, hi, cand, where, kept, &below, &found,  \
+                          (const int32_t(*)[8])sc->pack);                                \
+        for (; i < n; i++) {                                                             \
+            C c = NAME##_code(x, e, i, absolute);                                        \
+            below += c < lo;                                                             \
+            cand[found] = c;                                                             \
+            where[found] = (int32_t)i;                                                   \
+            found += (c >= lo) & (c <= hi);                                              \
+            kept[i] = (uint8_t)(c > hi) & (uint8_t)(c != CMAX);                          \
+        }                                                                                \
+        if (!(below < kk && kk <= below + found)) return 0;                              \
+        memcpy(work, cand, (size_t)found * sizeof(C));                                   \
+        C t = SELECT(work, found, kk - 1 - below, lo, hi, &under, &same);                \
+        int64_t ties = kk - below - under; /* the first `ties` codes equal to t go */   \
+        for (int64_t j = 0; j < found; j++) {                                            \
+            C c = cand[j];                                                               \
+            kept[where[j]] = c == t ? (uint8_t)(ties-- <= 0) : (uint8_t)(c > t);         \
+        }                                                                                \
+        return 1;                                                                        \
+    }                                                                                    \
+    /* One row, its kk (1 <= kk < m, the eligible count). */                             \
+    static inline __attribute__((always_inline)) void NAME##_run(                        \
+        const T *restrict x, const uint8_t *restrict e, int64_t n, int absolute,         \
+        int64_t kk, const RowScratch *sc, uint8_t *restrict kept) {                      \
+        C *restrict cand = sc->cand;                                                     \
+        int64_t below = 0, found = 0, rank = kk - 1, under, same;                        \
+        C lo = -CMAX - 1, hi = CMAX - 1;                                                 \
+        if (n >= ROW_SELECT_MIN) {                                                       \
+            NAME##_bracket(x, e, n, absolute, kk, sc->sample, &lo, &hi);                 \
+            if (n >= ROW_FUSE_MIN && n <= INT32_MAX) {                                   \
+                if (NAME##_fused(x, e, n, absolute, kk, lo, hi, sc, kept)) return;       \
+            } else {                                                                     \
+                int64_t i = VECTOR(x, e, n, absolute, lo, hi, cand, &below, &found,      \
+                                   (const int32_t(*)[8])sc->pack);                       \
+                for (; i < n; i++) {                                                     \
+                    C c = NAME##_code(x, e, i, absolute);                                \
+                    below += c < lo;                                                     \
+                    cand[found] = c;                                                     \
+                    found += (c >= lo) & (c <= hi);                                      \
+                }                                                                        \
             }                                                                            \
             if (below < kk && kk <= below + found) {                                     \
                 rank = kk - 1 - below;                                                   \
@@ -697,8 +857,8 @@ static inline int64_t vector_bracket_f64(const double *x, const uint8_t *e, int6
                 cand[found] = NAME##_code(x, e, i, absolute);                            \
                 found += !e || e[i] != 0;                                                \
             }                                                                            \
+            if (rank >= found) rank = found > 0 ? found - 1 : 0; /* (m was not exact) */ \
         }                                                                                \
-        (void)m;                                                                         \
         C t = SELECT(cand, found, rank, lo, hi, &under, &same);                          \
         int64_t ties = kk - below - under; /* of the `same` codes equal to t */         \
         for (int64_t i = 0; i < n; i++)                                                  \
@@ -707,12 +867,15 @@ static inline int64_t vector_bracket_f64(const double *x, const uint8_t *e, int6
             for (int64_t i = 0; i < n; i++)                                              \
                 if (NAME##_code(x, e, i, absolute) == t && ties-- <= 0) kept[i] = 1;      \
     }                                                                                    \
+    /* m: the row's eligible count, or -1 (counted here). */                            \
     static void NAME##_row(const T *x, const uint8_t *e, int64_t n, int absolute,        \
-                           int64_t kk, C *cand, const int32_t (*pack)[8], uint8_t *kept) { \
-        int64_t m = n;                                                                   \
-        if (e) {                                                                         \
-            m = 0;                                                                       \
-            for (int64_t i = 0; i < n; i++) m += e[i] != 0;                              \
+                           int64_t kk, int64_t m, const RowScratch *sc, uint8_t *kept) { \
+        if (m < 0) {                                                                     \
+            m = n;                                                                       \
+            if (e) {                                                                     \
+                m = 0;                                                                   \
+                for (int64_t i = 0; i < n; i++) m += e[i] != 0;                          \
+            }                                                                            \
         }                                                                                \
         kk = kk < 0 ? 0 : kk > m ? m : kk;                                               \
         if (kk == 0) {                                                                   \
@@ -720,11 +883,11 @@ static inline int64_t vector_bracket_f64(const double *x, const uint8_t *e, int6
         } else if (kk == m) {                                                            \
             memset(kept, 0, (size_t)n);                                                  \
         } else if (e) { /* one copy of the row's code per case, each without the other's tests */ \
-            if (absolute) NAME##_run(x, e, n, m, 1, kk, cand, pack, kept);               \
-            else NAME##_run(x, e, n, m, 0, kk, cand, pack, kept);                        \
+            if (absolute) NAME##_run(x, e, n, 1, kk, sc, kept);                          \
+            else NAME##_run(x, e, n, 0, kk, sc, kept);                                   \
         } else {                                                                         \
-            if (absolute) NAME##_run(x, NULL, n, m, 1, kk, cand, pack, kept);            \
-            else NAME##_run(x, NULL, n, m, 0, kk, cand, pack, kept);                     \
+            if (absolute) NAME##_run(x, NULL, n, 1, kk, sc, kept);                       \
+            else NAME##_run(x, NULL, n, 0, kk, sc, kept);                                \
         }                                                                                \
     }                                                                                    \
     int NAME(const T *x, const uint8_t *e, int64_t rows, int64_t n, int absolute,       \
@@ -734,15 +897,9 @@ static inline int64_t vector_bracket_f64(const double *x, const uint8_t *e, int6
         (void)threads; /* without OpenMP */                                              \
         _Pragma("omp parallel num_threads(threads)")                                    \
         {                                                                                \
-            C *cand = malloc(((size_t)n + 8) * sizeof(C));                               \
-            int32_t(*pack)[8] = ROW_PACK ? malloc(256 * sizeof *pack) : NULL;            \
-            for (int b = 0; pack && b < 256; b++) { /* the lanes set in b, first */     \
-                int f = 0;                                                               \
-                for (int l = 0; l < 8; l++)                                              \
-                    if (b >> l & 1) pack[b][f++] = l;                                    \
-                while (f < 8) pack[b][f++] = 0;                                          \
-            }                                                                            \
-            int ready = cand && (pack || !ROW_PACK);                                     \
+            RowScratch sc;                                                               \
+            int ready = row_scratch(&sc, n, sizeof(C));                                  \
+            int64_t s = row_sample(n);                                                   \
             _Pragma("omp for schedule(dynamic, 8)") /* as the block norms' */          \
             for (int64_t r = 0; r < rows; r++) {                                         \
                 if (!ready) {                                                            \
@@ -751,21 +908,53 @@ static inline int64_t vector_bracket_f64(const double *x, const uint8_t *e, int6
                     continue;                                                            \
                 }                                                                        \
                 if (n >= ROW_SELECT_MIN && r + 1 < rows) /* the next row's sample, meanwhile */ \
-                    for (int64_t j = 0; j < ROW_SAMPLE; j += ROW_RUN) {                  \
-                        __builtin_prefetch(x + (r + 1) * n + SAMPLE_AT(j, n));           \
-                        if (e) __builtin_prefetch(e + (r + 1) * n + SAMPLE_AT(j, n));    \
+                    for (int64_t j = 0; j < s; j += ROW_RUN) {                           \
+                        __builtin_prefetch(x + (r + 1) * n + SAMPLE_AT(j, n, s));        \
+                        if (e) __builtin_prefetch(e + (r + 1) * n + SAMPLE_AT(j, n, s)); \
                     }                                                                    \
-                NAME##_row(x + r * n, e ? e + r * n : NULL, n, absolute, k[r], cand,     \
-                           (const int32_t(*)[8])pack, kept + r * n);                     \
+                NAME##_row(x + r * n, e ? e + r * n : NULL, n, absolute, k[r], -1, &sc,  \
+                           kept + r * n);                                                \
             }                                                                            \
-            free(cand);                                                                  \
-            free(pack);                                                                  \
+            row_scratch_free(&sc);                                                       \
+        }                                                                                \
+        return failed ? -1 : 0;                                                          \
+    }                                                                                    \
+    /* Rows of their own lengths, anywhere: row r is n[r] keys at x[r] (flags at e[r],  \
+     * or 0: all eligible; m[r] of them eligible, or -1: counted here), its flags       \
+     * written at kept[r]. Rows go to the threads one at a time, in the given order    \
+     * (the caller puts the longest first). */                                          \
+    int RAGGED(const int64_t *x, const int64_t *e, const int64_t *n, const int64_t *m,  \
+               int64_t rows, int absolute, const int64_t *k, const int64_t *kept,        \
+               int threads) {                                                            \
+        int failed = 0;                                                                  \
+        int64_t longest = 0;                                                             \
+        for (int64_t r = 0; r < rows; r++) longest = n[r] > longest ? n[r] : longest;    \
+        if (rows <= 0 || longest <= 0) return 0;                                         \
+        (void)threads; /* without OpenMP */                                              \
+        _Pragma("omp parallel num_threads(threads)")                                    \
+        {                                                                                \
+            RowScratch sc;                                                               \
+            int ready = row_scratch(&sc, longest, sizeof(C));                            \
+            _Pragma("omp for schedule(dynamic, 1)")                                     \
+            for (int64_t r = 0; r < rows; r++) {                                         \
+                if (!ready) {                                                            \
+                    _Pragma("omp atomic write")                                         \
+                    failed = 1;                                                          \
+                    continue;                                                            \
+                }                                                                        \
+                if (n[r] > 0)                                                            \
+                    NAME##_row((const T *)(intptr_t)x[r], (const uint8_t *)(intptr_t)e[r], n[r], \
+                               absolute, k[r], m[r], &sc, (uint8_t *)(intptr_t)kept[r]); \
+            }                                                                            \
+            row_scratch_free(&sc);                                                       \
         }                                                                                \
         return failed ? -1 : 0;                                                          \
     }
 
-ROWS_KEEP(fp_rows_keep_f32, float, int32_t, row_code_f32, INT32_MAX, range_select_i32, vector_bracket_f32)
-ROWS_KEEP(fp_rows_keep_f64, double, int64_t, row_code_f64, INT64_MAX, range_select_i64, vector_bracket_f64)
+ROWS_KEEP(fp_rows_keep_f32, fp_ragged_keep_f32, float, int32_t, row_code_f32, INT32_MAX, range_select_i32,
+          vector_bracket_f32, vector_fused_f32)
+ROWS_KEEP(fp_rows_keep_f64, fp_ragged_keep_f64, double, int64_t, row_code_f64, INT64_MAX, range_select_i64,
+          vector_bracket_f64, vector_fused_f64)
 
 /* ---- per-row counts of a bool mask: how many of each row's n flags are set ----
  *

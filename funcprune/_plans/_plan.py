@@ -33,10 +33,26 @@ from .._names import (
     check_scores,
     match_names,
 )
-from .._specs import Chain, ScoresOf, Spec, chain, checked_mask, fold
+from .._specs import (
+    Chain,
+    L1Unstructured,
+    ScoresOf,
+    Spec,
+    chain,
+    checked_mask,
+    fold,
+    l1_unstructured_jointly,
+)
 from .._types import Mask, Masks, Params, Scores, Tensor, is_dtensor
-from .._validate import check_generator
-from ._input_dims import Swapped, as_seen, as_stored, check_input_dims, check_swappable, input_dims_repr
+from .._validate import check_generator, is_concrete
+from ._input_dims import (
+    Swapped,
+    as_seen,
+    as_stored,
+    check_input_dims,
+    check_swappable,
+    input_dims_repr,
+)
 
 __all__ = ["AbstractPlan", "Plan", "ComposedPlan", "Rule", "compose"]
 
@@ -329,8 +345,9 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
                 new = dtensor.fold_rule(self._FN, spec, items, generator, self._naming)
             else:
                 steps = spec.specs if isinstance(spec, Chain) else (spec,)
-                new = {}
-                for item in items:
+                found = _l1_at_once(steps, items)
+                new = {} if found is None else found
+                for item in items if found is None else ():
                     with naming(self._FN, repr(item.name), spec):
                         new[item.name] = fold(steps, item.scores_of, item.mask, generator, step=checked_mask)
             out.update((name, as_stored(mask, name in swapped)) for name, mask in new.items())
@@ -346,6 +363,35 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
 
     def _naming(self, what: str, spec: Spec) -> contextlib.AbstractContextManager[None]:
         return naming(self._FN, what, spec)
+
+
+def _l1_at_once(steps: Sequence[Spec], items: Sequence[dtensor.RuleItem]) -> dict[str, Tensor] | None:
+    """A rule of ``L1Unstructured`` steps folded on every item at once: each step's selections
+    made together (``l1_unstructured_jointly(..., separately=True)``), as the items' own folds
+    would make them one by one.
+
+    ``None`` where the fold goes item by item instead: other specs, one item, a tensor not
+    floating or not eager (under ``vmap``, ``grad`` or ``torch.compile``), or a step that
+    raises (the item by item fold then raises it, naming the parameter).
+    """
+    if len(items) < 2 or not steps or not all(type(step) is L1Unstructured for step in steps):
+        return None
+    for item in items:
+        if not item.param.is_floating_point() or not is_concrete(item.param):
+            return None
+        if item.mask is not None and not is_concrete(item.mask):
+            return None
+    masks: list[Mask] = [item.mask for item in items]
+    try:
+        for i, step in enumerate(steps):
+            assert isinstance(step, L1Unstructured)
+            scores = [item.scores_of(i, mask) for item, mask in zip(items, masks, strict=True)]
+            if not all(s.is_floating_point() and is_concrete(s) for s in scores):
+                return None
+            masks = list(l1_unstructured_jointly(step.target, scores, masks, separately=True))
+    except (TypeError, ValueError, IndexError):
+        return None
+    return {item.name: mask for item, mask in zip(items, masks, strict=True) if mask is not None}
 
 
 def _plan(rules: dict[str, Spec], input_dims: dict[str, int]) -> Plan:

@@ -7,6 +7,7 @@ from ._choose import FAST_MIN_KEYS as FAST_MIN_KEYS
 from ._choose import SHARDED_BRACKET_MIN_KEYS as SHARDED_BRACKET_MIN_KEYS
 from ._choose import eligible_per_group as eligible_per_group
 from ._choose import keep as keep
+from ._choose import keep_each as keep_each
 from ._choose import keep_jointly as keep_jointly
 from ._choose import resolve_count as resolve_count
 from ._groups import WHOLE as WHOLE

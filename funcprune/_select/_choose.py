@@ -33,12 +33,15 @@ from ._groups import (
     identity,
     magnitude_of,
 )
-from ._rows import keep_in_rows
+from ._rows import RAGGED_DTYPES, keep_in_ragged_rows, keep_in_rows
 from ._sharded import keep_over_shards, processes
 from ._sharded_bracket import keep_by_bracket_over_shards
 from ._short_rows import SHORT_ROW_MAX, keep_in_short_rows
 
-__all__ = ["FAST_MIN_KEYS", "SHARDED_BRACKET_MIN_KEYS", "eligible_per_group", "keep", "keep_jointly", "resolve_count"]
+__all__ = [
+    "FAST_MIN_KEYS", "SHARDED_BRACKET_MIN_KEYS", "eligible_per_group", "keep", "keep_each", "keep_jointly",
+    "resolve_count",
+]  # fmt: skip
 
 #: From this many keys on, eager selection brackets instead of sorting.
 FAST_MIN_KEYS = 1 << 16
@@ -263,6 +266,58 @@ def keep_jointly(parts: Sequence[KeyPart], k: Count | CountOf) -> list[Tensor]:
     if any(p.eligible is not None for p in parts):
         eligible = torch.cat([_flags(p) for p in parts])
     return list(torch.split(_keep_sorted(keys, k, eligible), [p.numel for p in parts]))
+
+
+# --- several parts, each ranked on its own ------------------------------------
+
+
+def keep_each(parts: Sequence[KeyPart], counts: Sequence[int], available: Sequence[int]) -> list[Tensor]:
+    """Per part, 1-D kept flags once *its own* ``counts[i]`` lowest eligible keys go.
+
+    Equal to ``keep_jointly([part], k)`` for each part and its count (a
+    plan's per-tensor selections). The eager CPU parts whose keys are their
+    values or magnitudes are selected together, each a row of the long-rows
+    kernel (:func:`~._rows.keep_in_ragged_rows`: one call, the rows shared
+    among the threads, each row one thread's); but a part longer than
+    :data:`ROW_ALONE_MAX`, while torch has several threads, is bracketed on
+    all of them, and every part the kernel does not take is selected alone.
+
+    Args:
+        parts: the parts (no shards).
+        counts: per part, how many of its eligible keys go (a Python ``int``).
+        available: per part, how many of its keys are eligible (exactly).
+    """
+    if len(counts) != len(parts) or len(available) != len(parts):
+        raise ValueError(f"keep_each: {len(parts)} parts, {len(counts)} counts, {len(available)} available")
+    refuse_dtensors("compute_mask", *(t for p in parts for t in (p.source, p.eligible)))
+    at_once = [i for i, p in enumerate(parts) if _in_ragged_rows(p, counts[i])]
+    kept: list[Tensor | None] = [None] * len(parts)
+    if at_once:
+        found = keep_in_ragged_rows(
+            [parts[i].source for i in at_once],
+            [counts[i] for i in at_once],
+            [parts[i].eligible for i in at_once],
+            [available[i] for i in at_once],
+            [parts[i].key is magnitude_of for i in at_once],
+        )
+        for i, flags in zip(at_once, found, strict=True):
+            kept[i] = flags
+    return [keep_jointly([p], counts[i])[0] if k is None else k for i, (p, k) in enumerate(zip(parts, kept))]
+
+
+def _in_ragged_rows(part: KeyPart, k: int) -> bool:
+    """Whether a part goes to the long-rows kernel with the others (:func:`keep_each`)."""
+    source, eligible = part.source, part.eligible
+    return (
+        part.shard is None
+        and isinstance(k, int)
+        and (part.key is magnitude_of or part.key is identity)
+        and source.device.type == "cpu"
+        and source.dtype in RAGGED_DTYPES
+        and (source.numel() <= ROW_ALONE_MAX or torch.get_num_threads() == 1)
+        and is_concrete(source)
+        and (eligible is None or (eligible.dtype == torch.bool and is_concrete(eligible)))
+    )
 
 
 def _tensors(parts: Sequence[KeyPart]) -> list[Tensor]:

@@ -25,6 +25,7 @@ from .._select import (
     LocalShard,
     Target,
     keep,
+    keep_each,
     keep_jointly,
     magnitude_of,
     resolve_count,
@@ -71,8 +72,9 @@ def unpruned_count(scores: Tensor, eligible: Mask, total: int) -> Count:
     refuse_dtensors("compute_mask", scores, eligible)
     if eligible is None:
         return total
-    n = eligible.sum()
-    return int(n) if is_concrete(scores) and is_concrete(eligible) else n
+    if is_concrete(scores) and is_concrete(eligible):
+        return int(torch.count_nonzero(eligible))  # a bool sum costs ~25x more
+    return eligible.sum()
 
 
 def _rand(n: int, generator: torch.Generator | None, dtype: torch.dtype | None = None,
@@ -129,6 +131,7 @@ def l1_unstructured_jointly(
     default_masks: Sequence[Mask],
     *,
     shards: Sequence[LocalShard] | None = None,
+    separately: bool = False,
 ) -> list[Tensor]:
     """:func:`l1_unstructured` over several tensors ranked as if concatenated.
 
@@ -140,7 +143,16 @@ def l1_unstructured_jointly(
     a larger one, the rest held by other processes that call this too: the
     amount counts the whole tensors' units, and the ``k`` entries pruned are
     those of the whole group (eager only; ``funcprune._select``).
+
+    With ``separately`` (and no shards), each tensor is ranked on its own
+    instead, the amount applying to each: :func:`l1_unstructured` of every
+    tensor, selected all at once where they are eager (a plan's per-tensor
+    rule; ``funcprune._select``'s ``keep_each``).
     """
+    if separately:
+        if shards is not None:
+            raise ValueError("l1_unstructured_jointly: shards are ranked jointly, not separately")
+        return _l1_unstructured_each(amount, scores, default_masks)
     dtype = functools.reduce(torch.promote_types, (s.dtype for s in scores))
     defaults = [as_bool(d) for d in default_masks]
     blocks: Sequence[LocalShard | None] = [None] * len(scores) if shards is None else shards
@@ -155,6 +167,37 @@ def l1_unstructured_jointly(
         return [keep_all(s, d) for s, d in zip(scores, defaults, strict=True)]
     kept = keep_jointly(parts, k)
     return [m.reshape(s.shape) for m, s in zip(kept, scores, strict=True)]
+
+
+def _l1_unstructured_each(amount: Target, scores: Sequence[Tensor], default_masks: Sequence[Mask]) -> list[Tensor]:
+    """:func:`l1_unstructured` of each tensor, the eager ones' selections made together."""
+    defaults = [as_bool(d) for d in default_masks]
+    if len(defaults) != len(scores):
+        raise ValueError(f"got {len(scores)} score tensors but {len(defaults)} default masks")
+    if not all(is_concrete(t) for t in (*scores, *defaults) if t is not None):
+        return [l1_unstructured(amount, s, d) for s, d in zip(scores, defaults, strict=True)]
+    masks: list[Tensor | None] = []
+    parts, counts, available, at = [], [], [], []
+    for i, (s, d) in enumerate(zip(scores, defaults, strict=True)):
+        part = l1_part(s, d, s.dtype, None)
+        unpruned = _count(unpruned_count(s, part.eligible, s.numel()))
+        k = _count(resolve_count(amount, unpruned, s.numel()))
+        if k == 0:  # as l1_unstructured: nothing selected
+            masks.append(keep_all(s, d))
+            continue
+        masks.append(None)
+        parts.append(part)
+        counts.append(k)
+        available.append(unpruned)
+        at.append(i)
+    for i, kept in zip(at, keep_each(parts, counts, available), strict=True):
+        masks[i] = kept.reshape(scores[i].shape)
+    return [_filled(m) for m in masks]
+
+
+def _filled(mask: Tensor | None) -> Tensor:
+    assert mask is not None
+    return mask
 
 
 def _count(k: Count) -> int:
