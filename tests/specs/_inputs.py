@@ -2,9 +2,37 @@
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+from collections.abc import Iterator
+
+import pytest
 import torch
 
+from funcprune import _native
+from funcprune._native import _calls
+
 Tensor = torch.Tensor
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+HAVE_COMPILER = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
+
+
+@contextlib.contextmanager
+def mode(native: bool, threads: int, *, every_size: bool = True) -> Iterator[None]:
+    """The native kernels on or off and torch's thread count, restored after.
+
+    With ``every_size``, the kernels run on that many threads even for a few entries.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            if every_size:
+                mp.setattr(_calls, "_threads", lambda n: threads)
+            with contextlib.nullcontext() if native else _native.using(None):
+                yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def values(shape: tuple[int, ...], seed: int, kind: int, dtype: torch.dtype) -> Tensor:

@@ -19,19 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
-from _inputs import values
+from _inputs import DTYPES, HAVE_COMPILER, mode, values
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch.func import vmap
 
 import funcprune as fp
 from funcprune import _native
-from funcprune._native import _calls
 from funcprune._plans import _plan
 from funcprune._select import (
     KeyPart,
@@ -45,24 +43,8 @@ from funcprune._select._choose import _keep_rows
 from funcprune._select._groups import identity
 
 Tensor = torch.Tensor
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-HAVE_COMPILER = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
 #: Shapes: 0-dim, empty, a few entries, and rows past the kernel's select-all (1024) and one-read (32768) lengths.
 SHAPES = [(), (0,), (3, 0), (1,), (5,), (4, 7), (2, 3, 5), (33, 33), (1030,), (40, 1000), (2, 17000)]
-
-
-@contextlib.contextmanager
-def mode(native: bool, threads: int) -> Iterator[None]:
-    """The kernels on or off; torch's threads, and the kernel's even for a few entries; restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(_calls, "_threads", lambda n: threads)
-            with contextlib.nullcontext() if native else _native.using(None):
-                yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def earlier(shape: tuple[int, ...], seed: int, how: int) -> Tensor | None:

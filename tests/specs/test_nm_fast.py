@@ -15,14 +15,11 @@ earlier masks (random, pruning whole groups, pruning all, keeping all).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import shutil
-from collections.abc import Iterator
 
 import pytest
 import torch
-from _inputs import values
+from _inputs import DTYPES, HAVE_COMPILER, mode, values
 from _nm_reference import n_m_reference
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -30,26 +27,9 @@ from torch.func import vmap
 
 import funcprune as fp
 from funcprune import _native
-from funcprune._native import _calls
 from funcprune._select import _n_m
 
 Tensor = torch.Tensor
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-HAVE_COMPILER = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
-
-
-@contextlib.contextmanager
-def mode(native: bool, threads: int) -> Iterator[None]:
-    """The kernels on or off; torch's threads, and the kernel's even for a few entries; restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(_calls, "_threads", lambda n: threads)
-            with contextlib.nullcontext() if native else _native.using(None):
-                yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def earlier(shape: tuple[int, ...], seed: int, how: int, m: int, dim: int) -> Tensor | None:

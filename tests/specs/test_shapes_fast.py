@@ -11,11 +11,11 @@ path. Every property runs with the native kernels on and off
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import pytest
 import torch
-from _inputs import values
+from _inputs import DTYPES, values
+from _inputs import mode as kernels_mode
 from _shapes_reference import (
     block_norms_reference,
     blocks_reference,
@@ -34,20 +34,12 @@ from funcprune._select._rows import keep_in_rows
 from funcprune._specs._shape_kernels import block_view, blocks, kept_blocks
 
 Tensor = torch.Tensor
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 BLOCKS = [(4, 4), (2, 4), (4, 2), (3, 5), (1, 4), (4, 1), (2, 2), (1, 1), (2,), (1,), (2, 2, 2), (8, 8), (1, 2, 3)]
 
 
-@contextlib.contextmanager
-def mode(native: bool, threads: int) -> Iterator[None]:
+def mode(native: bool, threads: int) -> contextlib.AbstractContextManager[None]:
     """The native kernels on or off, and torch's thread count, restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with contextlib.nullcontext() if native else _native.using(None):
-            yield
-    finally:
-        torch.set_num_threads(before)
+    return kernels_mode(native, threads, every_size=False)
 
 
 def earlier(shape: tuple[int, ...], seed: int, how: int) -> Tensor | None:
