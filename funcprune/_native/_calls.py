@@ -228,14 +228,12 @@ def block_norms(x: Tensor, height: int, width: int, fused: bool) -> Tensor | Non
     (the lengths must be multiples of the block's).
     """
     kernel = _declared("block_norms", x)
-    if kernel is None or x.dim() == 0 or height < 1 or width < 1:
+    grid = None if kernel is None or x.dim() == 0 else _blocks_of(x.shape, height, width)
+    if kernel is None or grid is None:
         return None
-    length = x.shape[-1]
-    if length % width or x.numel() % (height * length):
-        return None
-    rows, columns = x.numel() // (height * length), length // width
+    rows, columns = grid
     out = torch.empty(rows, columns, dtype=x.dtype, device="cpu")
-    kernel(x.data_ptr(), rows, height, columns, width, length, int(fused), out.data_ptr(), _threads(x.numel()))
+    kernel(x.data_ptr(), rows, height, columns, width, x.shape[-1], int(fused), out.data_ptr(), _threads(x.numel()))
     return out
 
 
