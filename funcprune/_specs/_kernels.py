@@ -176,9 +176,9 @@ def _l1_unstructured_each(amount: Target, scores: Sequence[Tensor], default_mask
         raise ValueError(f"got {len(scores)} score tensors but {len(defaults)} default masks")
     if not all(is_concrete(t) for t in (*scores, *defaults) if t is not None):
         return [l1_unstructured(amount, s, d) for s, d in zip(scores, defaults, strict=True)]
-    masks: list[Tensor | None] = []
-    parts, counts, available, at = [], [], [], []
-    for i, (s, d) in enumerate(zip(scores, defaults, strict=True)):
+    masks: list[Tensor | None] = []  # None: selected below
+    parts, counts, available = [], [], []
+    for s, d in zip(scores, defaults, strict=True):
         part = l1_part(s, d, s.dtype, None)
         unpruned = _count(unpruned_count(s, part.eligible, s.numel()))
         k = _count(resolve_count(amount, unpruned, s.numel()))
@@ -189,15 +189,8 @@ def _l1_unstructured_each(amount: Target, scores: Sequence[Tensor], default_mask
         parts.append(part)
         counts.append(k)
         available.append(unpruned)
-        at.append(i)
-    for i, kept in zip(at, keep_each(parts, counts, available), strict=True):
-        masks[i] = kept.reshape(scores[i].shape)
-    return [_filled(m) for m in masks]
-
-
-def _filled(mask: Tensor | None) -> Tensor:
-    assert mask is not None
-    return mask
+    selected = iter(keep_each(parts, counts, available))
+    return [next(selected).reshape(s.shape) if m is None else m for m, s in zip(masks, scores, strict=True)]
 
 
 def _count(k: Count) -> int:
