@@ -16,12 +16,15 @@ still running.
 
 The distributed tests' fixtures, one of each per test module that asks:
 ``mesh`` (a 1-D device mesh of this process alone, a gloo group of 1) and
-``world2`` / ``world4`` (2 and 4 gloo processes, ``tests/_distributed.py``).
+``world2`` / ``world4`` (2 and 4 gloo processes, ``tests/_distributed.py``);
+and ``portable``, the native kernels built without ``-march=native``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import shutil
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -86,3 +89,15 @@ def world4() -> Iterator[World]:
     w = World(4)
     yield w
     w.close()
+
+
+@pytest.fixture(scope="session")
+def portable(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The native kernels built for any CPU of the architecture (no ``-march=native``: no vector pass)."""
+    from funcprune import _native
+
+    if not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
+        pytest.skip("no C compiler on this machine")
+    library, status = _native.open_library(tmp_path_factory.mktemp("portable"), portable=True)
+    assert library is not None, status.detail
+    return library

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -14,7 +13,6 @@ from funcprune._native import _calls
 
 Tensor = torch.Tensor
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-HAVE_COMPILER = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
 
 
 @contextlib.contextmanager

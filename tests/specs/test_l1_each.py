@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from _inputs import DTYPES, HAVE_COMPILER, mode, values
+from _inputs import DTYPES, mode, values
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch.func import vmap
@@ -175,16 +175,6 @@ def test_a_long_part_with_several_threads_is_bracketed_alone() -> None:
 
 
 # --- the kernel on long rows ------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def portable(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """The kernels built for any CPU of the architecture (no ``-march=native``: no vector pass)."""
-    if not HAVE_COMPILER:
-        pytest.skip("no C compiler on this machine")
-    library, status = _native.open_library(tmp_path_factory.mktemp("portable"), portable=True)
-    assert library is not None, status.detail
-    return library
 
 
 #: Around the lengths where the kernel changes its ways: select-all below 1024, the one-read pass from 32768,

@@ -19,7 +19,7 @@ import ctypes
 
 import pytest
 import torch
-from _inputs import DTYPES, HAVE_COMPILER, mode, values
+from _inputs import DTYPES, mode, values
 from _nm_reference import n_m_reference
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -84,16 +84,6 @@ def test_nm_equals_todays_kernel(
                 if native and scores.is_contiguous() and scores.dtype in (torch.float32, torch.float64):
                     assert fast is not None or not _native.status().available
                 assert fast is None or torch.equal(fast, expected)
-
-
-@pytest.fixture(scope="module")
-def portable(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """The kernels built for any CPU of the architecture (no ``-march=native``)."""
-    if not HAVE_COMPILER:
-        pytest.skip("no C compiler on this machine")
-    library, status = _native.open_library(tmp_path_factory.mktemp("portable"), portable=True)
-    assert library is not None, status.detail
-    return library
 
 
 @pytest.mark.parametrize("threads", [1, 2])
