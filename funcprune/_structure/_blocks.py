@@ -56,6 +56,12 @@ def keep_along(member: Member, size: int, units: Tensor, length: int) -> Tensor:
     return torch.cat([before, inside, after], -1)
 
 
+def _ranked(values: Tensor, mask: Tensor | None, given: bool) -> Tensor:
+    """What a member's units are ranked by: given scores, else the parameter as currently pruned."""
+    values = values.detach()
+    return values if given or mask is None else values * mask.to(values.dtype)
+
+
 def _expanded(flags: Tensor, dim: int, shape: Sequence[int]) -> Tensor:
     view = [1] * len(shape)
     view[dim] = shape[dim]
@@ -78,10 +84,8 @@ class Blocks:
     def whole(cls, names: Sequence[str], params: Params, masks: Mapping[str, Tensor], scores: Scores) -> Blocks:
         values, kept = {}, {}
         for name in names:
-            param, mask, given = params[name], masks.get(name), scores.get(name)
-            if given is None:
-                given = param.detach() if mask is None else param.detach() * mask.to(param.dtype)
-            values[name], kept[name] = given, mask
+            mask, given = masks.get(name), scores.get(name)
+            values[name], kept[name] = _ranked(params[name] if given is None else given, mask, given is not None), mask
         return cls(values, kept, {n: tuple(params[n].shape) for n in names})
 
     @classmethod
@@ -108,10 +112,7 @@ class Blocks:
         for name, layout in layouts.items():
             given = scores.get(name)
             block = parameter_block(fn, name, layout, params[name] if given is None else given, masks.get(name))
-            local = block.scores.detach()
-            if given is None and block.mask is not None:
-                local = local * block.mask.to(local.dtype)
-            values[name], kept[name] = local, block.mask
+            values[name], kept[name] = _ranked(block.scores, block.mask, given is not None), block.mask
         span = tuple(sorted({i for layout in layouts.values() for i in layout.span}))
         shapes = {n: layouts[n].shape if n in layouts else tuple(params[n].shape) for n in names}
         return cls(values, kept, shapes, layouts, first.mesh, span)
