@@ -82,10 +82,6 @@ def values(shapes: dict[str, tuple[int, ...]], seed: int, style: str) -> dict[st
     return out
 
 
-def lay_out(t: Tensor, mesh: DeviceMesh, placements: list[Placement]) -> Tensor:
-    return distribute_tensor(t, mesh, placements)
-
-
 def _placements(choice: int, ndim: int, mesh_dims: int) -> list[Placement]:
     """A layout from a number: per mesh dim, Replicate or Shard of one of the tensor's dims."""
     out: list[Placement] = []
@@ -109,9 +105,9 @@ def _plan_on_ranks(rank: int, size: int, case: dict[str, Any]) -> dict[str, Any]
     normalize = None if isinstance(case["spec"], fp.RandomStructured) else case["normalize"]
     plan = fp.structured(structure, case["spec"], scope=case["scope"], normalize=normalize)
     reference = _outcome(lambda: plan(whole, dict(earlier), given, torch.Generator().manual_seed(case["seed"])))
-    params = {n: lay_out(t, mesh, layouts[n]) for n, t in whole.items()}
-    masks = {n: lay_out(t, mesh, layouts[n]) for n, t in earlier.items()}
-    scores = {n: lay_out(t, mesh, layouts[n]) for n, t in given.items()}
+    params = {n: distribute_tensor(t, mesh, layouts[n]) for n, t in whole.items()}
+    masks = {n: distribute_tensor(t, mesh, layouts[n]) for n, t in earlier.items()}
+    scores = {n: distribute_tensor(t, mesh, layouts[n]) for n, t in given.items()}
     generator = torch.Generator().manual_seed(case["seed"] + rank)  # rank 0's draw must win
     with comm_mode() as comm:
         got = _outcome(lambda: plan(params, masks, scores, generator))
@@ -178,7 +174,7 @@ def _bytes_on_ranks(rank: int, size: int, hidden: int) -> tuple[int, set[str]]:
     structure = structure_of(model["groups"])
     whole = values(model["shapes"], 3, "normal")
     mesh = init_device_mesh("cpu", (size,))
-    params = {n: lay_out(t, mesh, [Shard(t.dim() - 1 if n in ("down", "qkv") else 0)]) for n, t in whole.items()}
+    params = {n: distribute_tensor(t, mesh, [Shard(t.dim() - 1 if n in ("down", "qkv") else 0)]) for n, t in whole.items()}
     counter = CommBytes()
     with comm_mode() as comm, counter:
         fp.structured(structure, fp.LnStructured(0.5, n=2), normalize="mean")(params)
@@ -295,7 +291,7 @@ def test_plain_members_beside_dtensors_count_as_copies(mesh: DeviceMesh) -> None
     model = synthetic(4)
     whole = values(model["shapes"], 0, "normal")
     plan = fp.structured(structure_of(model["groups"]), fp.LnStructured(0.5, n=2))
-    params = dict(whole, up=lay_out(whole["up"], mesh, [Shard(0)]), qkv=lay_out(whole["qkv"], mesh, [Shard(1)]))
+    params = dict(whole, up=distribute_tensor(whole["up"], mesh, [Shard(0)]), qkv=distribute_tensor(whole["qkv"], mesh, [Shard(1)]))
     got = plan(params)
     for name, expected in plan(whole).items():
         mask = got[name]
@@ -307,6 +303,6 @@ def test_members_on_different_meshes_are_refused(mesh: DeviceMesh) -> None:
     model = synthetic(4)
     whole = values(model["shapes"], 0, "normal")
     other = init_device_mesh("cpu", (1,), mesh_dim_names=("other",))
-    params = {n: lay_out(t, other if n == "down" else mesh, [Shard(0)]) for n, t in whole.items()}
+    params = {n: distribute_tensor(t, other if n == "down" else mesh, [Shard(0)]) for n, t in whole.items()}
     with pytest.raises(NotImplementedError, match="the units' members lie on different device meshes"):
         fp.structured(structure_of(model["groups"]), fp.LnStructured(1, n=2))(params)
