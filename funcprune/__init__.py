@@ -85,6 +85,7 @@ from ._payoff import BSR_BREAK_EVEN as BSR_BREAK_EVEN
 from ._payoff import CSR_BREAK_EVEN as CSR_BREAK_EVEN
 from ._payoff import BreakEven as BreakEven
 from ._payoff import KeptChannelsWarning as KeptChannelsWarning
+from ._payoff import ShrunkConfigWarning as ShrunkConfigWarning
 from ._payoff import SlowSparseWarning as SlowSparseWarning
 from ._payoff import bake as bake
 from ._payoff import load_masks as load_masks
@@ -124,6 +125,7 @@ from ._structure import Member as Member
 from ._structure import Structure as Structure
 from ._structure import UnitGroup as UnitGroup
 from ._structure import UnitPlan as UnitPlan
+from ._structure import UnitsLeftOutWarning as UnitsLeftOutWarning
 from ._structure import structure as structure
 from ._structure import structured as structured
 from ._targets import Iterative as Iterative
@@ -177,6 +179,7 @@ __all__ = [
     "Rule",
     "Schedule",
     "Scores",
+    "ShrunkConfigWarning",
     "SlowSparseWarning",
     "SparsityReport",
     "SparsityRow",
@@ -184,6 +187,7 @@ __all__ = [
     "Structure",
     "UnitGroup",
     "UnitPlan",
+    "UnitsLeftOutWarning",
     "UnknownNameError",
     "apply_masks",
     "apply_masks_",

@@ -49,6 +49,8 @@ class Router:
         parameters: the experts' parameters (leading dim ``count``), by name.
         count: how many experts there are.
         top_k: how many experts each token is routed to.
+        extras: the router's other tensors of one entry per expert (a bias, DeepSeek's
+            ``e_score_correction_bias`` buffer), by name: they lose the removed experts' entries.
     """
 
     module: str
@@ -57,6 +59,7 @@ class Router:
     parameters: tuple[str, ...]
     count: int
     top_k: int
+    extras: tuple[str, ...] = ()
 
 
 def _int_attr(module: nn.Module, names: tuple[str, ...]) -> int | None:
@@ -102,8 +105,14 @@ def routers(model: nn.Module) -> tuple[Router, ...]:
         if top_k is None or not 1 <= top_k <= count:
             continue
         prefix = f"{parent_path}." if parent_path else ""
+        extras = tuple(
+            f"{prefix}{name}.{t}"
+            for t, tensor in [*router.named_parameters(recurse=False), *router.named_buffers(recurse=False)]
+            if t != "weight" and tensor.dim() == 1 and tensor.shape[0] == count
+        )
         found.append(Router(
             f"{prefix}{name}", f"{prefix}{name}.weight", path, tuple(f"{path}.{p}" for p in stacked), count, top_k,
+            extras,
         ))  # fmt: skip
     return tuple(found)
 
@@ -127,19 +136,33 @@ def removed_experts(mask: Tensor, top_k: int) -> Tensor:
     return pruned & (rank > short)
 
 
+#: The ops that add a tensor to the router's scores (where a per-expert extra meets them).
+_ADDS = frozenset({torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__})
+
+
 class _NeverRouted(TorchFunctionMode):
-    """Within: a linear whose weight is the running router's gives ``-inf`` to the removed experts' logits."""
+    """Within: a linear whose weight is the running router's gives ``-inf`` to the removed experts' logits.
+
+    A per-expert tensor of the running router added to its scores (DeepSeek's
+    score-correction bias, added after a sigmoid that would turn ``-inf``
+    into 0) is ``-inf`` at the removed experts too, so that top-k never
+    picks them.
+    """
 
     def __init__(self) -> None:
         super().__init__()
-        self.running: list[tuple[Tensor, Tensor]] = []  # (the router's weight as bound now, removed experts)
+        # the router's weight as bound now, its per-expert extras as bound now, and the removed experts
+        self.running: list[tuple[Tensor, tuple[Tensor, ...], Tensor]] = []
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if self.running and func in _ADDS:
+            _, extras, removed = self.running[-1]
+            args = tuple(a.masked_fill(removed, float("-inf")) if any(a is e for e in extras) else a for a in args)
         out = func(*args, **kwargs)
         if func is torch.nn.functional.linear and self.running:
             weight = args[1] if len(args) > 1 else kwargs.get("weight")
-            bound, removed = self.running[-1]
+            bound, _, removed = self.running[-1]
             if weight is bound:
                 out = out.masked_fill(removed, float("-inf"))
         return out
@@ -165,9 +188,11 @@ def never_routed(model: nn.Module, masks: Mapping[str, Tensor], layers: Sequence
         module = model.get_submodule(layer.module)
         removed = removed_experts(masks[layer.weight], layer.top_k)
 
-        def enter(m: nn.Module, args: Any, removed: Tensor = removed) -> None:
+        extras = tuple(name.rpartition(".")[2] for name in layer.extras)
+
+        def enter(m: nn.Module, args: Any, removed: Tensor = removed, extras: tuple[str, ...] = extras) -> None:
             weight: Tensor = m.weight  # type: ignore[assignment]  # a router's weight is a tensor
-            mode.running.append((weight, removed))
+            mode.running.append((weight, tuple(getattr(m, e) for e in extras), removed))
 
         def leave(m: nn.Module, args: Any, out: Any) -> None:
             mode.running.pop()

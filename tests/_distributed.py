@@ -25,6 +25,7 @@ import datetime
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.queues
+import os
 import queue
 import socket
 import traceback
@@ -32,6 +33,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import _torchvision  # noqa: F401 (before transformers imports torchvision)
 import torch
 import torch.distributed as dist
 
@@ -41,7 +43,7 @@ COLLECTIVE_TIMEOUT = 30
 CALL_TIMEOUT = 90
 #: What the fork server imports once for every process it forks (missing ones are skipped).
 PRELOAD = [
-    "torch", "torch.distributed", "torch.distributed.tensor", "torch.distributed.fsdp", "hypothesis", "funcprune",
+    "_torchvision", "torch", "torch.distributed", "torch.distributed.tensor", "torch.distributed.fsdp", "hypothesis", "funcprune",
     "transformers", "transformers.models.llama.modeling_llama", "transformers.models.mixtral.modeling_mixtral",
     "transformers.models.gpt2.modeling_gpt2", "transformers.models.opt.modeling_opt",
     __name__,
@@ -54,6 +56,12 @@ def _context() -> multiprocessing.context.ForkServerContext | multiprocessing.co
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)  # read when the server starts, with the first world
+    # Python 3.11's fork server does not apply the parent's sys.path before it preloads: the tests' directory on
+    # PYTHONPATH lets it import _torchvision (and this module) before transformers
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if here not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, *paths]))
     return context
 
 

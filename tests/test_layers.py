@@ -33,6 +33,7 @@ PACKAGE = Path(funcprune.__file__).parent
 #: subpackages, bottom to top. The spine runs _native <- _select <- _specs <- _dtensor <- _plans <- compat.
 BASE = frozenset({
     "funcprune._torch_private", "funcprune._types", "funcprune._validate", "funcprune._names", "funcprune._experts",
+    "funcprune._families",
 })  # fmt: skip
 MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._torch_private": frozenset(),
@@ -40,6 +41,7 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._validate": frozenset({"funcprune._torch_private", "funcprune._types"}),
     "funcprune._names": frozenset({"funcprune._types", "funcprune._validate"}),
     "funcprune._experts": frozenset({"funcprune._types"}),
+    "funcprune._families": frozenset(),
     "funcprune._native": BASE,
     "funcprune._select": BASE | {"funcprune._native"},
     "funcprune._specs": BASE | {"funcprune._select"},
@@ -50,7 +52,8 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._apply": BASE | {"funcprune._native", "funcprune._dtensor"},
     "funcprune._graph": BASE,
     "funcprune._structure": BASE
-    | {"funcprune._specs", "funcprune._dtensor", "funcprune._plans", "funcprune._targets", "funcprune._graph"},
+    | {"funcprune._specs", "funcprune._dtensor", "funcprune._plans", "funcprune._targets", "funcprune._graph"}
+    | {"funcprune._payoff"},
     "funcprune._payoff": BASE | {"funcprune._specs", "funcprune._dtensor", "funcprune._graph"},
     "funcprune._runner": BASE
     | {"funcprune._specs", "funcprune._plans", "funcprune._targets", "funcprune._criteria", "funcprune._apply"},

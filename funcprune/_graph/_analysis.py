@@ -65,6 +65,7 @@ class Analysis:
         unseen: the parameters in which the walk sees no channel, though an op
             reads them (a weight computed from them by a parametrization or a
             hook: spectral_norm's ``weight_orig``), with the op.
+        read: the groups that a layer reads as its input channels (weight columns).
     """
 
     model: nn.Module
@@ -78,6 +79,7 @@ class Analysis:
     experts: tuple[Experts, ...]
     least: Mapping[tuple[str, int], int]
     unseen: Mapping[str, str]
+    read: frozenset[int] = frozenset()
 
 
 def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
@@ -120,6 +122,7 @@ def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
         tuple(_experts(layers, related)),
         {(layer.weight, 0): layer.top_k for layer in layers},
         {name: node for name, node in walk.read_directly.items() if name not in related},
+        frozenset(roots[a] for a in atoms.read),
     )
 
 
@@ -131,14 +134,33 @@ def _by_root(reasons: Mapping[int, str], roots: list[int]) -> dict[int, str]:
 
 
 def _attention(walk: Walk, roots: list[int]) -> list[Attention]:
-    found = []
-    for node, ids in walk.ids.items():
-        if getattr(node.target, "overloadpacket", None) is not torch.ops.aten.scaled_dot_product_attention or ids is None:
+    """The attention ops: each op whose batch positions carry heads (``walk.heads``), once per set of heads.
+
+    The heads lie along the batch dims whose groups vary (``(batch, heads)``, or one dim of ``batch *
+    heads``, cut at the period of its groups); an attention's scores and output (two matmuls, or one
+    ``scaled_dot_product_attention``) give the same heads, recorded once.
+    """
+    found: dict[tuple[int, ...], Attention] = {}
+    for node, ids in walk.heads.items():  # each head's atom when the op ran: its own, before later ops coupled them
+        varying = [d for d in range(ids.dim()) if not bool((ids == ids.narrow(d, 0, 1)).all())]
+        if not varying:
             continue
-        heads = ids.shape[-3]
-        groups = tuple(roots[int(a)] if int(a) >= 0 else -1 for a in ids.movedim(-3, 0).reshape(heads, -1).amax(1))
-        found.append(Attention(node.name, str(node.meta.get("funcprune_module", "")), groups, len(set(groups))))
-    return found
+        index = tuple(slice(None) if d in varying else 0 for d in range(ids.dim()))
+        sequence = ids[index].reshape(-1).tolist()
+        atoms = sequence[: _period(sequence)] if len(varying) == 1 else sequence
+        heads = tuple(roots[a] if a >= 0 else -1 for a in atoms)
+        if heads not in found:
+            found[heads] = Attention(node.name, str(node.meta.get("funcprune_module", "")), heads, len(set(heads) - {-1}))
+    return list(found.values())
+
+
+def _period(sequence: list[int]) -> int:
+    """The shortest period of ``sequence`` that divides its length (``batch * heads`` laid out batch-major)."""
+    n = len(sequence)
+    for p in range(1, n + 1):
+        if n % p == 0 and sequence == sequence[:p] * (n // p):
+            return p
+    return n
 
 
 def _experts(layers: tuple[Router, ...], related: Related) -> list[Experts]:

@@ -48,6 +48,7 @@ class Atoms:
         self.blocked: dict[int, str] = {}  # atom -> why it stays
         self.refused: dict[int, str] = {}  # atom -> the op that reads it, described
         self.producers: dict[int, list[Slice]] = {}  # atom -> the rows (channels) that make it
+        self.read: set[int] = set()  # atoms a layer reads as its input channels (weight columns)
         self._related: dict[str, dict[int, dict[int, set[int]]]] = {}
 
     def __len__(self) -> int:
@@ -92,6 +93,10 @@ class Atoms:
                 self.union(atoms[0], other)
             for atom in atoms[:1] if len(set(atoms)) > 1 else ():
                 self._why.setdefault(atom, why)
+
+    def mark_read(self, ids: Tensor) -> None:
+        """Record that a layer reads the atoms of ``ids`` as its input channels."""
+        self.read.update(_atoms_in(ids))
 
     def block(self, ids: Tensor, why: str) -> None:
         for atom in _atoms_in(ids):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import io
 import warnings
 from collections.abc import Iterator, Mapping
@@ -22,6 +21,7 @@ from typing import Any, final
 import torch
 from torch import fx, nn
 
+from .._families import takes_use_cache
 from .._types import Tensor
 
 __all__ = ["Exported", "Inputs", "as_inputs", "copy_module", "export_model", "run"]
@@ -40,8 +40,10 @@ def as_inputs(fn: str, module: nn.Module, example_inputs: object) -> Inputs:
     """``example_inputs`` as :class:`Inputs`: a tensor, a tuple of positional arguments, or a dict of keyword ones.
 
     A model whose ``forward`` takes ``use_cache`` (a transformers language
-    model) runs with ``use_cache=False`` unless the inputs say otherwise: a
-    cache changes nothing of which channels hang together.
+    model), or takes ``**kwargs`` and has a config with ``use_cache`` (GraniteMoE
+    reads it from the keyword arguments), runs with ``use_cache=False`` unless
+    the inputs say otherwise: a cache changes nothing of which channels hang
+    together, and ``torch.export`` cannot return one.
 
     >>> as_inputs("example", nn.Linear(2, 2), (torch.zeros(1), 2.0))
     Traceback (most recent call last):
@@ -63,16 +65,9 @@ def as_inputs(fn: str, module: nn.Module, example_inputs: object) -> Inputs:
         inputs = Inputs((), dict(example_inputs))
     else:
         raise TypeError(f"{expected}, got {type(example_inputs).__name__}")
-    if "use_cache" not in inputs.kwargs and _takes(module, "use_cache"):
+    if "use_cache" not in inputs.kwargs and takes_use_cache(module):
         inputs = Inputs(inputs.args, {**inputs.kwargs, "use_cache": False})
     return inputs
-
-
-def _takes(module: nn.Module, name: str) -> bool:
-    try:
-        return name in inspect.signature(module.forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 @final

@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Mapping, Sequence
@@ -34,10 +35,10 @@ from torch import fx
 
 from .._types import Tensor
 from ._atoms import Slice, broadcast, pairs
-from ._walk import Handler, Ops, Origin, Walk, describe
+from ._walk import Handler, Ops, Origin, Walk, describe, moved_args
 from ._walk import _map_nodes as walk_map
 
-__all__ = ["ELEMENTWISE", "HANDLERS", "LAYER_SLOTS", "OPS", "PRODUCERS", "VIEWS", "view_ids"]
+__all__ = ["ELEMENTWISE", "HANDLERS", "LAYER_SLOTS", "OPS", "PRODUCERS", "VIEWS", "stands_for", "view_ids"]
 
 aten = torch.ops.aten
 
@@ -52,7 +53,8 @@ VIEWS: frozenset[object] = frozenset({
     aten.index_select, aten.index, aten.gather, aten.flip, aten.expand_as, aten.view_as, aten.reshape_as,
     aten.repeat_interleave, aten.tile, aten.broadcast_to, aten.swapaxes, aten.mT, aten.squeeze_copy,
     aten.unsqueeze_copy, aten.view_copy, aten.transpose_copy, aten.permute_copy, aten.slice_copy,
-    aten.select_copy, aten.expand_copy, aten.constant_pad_nd, aten.pad,
+    aten.select_copy, aten.expand_copy, aten.constant_pad_nd, aten.pad, aten.roll, aten.rot90,
+    aten.pixel_shuffle, aten.pixel_unshuffle, aten.channel_shuffle, aten.native_channel_shuffle,
     operator.getitem,
 })  # fmt: skip
 #: Conversions of dtype, device or layout: the atoms stay as they are.
@@ -71,7 +73,7 @@ def view_ids(walk: Walk, node: fx.Node, ids: Mapping[fx.Node, Tensor] | None = N
         source, key = node.args
         held = walk.ids.get(source) if isinstance(source, fx.Node) else None
         return held[key] if held is not None else None
-    moved = set(_moved_args(node))
+    moved = set(moved_args(node))
 
     def substitute(arg: fx.Node) -> Any:
         if ids is not None and arg in ids:
@@ -95,14 +97,6 @@ def view_ids(walk: Walk, node: fx.Node, ids: Mapping[fx.Node, Tensor] | None = N
     return target(*args, **kwargs)
 
 
-def _moved_args(node: fx.Node) -> list[fx.Node]:
-    """The tensor arguments whose entries the view moves (the first, or the list of ``cat``/``stack``)."""
-    first = node.args[0] if node.args else next(iter(node.kwargs.values()), None)
-    if isinstance(first, (list, tuple)):
-        return [a for a in first if isinstance(a, fx.Node)]
-    return [first] if isinstance(first, fx.Node) else []
-
-
 def _view(walk: Walk, node: fx.Node) -> Any:
     return view_ids(walk, node)
 
@@ -111,14 +105,21 @@ def _conversion(walk: Walk, node: fx.Node) -> Any:
     return walk.ids_or_none(node.args[0])
 
 
+def _copy(walk: Walk, node: fx.Node) -> Any:
+    """``copy(dst, src)`` (and ``dst.copy_(src)``): ``dst`` takes ``src``'s entries, its own are gone."""
+    return walk.ids_or_none(node.args[1]).expand(_shape(walk, node))
+
+
 def _nothing(walk: Walk, node: fx.Node) -> Any:
     """Checks that compute nothing (``_assert_tensor_metadata``): they read the atoms, and keep them as they are."""
     return None
 
 
-#: Ops that only check their input and return nothing of it.
+#: Ops that only check their input and return nothing of it, or read only its dtype and device (a new
+#: tensor of sizes given apart).
 _CHECKS: frozenset[object] = frozenset({
     aten._assert_tensor_metadata, aten._assert_async, aten._assert_scalar, aten.sym_constrain_range_for_size,
+    aten.new_empty, aten.new_zeros, aten.new_ones, aten.new_full, aten.new_empty_strided,
 })  # fmt: skip
 
 
@@ -135,7 +136,7 @@ ELEMENTWISE: frozenset[object] = frozenset({
     aten.bitwise_or, aten.bitwise_not, aten.__and__, aten.__or__, aten.log1p, aten.log_sigmoid, aten.rsub,
     aten.add_, aten.mul_, aten.sub_, aten.div_,
     aten.nan_to_num, aten.lerp, aten.addcmul, aten.addcdiv, aten.fmod, aten.remainder, aten.floor_divide,
-    aten.log, aten.log2, aten.log10, aten.rsqrt, aten.reciprocal, aten.atan2, aten.true_divide, aten.copy,
+    aten.log, aten.log2, aten.log10, aten.rsqrt, aten.reciprocal, aten.atan2, aten.true_divide,
     aten.logit, aten.xlogy, aten.selu, aten.celu, aten.softshrink, aten.hardshrink, aten.threshold,
     aten.prelu, aten._prelu_kernel, aten.rrelu, aten.erfc, aten.exp2, aten.sinh, aten.cosh, aten.asinh,
     aten.atan, aten.tan, aten.relu_, aten.silu_, aten.gelu_, aten.hardtanh_, aten.leaky_relu_, aten.sigmoid_,
@@ -150,8 +151,7 @@ _DIVIDES: frozenset[object] = frozenset({aten.div, aten.div_, aten.true_divide, 
 
 def _elementwise(walk: Walk, node: fx.Node) -> Tensor:
     """Couple the atoms that meet at each position; relate parameter operands; refuse what zero breaks."""
-    target: Any = node.target
-    packet = getattr(target, "overloadpacket", target)
+    packet = _functional_packet(node.target)
     operands = _tensor_operands(node)
     shape = tuple(walk.values[node].shape)
     carried = [(a, walk.ids[a]) for a in operands if isinstance(walk.ids.get(a), Tensor)]
@@ -168,17 +168,34 @@ def _elementwise(walk: Walk, node: fx.Node) -> Tensor:
         walk.atoms.couple(out, ids)
         out = torch.where(out >= 0, out, ids)
     for arg in operands:
-        if arg in walk.ids and isinstance(walk.ids[arg], Tensor):
-            continue
-        origin = walk.origin(arg)
-        value = walk.values[arg]
-        if origin is not None:
-            _relate_follower(walk, origin, out, shape)
-        elif isinstance(value, Tensor) and value.dim():
-            varying = _varying_axes(value, shape)
-            if varying:
-                walk.atoms.couple_along(out, varying, f"{describe(node)} meets them with a tensor of its own entries along them")
+        if not (arg in walk.ids and isinstance(walk.ids[arg], Tensor)):
+            _meet(walk, node, out, arg)
     return out
+
+
+def _meet(walk: Walk, node: fx.Node, out: Tensor, arg: object) -> None:
+    """An operand that carries no atoms meets the atoms ``out`` at each position of the op's output.
+
+    A parameter (a norm's weight, a bias) follows the atoms it meets; a computed tensor with values of
+    its own along an axis (rotary ``cos``/``sin`` along the head dim, ALiBi's slope per head, ``+
+    torch.arange(6)``) makes the atoms along that axis all-or-nothing. One constant along an axis (a mask
+    broadcast over the heads, zeros of the heads' shape) leaves them free.
+    """
+    origin = walk.origin(arg)
+    value = walk.values[arg] if isinstance(arg, fx.Node) else arg
+    shape = tuple(out.shape)
+    if origin is not None:
+        _relate_follower(walk, origin, out, shape)
+    elif isinstance(value, Tensor) and value.dim():
+        varying = _varying_axes(value, shape)
+        if varying:
+            walk.atoms.couple_along(out, varying, f"{describe(node)} meets them with a tensor of its own entries along them")
+
+
+def _functional_packet(target: Any) -> Any:
+    """The packet of ``target``'s functional form (``hardswish_``: ``hardswish``), as the tables name it."""
+    key, _ = stands_for(target)
+    return getattr(key, "overloadpacket", key)
 
 
 def _tensor_operands(node: fx.Node) -> list[fx.Node]:
@@ -208,9 +225,21 @@ def _negative_exponent(walk: Walk, node: fx.Node) -> bool:
 
 
 def _varying_axes(value: Tensor, shape: tuple[int, ...]) -> list[int]:
-    """The output axes along which a broadcast operand has entries of its own."""
+    """The output axes along which a broadcast operand has values of its own (not one value repeated)."""
     offset = len(shape) - value.dim()
-    return [offset + d for d, n in enumerate(value.shape) if n > 1 and offset + d >= 0]
+    return [
+        offset + d
+        for d, n in enumerate(value.shape)
+        if n > 1 and offset + d >= 0 and not _constant_along(value, d)
+    ]
+
+
+def _constant_along(value: Tensor, dim: int) -> bool:
+    """Whether ``value`` holds the same entries at every index of ``dim`` (NaN equal to NaN)."""
+    first = value.narrow(dim, 0, 1).expand_as(value)
+    if value.dtype == torch.bool or not (value.is_floating_point() or value.is_complex()):
+        return bool(torch.equal(value, first))
+    return bool(torch.equal(value.isnan(), first.isnan()) and ((value == first) | value.isnan()).all())
 
 
 def _relate_follower(walk: Walk, origin: Origin, out: Tensor, shape: tuple[int, ...]) -> None:
@@ -331,6 +360,7 @@ def _read_columns(walk: Walk, node: fx.Node, x: object, origin: Origin, axis: in
             walk.atoms.refuse(ids, f"{describe(node)}, whose weight is no slice of a parameter,")
         return
     dim, index = found
+    walk.atoms.mark_read(ids)
     per_column = ids.movedim(x_axis, -1).reshape(-1, ids.shape[x_axis])
     first = per_column.amax(0)  # an atom of each column (or -1): the others of the column join it
     for a, b in pairs(first, torch.where(per_column != first, per_column, -1)):
@@ -385,6 +415,8 @@ def _router(walk: Walk, node: fx.Node, origin: Origin, bias: object) -> None:
         return None
     for name in router.parameters:
         walk.atoms.relate(name, 0, torch.arange(router.count), experts, couple=True)
+    for name in router.extras:
+        walk.atoms.relate(name, 0, torch.arange(router.count), experts)
     return None
 
 
@@ -427,13 +459,22 @@ def _matmul(walk: Walk, node: fx.Node) -> Any:
 
 
 def _contracted(walk: Walk, node: fx.Node, a: object, b: object) -> Tensor:
-    """Two activations multiplied as matrices: each output entry couples its row of ``a`` and its column of ``b``."""
+    """Two activations multiplied as matrices (``a @ b`` over their last two dims, the others batched).
+
+    Where the atoms differ from one batch position to another (the heads of an attention: ``q @ k^T``,
+    ``probs @ v``, in any layout), each batch position is a *head*: its atoms go together
+    (:func:`_per_head`). Otherwise each output entry couples its row of ``a`` and its column of ``b``.
+    """
     ia, ib = walk.ids_or_none(a), walk.ids_or_none(b)
     out_shape = _shape(walk, node)
     if ia.dim() == 1:
         ia = ia[None]
     if ib.dim() == 1:
         ib = ib[:, None]
+    batch = out_shape[:-2] if ia.dim() > 2 or ib.dim() > 2 else ()
+    heads = _per_head(walk, node, batch, [ia, ib]) if batch else None
+    if heads is not None:
+        return heads.reshape(*batch, 1, 1).expand(out_shape) if len(out_shape) >= 2 else heads.reshape(out_shape)
     why = f"{describe(node)} multiplies them as matrices"
     walk.atoms.couple_along(ia, [-1], why)
     walk.atoms.couple_along(ib, [-2], why)
@@ -445,11 +486,54 @@ def _contracted(walk: Walk, node: fx.Node, a: object, b: object) -> Tensor:
     return out.reshape(out_shape) if out.numel() == math.prod(out_shape) else torch.full(out_shape, -1, dtype=torch.long)
 
 
+def _per_head(walk: Walk, node: fx.Node, batch: Sequence[int], operands: Sequence[Tensor]) -> Tensor | None:
+    """The atom of each batch position of an attention-like op, or ``None`` if its atoms are the same at every one.
+
+    ``operands``: atom ids whose last two dims are one batch position's matrix (broadcast over
+    ``batch``). At each position (a head), its atoms go together: a head goes whole, and heads that
+    read one key/value head (grouped-query attention) go together. An atom found at *every* position
+    (the key and value of multi-query attention, MLA's rotary key shared by all heads) couples no
+    heads: it stays, since every head reads it. The walk records the head atoms of the op
+    (``walk.heads``).
+    """
+    positions = math.prod(batch)
+    if positions < 2:
+        return None
+    slabs = [ids.expand(*batch, *ids.shape[-2:]).reshape(positions, -1) for ids in operands]
+    slab = torch.cat(slabs, 1)
+    present = slab >= 0
+    if not bool(present.any()):
+        return None
+    atoms = torch.unique(slab[present])
+    where = torch.zeros(positions, atoms.numel(), dtype=torch.bool)
+    rows = torch.arange(positions).unsqueeze(1).expand_as(slab)[present]
+    where[rows, torch.searchsorted(atoms, slab[present])] = True
+    shared = where.all(0)
+    if bool(shared.all()):
+        return None  # the same atoms at every position: no heads
+    walk.atoms.block(atoms[shared], f"{describe(node)} reads them in every head (shared by all heads)")
+    own = where & ~shared
+    group = torch.full((positions,), -1, dtype=torch.long)  # each position's smallest atom of its own
+    for position in range(positions):
+        found = atoms[own[position]].tolist()
+        for other in found[1:]:
+            walk.atoms.union(found[0], other)
+        if found:
+            group[position] = found[0]
+    walk.heads[node] = group.reshape(tuple(batch))  # where the heads lie (their groups: the roots, in the end)
+    return group.reshape(tuple(batch))
+
+
 def _baddbmm(walk: Walk, node: fx.Node) -> Any:
+    """``baddbmm(base, a, b)``: ``base + a @ b`` (BLOOM's scores, ALiBi as the base)."""
     inner = _contracted(walk, node, node.args[1], node.args[2])
-    base = walk.ids_or_none(node.args[0]).expand(inner.shape)
-    walk.atoms.couple(inner, base)
-    return torch.where(inner >= 0, inner, base)
+    base = node.args[0]
+    if isinstance(base, fx.Node) and isinstance(walk.ids.get(base), Tensor):
+        ids = walk.ids[base].expand(inner.shape)
+        walk.atoms.couple(inner, ids)
+        return torch.where(inner >= 0, inner, ids)
+    _meet(walk, node, inner, base)
+    return inner
 
 
 def _embedding(walk: Walk, node: fx.Node) -> Any:
@@ -476,6 +560,7 @@ def _convolution(walk: Walk, node: fx.Node) -> Any:
     out_channels = shape[1]
     channel_ids = _per_channel(ids)
     if 1 < groups == in_channels and not transposed and out_channels % in_channels == 0:  # depthwise
+        walk.atoms.mark_read(channel_ids)
         repeated = channel_ids.repeat_interleave(out_channels // in_channels)
         walk.atoms.relate(origin.name, 0, torch.arange(out_channels), repeated)
         if bias is not None and walk.origin(bias) is not None:
@@ -513,6 +598,7 @@ def _read_conv_input(walk: Walk, node: fx.Node, origin: Origin, axis: int, chann
         walk.atoms.refuse(channel_ids, f"{describe(node)}, whose weight is no slice of a parameter,")
         return
     dim, index = found
+    walk.atoms.mark_read(channel_ids)
     walk.atoms.relate(origin.name, dim, index, channel_ids, couple=True)
 
 
@@ -576,26 +662,85 @@ def _group_norm(walk: Walk, node: fx.Node) -> Any:
 
 
 def _attention(walk: Walk, node: fx.Node) -> Any:
-    """``scaled_dot_product_attention(q, k, v, ...)``: all the atoms of one head position go together."""
+    """``scaled_dot_product_attention(q, k, v, attn_mask, ...)``: a head goes whole (:func:`_per_head`).
+
+    Under ``enable_gqa`` each key/value head serves ``heads // kv_heads`` query heads. The mask meets
+    the scores: one that carries atoms (T5's position bias, an embedding's columns per head) goes with
+    its heads; a computed one with values of its own per head (ALiBi) makes the heads all-or-nothing.
+    """
     q, k, v = (walk.ids_or_none(a) for a in node.args[:3])
     value = walk.values[node]
-    heads = q.shape[-3]
-    if k.shape[-3] != heads:  # enable_gqa: each KV head serves heads // kv_heads query heads
+    heads = q.shape[-3] if q.dim() >= 3 else 1
+    if k.dim() >= 3 and k.shape[-3] not in (heads, 1):  # enable_gqa: each KV head serves heads // kv_heads query heads
         k = k.repeat_interleave(heads // k.shape[-3], dim=-3)
         v = v.repeat_interleave(heads // v.shape[-3], dim=-3)
-    why = f"{describe(node)} attends with whole heads"
-    per_head = []
-    for t in (q, k, v):
-        t = t.movedim(-3, 0).reshape(heads, -1)
-        per_head.append(t)
-    stacked = torch.cat(per_head, 1)
-    walk.atoms.couple_along(stacked, [1], why)
-    group = stacked.amax(1)
-    out = group.reshape(heads, 1, 1).expand(heads, *value.shape[-2:])
-    return out.expand(value.shape)
+    batch = tuple(value.shape[:-2])
+    group = _per_head(walk, node, batch, [q, k, v])
+    if group is None:  # one head, or the same atoms in every one: all of them go together
+        stacked = torch.cat([t.expand(*batch, *t.shape[-2:]).reshape(-1) for t in (q, k, v)])
+        walk.atoms.couple_along(stacked, [0], f"{describe(node)} attends with whole heads")
+        group = stacked.amax().reshape(1).expand(math.prod(batch)).reshape(batch)
+    scores = group.reshape(*batch, 1, 1).expand(*batch, q.shape[-2], k.shape[-2])
+    mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+    if isinstance(mask, fx.Node):
+        if isinstance(walk.ids.get(mask), Tensor):
+            walk.atoms.couple(scores, walk.ids[mask].expand(scores.shape))
+        else:
+            _meet(walk, node, scores, mask)
+    return group.reshape(*batch, 1, 1).expand(value.shape)
 
 
 # --- what the walk asks of this module --------------------------------------------------------
+
+#: Views by their schema that cannot run on atom ids as they run on values (another element size, strides
+#: that only fit the input's memory): they are no views to the analysis, and whatever reads atoms through them
+#: is refused.
+_NO_ID_VIEWS: frozenset[object] = frozenset({aten.as_strided, aten.view_as_real, aten.view_as_complex})
+
+
+@functools.cache
+def stands_for(target: Any) -> tuple[object, bool]:
+    """The op the tables know ``target`` by, and whether ``target`` writes its first argument in place.
+
+    - an op in the tables: itself;
+    - an in-place op (``hardswish_``, ``dropout_``, ``add_``...) whose functional form the tables know:
+      that form, written in place (the walk gives the argument the result's atoms);
+    - any other op whose schema says it returns a view of its first argument (``numpy_T``, ``mH``,
+      ``diagonal``...): ``aten.alias``, a view (it runs on the atom ids as on the values).
+    """
+    if any(key in HANDLERS for key in _keys_of(target)):
+        return target, False
+    schema = getattr(target, "_schema", None)
+    packet = getattr(target, "overloadpacket", None)
+    if schema is None or packet is None or not schema.arguments or not schema.returns:
+        return target, False
+    first, result = schema.arguments[0].alias_info, schema.returns[0].alias_info
+    if first is not None and first.is_write and schema.is_mutable:
+        name = packet.__name__
+        functional = getattr(aten, name[:-1], None) if name.endswith("_") else None
+        if functional is not None and functional in HANDLERS and functional not in VIEWS:
+            return functional, True
+        return target, False
+    if is_alias(target):
+        return aten.alias, False
+    return target, False
+
+
+@functools.cache
+def is_alias(target: Any) -> bool:
+    """Whether ``target`` returns a view sharing its first argument's memory (its schema says so)."""
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.arguments or not schema.returns or schema.is_mutable:
+        return target is operator.getitem
+    first, result = schema.arguments[0].alias_info, schema.returns[0].alias_info
+    return first is not None and result is not None and getattr(target, "overloadpacket", None) not in _NO_ID_VIEWS
+
+
+def _keys_of(target: Any) -> tuple[object, ...]:
+    packet = getattr(target, "overloadpacket", None)
+    name = getattr(packet, "_qualified_op_name", None)
+    return tuple(k for k in (target, packet, name) if k is not None)
+
 
 
 def _handler_table() -> dict[object, Handler]:
@@ -608,6 +753,7 @@ def _handler_table() -> dict[object, Handler]:
         table[op] = _conversion
     for op in _CHECKS:
         table[op] = _nothing
+    table[aten.copy] = _copy
     for op in (aten.sum, aten.mean, aten.amax, aten.amin, aten.max, aten.min, aten.var, aten.std, aten.var_mean,
                aten.std_mean, aten.linalg_vector_norm, aten.norm, aten.logsumexp, aten.prod, aten.any, aten.all,
                aten.argmax, aten.argmin, aten.count_nonzero):  # fmt: skip
@@ -663,9 +809,11 @@ LAYER_SLOTS: Mapping[object, frozenset[object]] = {
                                               aten.instance_norm)},
     **{op: frozenset({2, 3, "weight", "bias"}) for op in (aten.layer_norm, aten.native_layer_norm, aten.rms_norm)},
     aten.group_norm: frozenset({2, 3}),
+    aten.scaled_dot_product_attention: frozenset({3, "attn_mask"}),  # a mask follows the heads it meets
+    aten.baddbmm: frozenset({0}),
     aten.native_group_norm: frozenset({1, 2}),
     **{name: frozenset({1}) for name in _GROUPED_MM},
 }  # fmt: skip
 
 #: All the analysis knows about ops.
-OPS = Ops(HANDLERS, PRODUCERS, ELEMENTWISE, VIEWS, LAYER_SLOTS, view_ids)
+OPS = Ops(HANDLERS, PRODUCERS, ELEMENTWISE, VIEWS, LAYER_SLOTS, view_ids, stands_for, is_alias, _CONVERSIONS, _CHECKS)

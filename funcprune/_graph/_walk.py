@@ -26,7 +26,7 @@ from .._types import Tensor
 from ._atoms import Atoms
 from ._export import Exported
 
-__all__ = ["Handler", "NodeFailed", "Ops", "Origin", "Walk", "describe"]
+__all__ = ["Handler", "NodeFailed", "Ops", "Origin", "Walk", "describe", "moved_args"]
 
 
 @final
@@ -116,6 +116,15 @@ class Ops:
         views: the ops that move entries without arithmetic.
         layer_slots: for each layer op, the argument positions and names of its parameters.
         view_ids: a view op applied to the given index tensors in place of its input's values.
+        stands_for: the op the tables know a target by, and whether the target writes its first
+            argument in place: the target itself; an in-place op's functional form (``relu_``:
+            ``relu``); a view its schema declares (an alias of its input), by ``aten.alias``.
+        is_alias: whether an op returns a view that shares its first argument's memory (a write
+            into it writes into the argument).
+        conversions: the ops that convert dtype or device, entry for entry (a parameter converted
+            is still that parameter, as a layer reads it).
+        metadata: the ops that read only a tensor's shape, dtype or device (checks, ``new_empty``):
+            they read no parameter's values.
     """
 
     handlers: Mapping[object, Handler]
@@ -124,6 +133,10 @@ class Ops:
     views: frozenset[object]
     layer_slots: Mapping[object, frozenset[object]]
     view_ids: Callable[[Walk, fx.Node, Mapping[fx.Node, Tensor]], Any]
+    stands_for: Callable[[Any], tuple[object, bool]]
+    is_alias: Callable[[Any], bool]
+    conversions: frozenset[object] = frozenset()
+    metadata: frozenset[object] = frozenset()
 
 
 def _keys(target: Any) -> Iterator[object]:
@@ -169,7 +182,10 @@ class Walk:
         self.origins: dict[fx.Node, Any] = {}
         self.read_directly: dict[str, str] = {}  # tensor name -> the op reading its values directly
         self.routers: dict[str, Router] = {r.weight: r for r in routers}  # MoE routers, by weight name
+        # a router's per-expert tensors: read as values to route (their experts' entries go with the experts)
+        self.router_extras = frozenset(name for r in self.routers.values() for name in r.extras)
         self.sources: dict[str, Tensor] = {}  # tensor name -> its value
+        self.heads: dict[fx.Node, Tensor] = {}  # attention-like ops -> the atom of each head (batch position)
         for node, name in exported.tensors.items():
             value = exported.values[node]
             shape = tuple(value.shape)
@@ -223,18 +239,48 @@ class Walk:
     def _call(self, node: fx.Node) -> None:
         args, kwargs = self.value(node.args), self.value(node.kwargs)
         target: Any = node.target
+        key, in_place = self.ops.stands_for(target)
         self.values[node] = target(*args, **kwargs)
-        handler = _lookup(target, self.ops.handlers)
+        handler = _lookup(key, self.ops.handlers)
         reads = any(True for _ in self.tensor_atoms(node))
-        if handler is not None and (reads or _member(target, self.ops.producers)):
+        if handler is not None and (reads or _member(key, self.ops.producers)):
             try:
                 self.ids[node] = handler(self, node)
             except Exception as e:  # a graph stranger than the handler expects
                 raise NodeFailed(f"{describe(node)} ({type(e).__name__}: {e})") from e
+            written = node.args[0] if node.args else None
+            if in_place and isinstance(written, fx.Node) and isinstance(self.ids[node], Tensor):
+                self._write(written, self.ids[node])
         elif reads:
             for ids in self.tensor_atoms(node):
                 self.atoms.refuse(ids, describe(node))
         self._follow_origin(node)
+
+    def _write(self, written: fx.Node, ids: Tensor) -> None:
+        """An op wrote ``ids`` into ``written`` in place: later readers of it, and of the tensor it views, read them.
+
+        Where ``written`` is a view (``k[..., :8].copy_(k_nope)`` into a tensor made by ``new_empty``),
+        the entries it covers in its base tensor take the written atoms too.
+        """
+        self.ids[written] = ids
+        chain = [written]
+        while chain[-1].op == "call_function" and self.ops.is_alias(chain[-1].target) and chain[-1].args:
+            parent = chain[-1].args[0]
+            if not isinstance(parent, fx.Node) or not isinstance(self.values.get(parent), Tensor):
+                return
+            chain.append(parent)
+        if len(chain) == 1:
+            return
+        base = chain[-1]
+        size = self.values[base].shape
+        positions = torch.arange(math.prod(size)).reshape(size)
+        for view, parent in zip(reversed(chain[:-1]), reversed(chain[1:]), strict=True):
+            positions = self.ops.view_ids(self, view, {parent: positions})
+            if not isinstance(positions, Tensor):
+                return
+        updated = self.ids_or_none(base).expand(size).clone().reshape(-1)
+        updated[positions.reshape(-1)] = ids.expand(positions.shape).reshape(-1)
+        self.ids[base] = updated.reshape(size)
 
     def _follow_origin(self, node: fx.Node) -> None:
         """A tensor taken from a parameter without arithmetic keeps its origin; any other read is direct.
@@ -244,9 +290,18 @@ class Walk:
         layers do; their handlers relate the entries to the atoms.
         """
         sources = [a for a in _nodes(node.args, node.kwargs) if a in self.origins]
-        if not sources or node in self.ids and _member(node.target, self.ops.elementwise):
+        key, _ = self.ops.stands_for(node.target)
+        if not sources or node in self.ids and _member(key, self.ops.elementwise) or _member(key, self.ops.metadata):
             return
-        if _member(node.target, self.ops.views) and len(sources) == 1:
+        converted = node.args[0] if node.args else None
+        if _member(key, self.ops.conversions) and isinstance(converted, fx.Node) and converted in self.origins:
+            value, origin = self.values.get(node), self.origins[converted]
+            if isinstance(value, Tensor) and tuple(value.shape) == origin.size:
+                self.origins[node] = origin
+                return
+        moved = [a for a in moved_args(node) if a in self.origins]
+        if _member(key, self.ops.views) and len(moved) == 1:
+            sources = moved  # any other tensor argument indexes (a buffer of positions): not read as values
             origin = self.origins[sources[0]]
             strided = self._view_of_source(node, origin)
             if strided is not None:
@@ -256,9 +311,27 @@ class Walk:
             if isinstance(moved, Tensor):
                 self.origins[node] = Origin(origin.name, origin.shape, flat_ids=moved)
                 return
+        if _member(key, self.ops.elementwise) and len(sources) == 1 and node not in self.ids:
+            follows = self._elementwise_origin(node, self.origins[sources[0]])
+            if follows is not None:
+                self.origins[node] = follows
+                return
         for source in sources:
-            if not self._is_layer_slot(node, source):
-                self.read_directly.setdefault(self.origins[source].name, describe(node))
+            name = self.origins[source].name
+            if not self._is_layer_slot(node, source) and name not in self.router_extras:
+                self.read_directly.setdefault(name, describe(node))
+
+    def _elementwise_origin(self, node: fx.Node, origin: Origin) -> Origin | None:
+        """A parameter met elementwise by tensors of no channel (``table[index] + mask``): each entry of the result
+        comes from one entry of the parameter (broadcast), which follows wherever the result meets channels."""
+        value = self.values.get(node)
+        if not isinstance(value, Tensor) or value.dim() < len(origin.size):
+            return None
+        try:
+            flat = origin.flat.expand(value.shape)
+        except RuntimeError:
+            return None
+        return Origin(origin.name, origin.shape, flat_ids=flat)
 
     def _view_of_source(self, node: fx.Node, origin: Origin) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
         """The node's value as a strided view of ``origin``'s source tensor, if it is one (it shares its memory)."""
@@ -282,6 +355,14 @@ class Walk:
         positional = [i for i, a in enumerate(node.args) if a is source]
         named = [k for k, v in node.kwargs.items() if v is source]
         return all(i in slots for i in positional) and all(k in slots for k in named)
+
+
+def moved_args(node: fx.Node) -> list[fx.Node]:
+    """The tensor arguments whose entries a view moves (the first, or the list of ``cat``/``stack``)."""
+    first = node.args[0] if node.args else next(iter(node.kwargs.values()), None)
+    if isinstance(first, (list, tuple)):
+        return [a for a in first if isinstance(a, fx.Node)]
+    return [first] if isinstance(first, fx.Node) else []
 
 
 def _map_nodes(arg: object, fn: Callable[[fx.Node], Any]) -> Any:

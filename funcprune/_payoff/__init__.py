@@ -9,6 +9,7 @@ safetensors files. ``README.md`` has the design.
 """
 
 from ._bake import bake as bake
+from ._config import ShrunkConfigWarning as ShrunkConfigWarning
 from ._masks_at_rest import load_masks as load_masks
 from ._masks_at_rest import pack_masks as pack_masks
 from ._masks_at_rest import save_masks as save_masks
@@ -16,6 +17,7 @@ from ._masks_at_rest import unpack_masks as unpack_masks
 from ._reload import load_shrunk as load_shrunk
 from ._shrink import KeptChannelsWarning as KeptChannelsWarning
 from ._shrink import propagate as propagate
+from ._shrink import removable as removable
 from ._shrink import shrink as shrink
 from ._sparse import BSR_BREAK_EVEN as BSR_BREAK_EVEN
 from ._sparse import CSR_BREAK_EVEN as CSR_BREAK_EVEN

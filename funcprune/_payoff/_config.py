@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["RECORD", "Record", "describe_", "is_transformers_model", "record_", "shapes_of"]
+__all__ = ["RECORD", "Record", "ShrunkConfigWarning", "describe_", "is_transformers_model", "record_", "shapes_of"]
 
 #: The config attribute that holds a shrunk model's record.
 RECORD = "funcprune_shrunk"
@@ -71,10 +72,10 @@ def _pinned(config: Any) -> Any:
     head count can then change without changing the head size.
     """
     hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
-    if not hasattr(config, "head_dim") or config.head_dim is not None or not isinstance(hidden, int) or not heads:
+    if getattr(config, "head_dim", None) is not None or not isinstance(hidden, int) or not heads:
         return config
     pinned = copy.deepcopy(config)
-    pinned.head_dim = hidden // heads
+    pinned.head_dim = hidden // heads  # read where the class reads it (Phi-3: getattr(config, "head_dim", ...))
     return pinned
 
 
@@ -135,12 +136,45 @@ def describe_(model: nn.Module, original: Mapping[str, tuple[int, ...]], attribu
             solution = _solved(cls, pinned, attr, value, before, target)
             if solution is not None and solution != value:
                 setattr(updated, attr, solution)
-        if _built_shapes(cls, updated) == target:
+        refused = _refused_by_class(updated)
+        if refused is None and _built_shapes(cls, updated) == target:
             for attr in ("head_dim", *_WIDTHS):
                 if getattr(updated, attr, None) != getattr(config, attr, None):
                     setattr(config, attr, getattr(updated, attr))
             return
+        if refused is not None and any(getattr(updated, a, None) != getattr(pinned, a, None) for a in _WIDTHS):
+            warnings.warn(
+                f"shrink: the shrunk model's widths are the same in every layer, but its config class refuses them "
+                f"({refused}); the config keeps its values and gets a record ({RECORD!r}): reload the saved model "
+                "with funcprune.load_shrunk",
+                ShrunkConfigWarning,
+                stacklevel=4,
+            )
     record_(model, original, attributes)
+
+
+class ShrunkConfigWarning(UserWarning):
+    """A shrunk transformers model whose widths its config class refuses (heads that do not divide the hidden size).
+
+    The model is right and runs; its config keeps the old values and gets a
+    record that :func:`~funcprune.load_shrunk` reads, since plain
+    ``from_pretrained`` would refuse the new values.
+    """
+
+    __module__ = "funcprune"
+
+
+def _refused_by_class(config: Any) -> str | None:
+    """Why ``config``'s class refuses it, as ``from_pretrained`` rebuilds it from its dict, or ``None``."""
+    try:
+        again = type(config).from_dict(config.to_dict())
+        validate = getattr(again, "validate", None)
+        if callable(validate):
+            validate()
+    except Exception as e:  # transformers' strict dataclass validation, or a check in __init__
+        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+        return lines[-1] if lines else type(e).__name__
+    return None
 
 
 def record_(model: nn.Module, original: Mapping[str, tuple[int, ...]], attributes: Record) -> None:

@@ -12,6 +12,7 @@ and a MoE layer's expert counts (``num_experts``), from the experts it keeps.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Set
 from typing import Any
 
@@ -21,12 +22,17 @@ from torch import nn
 from .._experts import EXPERT_COUNTS
 from .._graph import Analysis, Experts
 
-__all__ = ["resize_modules"]
+__all__ = ["CONFIG_HEADS", "resize_modules"]
 
 #: Attributes of an attention module that count its query heads, its KV heads, or its query width.
-_QUERY_HEADS = ("num_heads", "num_attention_heads", "n_head", "num_q_heads")
+_QUERY_HEADS = ("num_heads", "num_attention_heads", "n_head", "n_heads", "num_q_heads")
 _KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads")
 _QUERY_WIDTH = ("all_head_size", "split_size", "inner_dim")
+#: Head counts of a config that an attention module may read as it runs (Phi-3: ``self.config.num_attention_heads``);
+#: an attention that loses heads gets its own copy of the config, with its own counts (``config.<name>`` in a record).
+CONFIG_HEADS = ("num_attention_heads", "num_key_value_heads")
+#: Attributes that count the query heads that read one key/value head (1 under multi-head attention).
+_PER_KV_HEAD = ("num_key_value_groups", "num_queries_per_kv", "n_rep")
 
 
 @torch.no_grad()
@@ -75,11 +81,17 @@ def _sizes(model: nn.Module, path: str) -> dict[str, Any]:
         module = model.get_submodule(path)
     except AttributeError:
         return {}
-    return {
+    sizes = {
         k: list(v) if isinstance(v, tuple) else v
         for k, v in vars(module).items()
         if not k.startswith("_") and (_is_int(v) or isinstance(v, tuple) and all(map(_is_int, v)))
     }
+    config = getattr(module, "config", None)
+    for attr in CONFIG_HEADS if config is not None else ():
+        value = getattr(config, attr, None)
+        if _is_int(value):
+            sizes[f"config.{attr}"] = value
+    return sizes
 
 
 def _is_int(v: object) -> bool:
@@ -135,6 +147,7 @@ def _resize_attention(model: nn.Module, path: str, heads: tuple[int, ...], kv_he
     per_group = len(heads) // max(kv_heads, 1)
     kept_kv = len(kept) // max(per_group, 1)
     old_width = {attr: getattr(module, attr) for attr in _QUERY_WIDTH if isinstance(getattr(module, attr, None), int)}
+    old_kv = next((getattr(module, a) for a in _KV_HEADS if _is_int(getattr(module, a, None))), None)
     for attr in _QUERY_HEADS:
         if getattr(module, attr, None) == len(heads):
             setattr(module, attr, len(kept))
@@ -144,6 +157,32 @@ def _resize_attention(model: nn.Module, path: str, heads: tuple[int, ...], kv_he
     for attr, width in old_width.items():
         if width % len(heads) == 0:
             setattr(module, attr, width // len(heads) * len(kept))
+    _own_config_heads(module, len(heads), kv_heads, len(kept), kept_kv)
+    new_kv = next((getattr(module, a) for a in _KV_HEADS if _is_int(getattr(module, a, None))), None)
+    if old_kv and new_kv and len(heads) % old_kv == 0:  # shared key/value heads (multi-query): more heads per one
+        for attr in _PER_KV_HEAD:
+            if getattr(module, attr, None) == len(heads) // old_kv:
+                setattr(module, attr, len(kept) // new_kv)
+
+
+def _own_config_heads(module: nn.Module, heads: int, kv_heads: int, kept: int, kept_kv: int) -> None:
+    """Give an attention that reads its head counts from a config its own copy of it, with the counts it keeps.
+
+    The config is shared by every layer (and the model); a copy for this
+    module alone lets layers keep different counts. Only counts equal to the
+    module's old ones change.
+    """
+    config = getattr(module, "config", None)
+    changes = {
+        attr: new
+        for attr, old, new in (("num_attention_heads", heads, kept), ("num_key_value_heads", kv_heads, kept_kv))
+        if config is not None and getattr(config, attr, None) == old and old != new
+    }
+    if changes:
+        own = copy.copy(config)
+        for attr, value in changes.items():
+            setattr(own, attr, value)
+        setattr(module, "config", own)  # noqa: B010 (a plain attribute, which nn.Module's typing does not know)
 
 
 def _moe_paths(layer: Experts) -> tuple[str, ...]:

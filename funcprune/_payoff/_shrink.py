@@ -36,7 +36,7 @@ from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
 from ._config import Record, describe_, is_transformers_model, record_, shapes_of
 from ._resize import resize_modules
 
-__all__ = ["KeptChannelsWarning", "propagate", "shrink"]
+__all__ = ["KeptChannelsWarning", "propagate", "removable", "shrink"]
 
 _M = TypeVar("_M", bound=nn.Module)
 #: How many layers a :class:`KeptChannelsWarning` names.
@@ -283,6 +283,43 @@ def _describe_checked(small: nn.Module, original: Mapping[str, tuple[int, ...]],
         vars(config).clear()
         vars(config).update(saved)
         record_(small, original, attributes)
+
+
+def removable(module: nn.Module, analysis: Analysis, trial: Mapping[str, Sequence[int]]) -> dict[str, str]:
+    """The entries of ``trial`` whose groups cannot go, each with why; the others go (checked).
+
+    ``trial`` maps names (unit groups) to groups of ``analysis`` (of
+    ``module``) to remove. They are removed all at once from a copy of
+    ``module``, as :func:`shrink` removes them, and the smaller copy is
+    checked against the masked model on the analysis' example inputs;
+    where that fails, halving finds the entries whose removal does it, and
+    each one's reason is what removing it alone gives (an error the copy
+    raises, or how far its outputs are from the masked model's).
+    """
+    sizes = _sizes(module)
+
+    def why(names: Sequence[str]) -> str | None:
+        removed = sorted({g for name in names for g in trial[name]})
+        keep, closed = _removing(analysis, {}, removed, sizes)
+        small, _ = _built(module, analysis, keep, closed, removed)
+        return _differ_in_eval(small, analysis.inputs, _masked_outputs(analysis, closed))
+
+    names = list(trial)
+    if not names or why(names) is None:
+        return {}
+    good: list[str] = []
+    bad: dict[str, str] = {}
+    todo: list[list[str]] = [names]
+    while todo:
+        part = todo.pop()
+        failed = why(good + part)
+        if failed is None:
+            good.extend(part)
+        elif len(part) == 1:
+            bad[part[0]] = why(part) or failed
+        else:
+            todo.extend([part[len(part) // 2 :], part[: len(part) // 2]])
+    return {name: bad[name] for name in names if name in bad}
 
 
 def _sizes(module: nn.Module) -> dict[str, tuple[int, ...]]:

@@ -12,7 +12,6 @@ layers get their own mask).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, final
@@ -21,6 +20,7 @@ import torch
 from torch import nn
 
 from .._criteria import Call
+from .._families import takes_use_cache
 from .._types import Tensor
 
 __all__ = ["Blocks", "Capture", "Captured", "find_blocks", "hidden_of"]
@@ -122,7 +122,7 @@ class Capture:
         self.captured = Captured(rest=[[] for _ in blocks.modules])
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._patched: list[tuple[nn.Module, object]] = []
-        self._cache = "use_cache" in inspect.signature(model.forward).parameters
+        self._cache = takes_use_cache(model)
         self._template: object = None  # block 0's output on the call running
         self._last: Tensor | None = None  # the hidden states the block before returned
 

@@ -6,6 +6,7 @@
 ``README.md`` has the design.
 """
 
+from ._find import UnitsLeftOutWarning as UnitsLeftOutWarning
 from ._find import structure as structure
 from ._find import units_of as units_of
 from ._plan import Scope as Scope

@@ -12,17 +12,21 @@ run per member, unit after unit.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass
+from typing import final
 
 from torch import nn
 
 from .. import _graph as graph
 from .._dtensor import refuse_in
 from .._names import check_not_hooked
+from .._payoff import removable
 from .._targets import output_parameters
 from ._units import Kind, Member, Structure, UnitGroup
 
-__all__ = ["structure"]
+__all__ = ["UnitsLeftOutWarning", "structure", "units_of"]
 
 #: For each unit (analysis group), for each (parameter, dim), the indices that are its alone.
 _Footprints = dict[int, dict[tuple[str, int], list[int]]]
@@ -99,41 +103,163 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
     analysis = graph.analyze(fn, model, graph.as_inputs(fn, model, example_inputs))
     heads = set() if outputs else output_parameters(model)
     excluded = {name for name, p in model.named_parameters() if id(p) in heads}
-    return units_of(analysis, {name: tuple(p.shape) for name, p in model.named_parameters()}, excluded)
+    found = _found(analysis, {name: tuple(p.shape) for name, p in model.named_parameters()}, excluded)
+    failed = removable(model, analysis, {name: units[:1] for name, (_, units) in found.groups.items()})
+    left = {name: f"removing one changes what the model computes ({why})" for name, why in failed.items()}
+    groups = {name: group for name, (group, _) in found.groups.items() if name not in failed}
+    _warn_left_out(fn, model, analysis, found, left, groups)
+    return Structure(groups)
 
 
 def units_of(
     analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]], excluded: Set[str] = frozenset()
 ) -> Structure:
-    """The unit groups of an analysis (``shapes``: each parameter's, by first name, in order).
+    """The unit groups of an analysis (``shapes``: each parameter's, by first name, in order), unchecked.
 
     Units made by a parameter of ``excluded`` (output layers) are left out.
     """
+    return Structure({name: group for name, (group, _) in _found(analysis, shapes, excluded).groups.items()})
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """What an analysis offers as units.
+
+    Attributes:
+        groups: by name, each unit group with its analysis groups (one per unit, in order).
+        left_out: each analysis group that is no unit, with why (the groups of layers' rows only).
+    """
+
+    groups: dict[str, tuple[UnitGroup, tuple[int, ...]]]
+    left_out: dict[int, str]
+
+
+def _found(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]], excluded: Set[str]) -> _Found:
     footprints = _footprints(analysis, shapes)
     kinds = _kinds(analysis)
     stacked = {name for layer in analysis.experts for name in layer.router.parameters}  # experts' hidden channels
     order = {name: i for i, name in enumerate(shapes)}
     alike: dict[tuple[Kind, tuple[tuple[str, int], ...]], list[int]] = {}
+    left_out: dict[int, str] = {}
     for unit in sorted(analysis.made):
-        feet = footprints.get(unit)
-        if not feet or unit in analysis.blocked or unit in analysis.refused:
+        made = analysis.made[unit]
+        if any(m.tensor in stacked for m in made):
             continue
-        if any(made.tensor in excluded or made.tensor in stacked for made in analysis.made[unit]):
+        why = _not_a_unit(analysis, unit, footprints.get(unit), shapes, excluded, kinds)
+        if why is not None:
+            left_out[unit] = why
             continue
-        if any(len(indices) == shapes[name][dim] for (name, dim), indices in feet.items()):
-            continue  # all of a layer's side: it cannot go
+        feet = footprints[unit]
         key = tuple(sorted(feet, key=lambda nd: (order[nd[0]], nd[1])))
-        alike.setdefault((kinds.get(unit, "channels"), key), []).append(unit)
-    found: list[tuple[tuple[int, int], str, UnitGroup]] = []
+        alike.setdefault((kinds[unit], key), []).append(unit)
+    found: list[tuple[tuple[int, int], str, UnitGroup, tuple[int, ...]]] = []
     for (kind, key), units in alike.items():
         units.sort(key=lambda u: min(footprints[u][key[0]]))
         members = _members(key, [footprints[u] for u in units])
         if members is None:
-            continue  # not evenly laid out: no member can describe it (none such in transformers models)
+            for unit in units:
+                left_out[unit] = "its parameter slices are not laid out evenly, unit after unit"
+            continue
         first = members[0]
-        found.append(((order[first.name], first.start), _module_of(members), UnitGroup(kind, len(units), members)))
+        found.append(((order[first.name], first.start), _module_of(members), UnitGroup(kind, len(units), members), tuple(units)))
     found.sort(key=lambda item: item[0])
-    return Structure(_named([(module, group) for _, module, group in found]))
+    named = _named([(module, group) for _, module, group, _ in found])
+    return _Found({name: (group, item[3]) for (name, group), item in zip(named.items(), found, strict=True)}, left_out)
+
+
+def _not_a_unit(
+    analysis: graph.Analysis, unit: int, feet: Mapping[tuple[str, int], list[int]] | None,
+    shapes: Mapping[str, tuple[int, ...]], excluded: Set[str], kinds: Mapping[int, Kind],
+) -> str | None:  # fmt: skip
+    """Why an analysis group made by layers' rows is no unit, or ``None`` if it is one."""
+    if unit in analysis.blocked:
+        return analysis.blocked[unit]
+    if unit in analysis.refused:
+        return f"{analysis.refused[unit]} reads them, and funcprune cannot tell how"
+    if any(m.tensor in excluded for m in analysis.made[unit]):
+        return "an output layer makes them (structure(..., outputs=True) lists them)"
+    if not feet:
+        return "no parameter index is theirs alone"
+    whole = next(((name, dim) for (name, dim), indices in feet.items() if len(indices) == shapes[name][dim]), None)
+    if whole is not None:
+        coupled = analysis.coupled.get(unit)
+        if coupled is not None:
+            return f"they go all together or not at all ({coupled}), and {whole[0]!r} keeps one at least"
+        return (
+            f"{whole[0]!r} is theirs entirely (shrink cuts slices of parameters; it removes no whole "
+            "parameter, nor the module holding it)"
+        )
+    if unit not in kinds:
+        return "no layer reads them as channels, and they are no head, KV group or expert"
+    return None
+
+
+def _warn_left_out(
+    fn: str, model: nn.Module, analysis: graph.Analysis, found: _Found, left: Mapping[str, str],
+    listed: Mapping[str, UnitGroup],
+) -> None:  # fmt: skip
+    """One :class:`UnitsLeftOutWarning` naming what a user would look for and does not get, and why.
+
+    The heads of each attention op that none of the listed groups holds, the
+    unit groups whose trial removal failed, and each repeated block (a layer
+    of a ``ModuleList``) holding layers of which no unit was found.
+    """
+    lines = [f"{name!r} ({found.groups[name][0].kind}): {why}" for name, why in left.items()]
+    units = {u for name in listed for u in found.groups[name][1]}
+    for attention in analysis.attention:
+        heads = [g for g in attention.heads if g >= 0]
+        if heads and not any(g in units for g in heads) and not any(
+            g in found.groups[name][1] for name in left for g in heads
+        ):
+            why = next((found.left_out[g] for g in heads if g in found.left_out), "they are no unit")
+            lines.append(f"the heads of {attention.module or 'the model'!r}: {why}")
+    named = {m.name for group in listed.values() for m in group.members}
+    for block in _repeated_blocks(model):
+        inside = [g for g, slices in analysis.made.items() if any(s.tensor.startswith(f"{block}.") for s in slices)]
+        if inside and not any(name.startswith(f"{block}.") for name in named):
+            reasons = list(dict.fromkeys(found.left_out[g] for g in inside if g in found.left_out))
+            lines.append(f"no unit in {block!r}: {'; '.join(reasons[:3]) or 'nothing in it can go'}")
+    if not listed and not lines and analysis.made:
+        lines.append("no group of channels can go (each is an output, or read by an op that keeps it)")
+    if lines:
+        more = [f"and {len(lines) - _SHOWN} more"] if len(lines) > _SHOWN else []
+        text = "; ".join(lines[:_SHOWN] + more)
+        warnings.warn(f"{fn}: left out, since they cannot be removed: {text}", UnitsLeftOutWarning, stacklevel=3)
+
+
+#: How many things a :class:`UnitsLeftOutWarning` names.
+_SHOWN = 8
+
+
+class UnitsLeftOutWarning(UserWarning):
+    """What :func:`structure` leaves out that a user would look for, and why.
+
+    The heads of an attention that cannot go (a norm across all of them, a
+    per-head tensor computed from the head count such as ALiBi slopes, per-head
+    modules), unit groups whose removal, tried on the example inputs, changes
+    what the model computes (a size the code spells out, a head count read
+    from somewhere shrink cannot update), and repeated blocks in which no unit
+    was found, with the op that stopped the analysis.
+    """
+
+    __module__ = "funcprune"
+
+
+def _repeated_blocks(model: nn.Module) -> list[str]:
+    """The paths of the repeated blocks of ``model``: children of a ``ModuleList`` or ``Sequential`` of one class, two
+    at least, each holding a Linear or a Conv (a transformer's decoder layers)."""
+    found: list[str] = []
+    for path, module in model.named_modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < 2:
+            continue
+        children = list(module.named_children())
+        if len({type(child) for _, child in children}) != 1 or isinstance(children[0][1], (nn.Linear, nn.modules.conv._ConvNd)):
+            continue
+        for name, child in children:
+            if any(isinstance(m, (nn.Linear, nn.modules.conv._ConvNd)) for m in child.modules()):
+                found.append(f"{path}.{name}" if path else name)
+    return found
 
 
 def _footprints(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]]) -> _Footprints:
@@ -153,12 +279,16 @@ def _footprints(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]])
 
 
 def _kinds(analysis: graph.Analysis) -> dict[int, Kind]:
+    """The kind of each group that is one: an expert, a head or KV group of an attention op, or channels that a
+    layer reads (an MLP's hidden channels, a conv's); any other group is of no kind."""
     kinds: dict[int, Kind] = {group: "experts" for layer in analysis.experts for group in layer.groups}
     for attention in analysis.attention:
         kind: Kind = "heads" if attention.kv_heads == len(attention.heads) else "kv_groups"
         for group in attention.heads:
             if group >= 0:
                 kinds.setdefault(group, kind)
+    for group in analysis.read:
+        kinds.setdefault(group, "channels")
     return kinds
 
 

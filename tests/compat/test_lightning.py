@@ -583,6 +583,8 @@ def _installed_script(directory: Path) -> list[str]:
     script.write_text(f"""\
 import sys
 
+sys.path.insert(0, {str(TESTS)!r})
+import _torchvision  # before Lightning imports torchvision
 import torch
 
 import funcprune.compat
@@ -592,7 +594,6 @@ assert "lightning" not in sys.modules
 sys.modules["torch.nn.utils.prune"] = funcprune.compat
 torch.nn.utils.prune = funcprune.compat  # "import a.b.c as d" reads the attribute of a.b first
 
-sys.path.insert(0, {str(TESTS)!r})
 from compat import test_lightning as t  # imports Lightning now
 import lightning.pytorch.callbacks.pruning as lp
 
