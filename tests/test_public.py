@@ -44,7 +44,7 @@ DESIGN_SIGNATURES = {
     fp.bake: "(module, masks)",
     fp.propagate: "(module, masks, example_inputs)",
     fp.shrink: "(module, masks, example_inputs)",
-    fp.to_sparse: "(params, masks, *, layout, blocksize=None, below_break_even='warn')",
+    fp.to_sparse: "(params, masks, *, layout, blocksize=None, below_break_even='warn', module=None)",
     fp.structure: "(model, example_inputs, *, outputs=False)",  # DESIGN's, and prunable's outputs=
     fp.structured: "(structure, spec, *, kinds=None, scope='global', normalize=None)",
     fp.UnitGroup: "(kind, size, members)",

@@ -38,7 +38,9 @@ def input_norms(
     counts tokens) or a ``Conv1d/2d/3d`` with ``groups=1`` (features: the
     input channels; batch and spatial positions count tokens). The result
     feeds :func:`wanda`. A module called several times per batch (a shared
-    layer) counts every call.
+    layer) counts every call. Each module counts its input as it was when
+    it received it, also where the forward changes that tensor in place
+    between two layers (``x += fc1(x)`` before ``fc2(x)``).
 
     The norms of a weight come shaped to scale it as it is stored: a 1-D
     tensor of ``in`` norms for a Linear or Conv weight (``(out, in,
@@ -439,16 +441,46 @@ class _Running:
     """The call running: its real tokens, and the last input a hook summed with what it gave.
 
     Modules fed the same input tensor in one call (a block's query, key and
-    value projections) share its statistic instead of computing it again.
+    value projections) share its statistic instead of computing it again,
+    as long as the tensor was not changed in place in between (``x +=
+    fc1(x)``, ``relu_()``, through a view of it): its version counter,
+    recorded with the statistic, tells (:meth:`reuses`).
     """
 
     tokens: Tensor | None = None
     seen: Tensor | None = None
+    version: int = 0
     dim: int = 0
     part: Tensor | None = None
 
     def forget(self) -> None:
         self.seen = self.part = None
+
+    def reuses(self, x: Tensor, dim: int) -> Tensor | None:
+        """The statistic summed for ``x`` (features in ``dim``) if ``x`` is unchanged since, else ``None``."""
+        if self.seen is not x or self.dim != dim or self.part is None:
+            return None
+        version = _version(x)
+        return self.part if version is not None and version == self.version else None
+
+    def record(self, x: Tensor, dim: int, part: Tensor) -> None:
+        """Remember ``part`` as the statistic of ``x`` as it is now, if its changes can be told (:func:`_version`)."""
+        version = _version(x)
+        if version is None:
+            self.forget()
+        else:
+            self.seen, self.version, self.dim, self.part = x, version, dim, part
+
+
+def _version(x: Tensor) -> int | None:
+    """``x``'s version counter, which every in-place change to it or to a view of it bumps.
+
+    ``None`` for an inference tensor (made under ``inference_mode``), which
+    has no counter: its statistic is never reused. A write that bypasses
+    the counter (through ``x.data``, or NumPy's view of the memory) is not
+    seen, as autograd does not see it either.
+    """
+    return None if x.is_inference() else x._version
 
 
 def _collector(
@@ -473,11 +505,10 @@ def _collector(
                 f"{fn}: {_holder(target.path)} received an input of shape {tuple(x.shape)}; "
                 f"expected its {features} input features in dim {target.feature_dim}"
             )
-        if current.seen is x and current.dim == target.feature_dim and current.part is not None:
-            part = current.part  # the same input as the module before (q, k and v; gate and up): summed once
-        else:
+        part = current.reuses(x, target.feature_dim)  # the same input as the module before, unchanged
+        if part is None:  # (q, k and v; gate and up share theirs: summed once)
             part = statistic.part(_rows(fn, target, x, current.tokens))
-            current.seen, current.dim, current.part = x, target.feature_dim, part
+            current.record(x, target.feature_dim, part)
         sums[target.name] = sums[target.name] + part if target.name in sums else part
         if x.dtype == torch.float64:
             wide.add(target.name)

@@ -75,7 +75,9 @@ def hessians(
     Padding is left out as :func:`~funcprune.input_norms` leaves it out: a
     dict batch's ``attention_mask`` (``(batch, tokens)``, 1 at real tokens,
     0 at padding) selects the real tokens of every input that has them (see
-    there for the other cases).
+    there for the other cases). Each module counts its input as it was when
+    it received it, also where the forward changes that tensor in place
+    between two layers (``x += fc1(x)`` before ``fc2(x)``).
 
     Sums are accumulated and returned in ``float64`` for inputs narrower
     than ``float32`` (``float16``, ``bfloat16``; SparseGPT's code sums them

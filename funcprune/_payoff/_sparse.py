@@ -12,12 +12,13 @@ from collections.abc import Mapping
 from typing import Literal, NamedTuple, final
 
 import torch
+from torch import nn
 from torch.sparse import SparseSemiStructuredTensor
 
 from .._dtensor import refuse_in
-from .._names import check_masks, check_params
+from .._names import check_masks, check_params, not_a_parameter
 from .._specs import kept_blocks
-from .._types import Masks, Params, Tensor
+from .._types import Masks, Params, Tensor, is_conv1d
 from ._checks import check_mask_dtypes
 
 __all__ = [
@@ -96,14 +97,21 @@ def to_sparse(
     layout: SparseLayout,
     blocksize: tuple[int, int] | None = None,
     below_break_even: BelowBreakEven = "warn",
+    module: nn.Module | None = None,
 ) -> dict[str, Tensor]:
     """Return a new dict of ``params`` whose masked weights are sparse tensors.
 
-    ``torch.func.functional_call(module, to_sparse(params, masks, layout=...),
-    x)`` runs the module with the sparse weights and computes, to float
-    rounding, what it computes on ``apply_masks(params, masks)``. Only
-    weights that ``F.linear`` reads (``nn.Linear`` and Linear-like layers)
-    can be sparse: give masks for those only.
+    ``torch.func.functional_call(module, to_sparse(params, masks, layout=...,
+    module=module), x)`` runs the module with the sparse weights and
+    computes, to float rounding, what it computes on ``apply_masks(params,
+    masks)``. Only weights that ``F.linear`` reads can be sparse: the weight
+    of an ``nn.Linear``, and with ``layout="csr"`` that of transformers'
+    ``Conv1D`` (``torch.addmm``). Pass ``module`` to have each masked weight
+    checked against every layer holding it before anything is converted
+    (an ``nn.Embedding``'s weight, read by ``F.embedding``, is refused, also
+    where it is tied to an LM head); without it, ``to_sparse`` sees tensors
+    only and cannot tell an embedding from a Linear weight of the same
+    shape, so the model would fail only when it runs.
 
     Sparse pays off only at high sparsity. Below its layout's break-even
     (:data:`CSR_BREAK_EVEN`, :data:`BSR_BREAK_EVEN`: measured on a CPU,
@@ -135,6 +143,13 @@ def to_sparse(
             (when you have measured your own case). 2:4 is always 50%
             sparse and is not checked (torch reports its speedups for large
             batches; pytorch#111339 found none for one input row).
+        module: the module that ``params`` are the parameters of (keyed
+            like its ``named_parameters()``), or ``None``. With it, every
+            layer holding a masked weight must read it the way a sparse
+            weight runs (see above); a weight tied between such a layer and
+            another (an LM head tied to the input embeddings) is refused too,
+            since one tensor cannot be sparse for one holder and dense for
+            the other.
 
     Returns:
         A new dict in the order of ``params``: each masked weight a new
@@ -184,6 +199,8 @@ def to_sparse(
     block = blocksize or (1, 1)  # CSR: blocks of one entry
     for name, mask in checked.items():
         _check_weight(fn, name, params[name], mask, layout, block)
+    if module is not None:
+        _check_readers(fn, module, checked, layout)
     _check_break_even(fn, checked, layout, block, below_break_even)
     sparse = {n: _convert(fn, n, params[n], mask, layout, block) for n, mask in checked.items()}
     return {name: sparse.get(name, p) for name, p in params.items()}
@@ -248,6 +265,71 @@ def _check_weight(
             f"{fn}: blocksize={block} does not tile the parameter {name!r} of shape "
             f"{(rows, cols)}; each dim must be a multiple of the block's"
         )
+
+
+#: Which weights can be sparse, for the messages.
+_ONLY = "only the weights of nn.Linear layers (and, with layout='csr', of transformers' Conv1D) can be sparse"
+
+
+def _check_readers(fn: str, module: object, masks: Masks, layout: SparseLayout) -> None:
+    """Refuse a masked weight that a layer holding it in ``module`` does not run sparse in ``layout``.
+
+    Every holder counts: a weight tied between a Linear and an Embedding (an
+    LM head and the input embeddings) is one tensor, which cannot be sparse
+    for the head and dense for the embedding.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"{fn}: module must be a torch.nn.Module or None, got {type(module).__name__}")
+    every = dict(module.named_parameters(remove_duplicate=False))
+    holders: dict[int, list[tuple[str, nn.Module]]] = {}  # by id of the Parameter: (its name there, the layer)
+    for path, layer in module.named_modules(remove_duplicate=False):
+        for attr, param in layer._parameters.items():
+            if param is not None:
+                holders.setdefault(id(param), []).append((f"{path}.{attr}" if path else attr, layer))
+    for name in masks:
+        if name not in every:
+            raise not_a_parameter(fn, module, name, dict(module.named_parameters()))
+        held = holders[id(every[name])]
+        refused = [(where, layer) for where, layer in held if not _runs_sparse(where, layer, layout)]
+        if refused:
+            runs = [(where, layer) for where, layer in held if _runs_sparse(where, layer, layout)]
+            raise ValueError(_refusal(fn, name, refused[0], runs, layout))
+
+
+def _runs_sparse(where: str, layer: nn.Module, layout: SparseLayout) -> bool:
+    """Whether ``layer`` runs its parameter ``where`` (a full name) sparse in ``layout``."""
+    if where.rpartition(".")[2] != "weight":
+        return False
+    return isinstance(layer, nn.Linear) or (is_conv1d(layer) and layout == "csr")
+
+
+def _refusal(
+    fn: str, name: str, refused: tuple[str, nn.Module], runs: list[tuple[str, nn.Module]], layout: SparseLayout
+) -> str:
+    """Why ``name`` cannot be sparse: the layer ``refused`` holds it; ``runs``: the holders that would run it."""
+    where, layer = refused
+    path, _, attr = where.rpartition(".")
+    if isinstance(layer, nn.Embedding):
+        reads = f"reads it with F.embedding, and torch cannot index a sparse tensor; {_ONLY}"
+    elif attr == "weight" and is_conv1d(layer):
+        reads = f"multiplies by it with torch.addmm, which takes a sparse weight with layout='csr' only, not {layout!r}"
+    else:
+        reads = f"does not read it through F.linear; {_ONLY}"
+    kind = type(layer).__name__
+    if not runs:
+        holder = repr(path) if path else "the module itself"
+        return (
+            f"{fn}: the parameter {name!r} is the {attr} of {holder}, of type {kind}, which {reads}; "
+            "leave it out of masks"
+        )
+    head, linear = runs[0]
+    return (
+        f"{fn}: the parameter {name!r} is tied: one Parameter, held as {head!r} (of type {type(linear).__name__}) "
+        f"and as {where!r} (of type {kind}), which {reads}. One tensor cannot be sparse for one holder and dense "
+        f"for another: leave {name!r} out of masks, or untie it first, giving {head!r} a Parameter of its own "
+        f"(model.{head} = nn.Parameter(model.{head}.detach().clone()); in transformers, tie_word_embeddings=False "
+        "in the config), and mask that name"
+    )
 
 
 def _check_semi_structured(fn: str, name: str, weight: Tensor, mask: Tensor) -> None:

@@ -218,8 +218,8 @@ class Capture:
                         "calibrate without one: set use_cache=False (in the batches or the model's config)"
                     )
             self.captured.rest[i].append((tuple(args[1:]), rest, keyword))
-            if i == 0:
-                self.captured.hidden.append(hidden.detach())
+            if i == 0:  # a copy: block 0, about to run, may add to its input in place (x += attn(x))
+                self.captured.hidden.append(hidden.detach().clone())
             if last and not self.whole:
                 raise _Stop
 

@@ -192,7 +192,9 @@ def oneshot(
         buffers = {n: b.to(where) for n, b in block.named_buffers()} if where is not None else None
         these: dict[str, Tensor] = {}  # by local name
         if inside[i]:
-            block_calls = (held.call(i, b) for b in range(len(held.hidden)))
+            # each on a copy of the states held: a block may add to its input in place, and they are
+            # needed as they are to advance
+            block_calls = (held.call(i, b, held.hidden[b].clone()) for b in range(len(held.hidden)))
             got, weights = _prune_block(fn, method, block, prefix, moved, buffers, where, inside[i], block_calls,
                                         specs, dims, blocksize, percdamp)  # fmt: skip
             for full, mask in got.items():

@@ -23,7 +23,7 @@ from ._parents import reading_parents
 from ._pruned import set_pruned
 from ._reparam import reparametrize, unreparametrize
 from ._state import TorchBase, in_batch, pruning_hooks, rollback
-from ._tying import check_untied
+from ._tying import check_untied, forget_removal
 
 __all__ = ["BasePruningMethod", "PruningContainer", "parents_to_sync"]
 
@@ -140,7 +140,9 @@ class BasePruningMethod(torch_prune.BasePruningMethod):
             check_untied(f"{cls.__name__}.apply", [(module, name)])
         with rollback([(module, name)], parents_to_sync):
             old = found[0] if found else None
-            return reparametrize(module, name, method, old, importance_scores, PruningContainer)
+            hook = reparametrize(module, name, method, old, importance_scores, PruningContainer)
+        forget_removal([(module, name)])  # pruned again: an earlier removal with a tie no longer counts
+        return hook
 
     def prune(
         self,

@@ -8,11 +8,13 @@ torch: a failing call leaves every module exactly as it was;
 re-iterable one); :func:`remove` and :func:`is_pruned` also recognise
 modules pruned by ``torch.nn.utils.prune``; pruning a tied parameter (one
 that another module holds too) raises a ``ValueError`` before changing
-anything, where torch silently unties it (see :mod:`._tying`).
+anything, where torch silently unties it, and :func:`remove` removes every
+holder of a tied parameter together (see :mod:`._tying`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
@@ -24,7 +26,7 @@ from ._base import PruningContainer, parents_to_sync
 from ._methods import CustomFromMask, Identity, L1Unstructured, RandomUnstructured
 from ._state import ParentsOf, TorchBase, batch, pruning_hooks, rollback
 from ._structured import LnStructured, RandomStructured
-from ._tying import check_untied
+from ._tying import check_untied, forget_removal, remember_removal, removed_before, removed_together
 
 __all__ = [
     "identity",
@@ -337,8 +339,20 @@ def remove(module: M, name: str) -> M:
     again, holding the pruned values; ``name_orig``, ``name_mask`` and the
     hook go away. Works on modules pruned by ``torch.nn.utils.prune`` too.
 
+    A tied Parameter (``lm_head.weight = embedding.weight``) pruned in
+    every holder, as ``global_unstructured`` over all of them and
+    ``install_masks_`` prune it, is made permanent in every holder that
+    compat sees (as pruning sees them: ``module``'s tree and the ties compat
+    hooked): each holds the same plain Parameter again, with the pruned
+    values, where torch would leave the others hooked over the Parameter
+    that this holder now trains whole. A later ``remove`` of another of
+    those holders returns it unchanged, so a loop over the pairs pruned
+    works as with torch.
+
     Raises:
-        ValueError: if ``module.<name>`` is not pruned.
+        ValueError: if ``module.<name>`` is not pruned, or another holder of
+            its tied Parameter is pruned with another mask (one Parameter
+            cannot hold both; nothing is changed).
 
     >>> import torch, funcprune.compat as prune
     >>> m = prune.random_unstructured(torch.nn.Linear(5, 7), name="weight", amount=0.2)
@@ -348,15 +362,24 @@ def remove(module: M, name: str) -> M:
     """
     found = pruning_hooks(module, name)
     if not found:
+        if removed_before(module, name):  # made permanent by the remove of another holder of its tie
+            return module
         raise ValueError(
             f"Parameter '{name}' of module {module} has to be pruned before pruning can be removed"
         )
-    key, hook = found[0]
-    hooks = module._forward_pre_hooks
-    last = sum(isinstance(other, TorchBase) for other in hooks.values()) == 1
-    with rollback([(module, name)], lambda module: None if last else []):  # parents: if the last
-        hook.remove(module)
-        del hooks[key]
+    pairs = removed_together("remove", module, name)  # module's first, then the other holders of a tie
+    going = Counter(id(holder) for holder, _ in pairs)  # how many of each module's pruning hooks go
+    lasts = {
+        id(holder): sum(isinstance(hook, TorchBase) for hook in holder._forward_pre_hooks.values()) == going[id(holder)]
+        for holder, _ in pairs
+    }
+    with rollback(pairs, lambda holder: None if lasts[id(holder)] else []):  # parents: if the last
+        for holder, tensor in pairs:
+            key, hook = pruning_hooks(holder, tensor)[0]
+            hook.remove(holder)
+            del holder._forward_pre_hooks[key]
+    forget_removal(pairs)
+    remember_removal(pairs[1:])
     return module
 
 

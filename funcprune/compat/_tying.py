@@ -3,12 +3,14 @@
 The pruning functions refuse, before changing anything, to prune a
 Parameter that another module of the call also holds (:func:`check_untied`),
 where torch silently unties it; ``global_unstructured`` prunes every holder
-alike when all of them are in the call. Holders are found in the call's
-module trees, never on the heap (``README.md``).
+alike when all of them are in the call, and ``remove`` removes them together
+(:func:`removed_together`). Holders are found in the call's module trees,
+never on the heap (``README.md``).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -17,15 +19,19 @@ from torch import nn
 
 from .._types import is_dtensor
 from ._holders import known_holders, modules_under, remember_ties, tree_holders
-from ._state import TorchBase
+from ._state import TorchBase, pruning_hooks
 
 __all__ = [
     "User",
     "check_local",
     "check_untied",
+    "forget_removal",
     "one_key_per_parameter",
     "parameter_users",
+    "remember_removal",
     "remember_ties",
+    "removed_before",
+    "removed_together",
 ]
 
 Tensor = torch.Tensor
@@ -135,6 +141,84 @@ def _tied_error(
         "masks every user), or with funcprune.compat.install_masks_(root_module, masks), "
         "which hooks every user."
     )
+
+
+def removed_together(context: str, module: nn.Module, name: str) -> list[tuple[nn.Module, str]]:
+    """``(module, name)`` and the other holders whose pruning hook reparametrizes the same Parameter.
+
+    A tied Parameter pruned in every holder (``global_unstructured`` over
+    all of them, ``install_masks_``) is one ``name_orig`` behind several
+    hooks: removing one hook alone would leave that holder reading (and
+    training) every entry while the others read ``mask * orig``. So
+    ``remove`` removes them together. Holders are looked for as
+    :func:`check_untied` looks for them (``module``'s tree, and the ties
+    compat hooked before); a holder that holds the Parameter unpruned has no
+    hook to remove and reads the pruned values once it is made permanent.
+
+    Raises:
+        ValueError: if another holder's mask differs from ``module``'s (one
+            Parameter cannot hold both holders' pruned values).
+    """
+    param = module._parameters.get(name + "_orig")
+    if param is None:
+        return [(module, name)]  # nothing tied to look for: the removal reports it as torch does
+    found = [*tree_holders([param], "_parameters", modules_under([module]))[0], *known_holders(param)]
+    pairs = {(id(module), name): (module, name)}
+    for other, key in found:
+        plain = key.removesuffix("_orig")
+        if plain != key and (id(other), plain) not in pairs and pruning_hooks(other, plain):
+            _check_same_mask(context, (module, name), (other, plain))
+            pairs[(id(other), plain)] = (other, plain)
+    return list(pairs.values())
+
+
+def _check_same_mask(context: str, pruned: tuple[nn.Module, str], other: tuple[nn.Module, str]) -> None:
+    """Raise unless the two hooked holders of one Parameter have equal masks."""
+    (module, name), (holder, plain) = pruned, other
+    mask, theirs = module._buffers.get(name + "_mask"), holder._buffers.get(plain + "_mask")
+    if mask is None or theirs is None or torch.equal(mask != 0, theirs != 0):
+        return  # a missing mask: the removal fails as torch's does, and is rolled back
+    raise ValueError(
+        f"{context}: cannot remove the pruning of {name!r} of {type(module).__name__}: the Parameter is "
+        f"tied: also pruned in a module of type {type(holder).__name__} (as {plain!r}), with another mask "
+        "(pruned apart, by torch.nn.utils.prune?). remove makes every holder of a tied Parameter permanent "
+        "together, and one Parameter cannot hold both holders' pruned values. torch.nn.utils.prune.remove "
+        "removes one holder at a time, untying them until the last is removed (the Parameter then holds "
+        "the values both masks keep)"
+    )
+
+
+#: Holders whose pruning ``remove`` made permanent together with another holder's: holder -> {name:
+#: the Parameter, weakly}; their own ``remove`` then finds nothing left to do (:func:`removed_before`).
+_REMOVED: weakref.WeakKeyDictionary[nn.Module, dict[str, weakref.ref[Tensor]]] = weakref.WeakKeyDictionary()
+
+
+def remember_removal(pairs: Sequence[tuple[nn.Module, str]]) -> None:
+    """Record that ``pairs`` had their pruning removed with another holder's (by its ``remove``)."""
+    for module, name in pairs:
+        param = module._parameters[name]
+        assert param is not None  # just put back by the removal
+        _REMOVED.setdefault(module, {})[name] = weakref.ref(param)
+
+
+def forget_removal(pairs: Sequence[tuple[nn.Module, str]]) -> None:
+    """Forget the records of :func:`remember_removal` for ``pairs`` (pruned again, or removed now)."""
+    for module, name in pairs:
+        names = _REMOVED.get(module)
+        if names is not None:
+            names.pop(name, None)
+
+
+def removed_before(module: nn.Module, name: str) -> bool:
+    """Whether ``remove`` of another holder of ``module.<name>``'s Parameter made it permanent, once.
+
+    True once per such removal, while ``module`` still holds that Parameter
+    under ``name`` (a loop calling ``remove`` on every holder then works, as
+    with torch); the record is consumed.
+    """
+    names = _REMOVED.get(module)
+    ref = names.pop(name, None) if names is not None else None
+    return ref is not None and ref() is not None and module._parameters.get(name) is ref()
 
 
 class User(NamedTuple):

@@ -425,6 +425,126 @@ def test_global_refuses_different_scores_for_one_tied_weight() -> None:
                  <= scores[(model.embedding, "weight")][kept].min()))
 
 
+# --- remove makes every holder of a tied weight permanent together ---------------------------------
+
+
+def tie_pruned(how: str) -> tuple[Any, Tensor, Tensor]:
+    """A TiedLM whose tie compat pruned in both holders (and its linear weight), with its unpruned values and mask."""
+    model: Any = TiedLM()
+    orig = model.embedding.weight.detach().clone()
+    if how == "global_unstructured":
+        cp.global_unstructured(global_pairs(model), cp.L1Unstructured, amount=30)
+    else:
+        cp.install_masks_(model, random_masks(6))
+    mask = model.embedding.weight_mask.clone()
+    assert mask.min() == 0 and torch.equal(mask, model.lm_head.weight_mask)
+    return model, orig, mask
+
+
+def assert_tied_and_plain(model: Any, values: Tensor) -> None:
+    """Both holders hold one plain Parameter with ``values``: no hook, no ``weight_orig``, no ``weight_mask``."""
+    for holder in (model.embedding, model.lm_head):
+        assert not any(isinstance(h, tp.BasePruningMethod) for h in holder._forward_pre_hooks.values())
+        assert [k for k, p in holder._parameters.items() if p is not None] == ["weight"]
+        assert "weight_mask" not in holder._buffers
+        assert "weight" not in vars(holder)  # no plain attribute left behind
+    assert type(model.embedding.weight) is nn.Parameter and model.lm_head.weight is model.embedding.weight
+    assert torch.equal(model.embedding.weight.detach(), values)
+
+
+@pytest.mark.parametrize("holder", ["lm_head", "embedding"])
+@pytest.mark.parametrize("how", ["global_unstructured", "install_masks_"])
+def test_remove_on_one_holder_of_a_tied_weight_removes_every_holder(how: str, holder: str) -> None:
+    model, orig, mask = tie_pruned(how)
+    weight_orig = model.embedding.weight_orig
+    linear_mask = model.linear.weight_mask.clone()
+    assert cp.remove(getattr(model, holder), "weight") is getattr(model, holder)
+    assert_tied_and_plain(model, orig * mask)
+    assert model.embedding.weight is weight_orig  # the very Parameter (an optimizer's stays valid)
+    assert torch.equal(model.linear.weight_mask, linear_mask)  # the other pruned tensor is left as it was
+    # training updates one tensor that both holders read, as on a plain tied model holding the pruned values
+    reference: Any = TiedLM()
+    with torch.no_grad():
+        reference.embedding.weight.copy_(orig * mask)
+        reference.linear.weight.copy_(model.linear.weight_orig)
+        reference.linear.bias.copy_(model.linear.bias)
+    opt_a = torch.optim.SGD(model.parameters(), lr=0.5)
+    opt_b = torch.optim.SGD(reference.parameters(), lr=0.5)
+    for _ in range(2):
+        assert_same_step(hooked_step(model, opt_a), functional_step(reference, {"linear.weight": linear_mask.bool()},
+                                                                    opt_b))  # fmt: skip
+        assert model.lm_head.weight is model.embedding.weight
+
+
+def test_a_loop_removing_every_pair_pruned_works_as_with_torch() -> None:
+    """``for module, name in pairs: remove(module, name)`` after a global call: each holder's own remove passes."""
+    model, orig, mask = tie_pruned("global_unstructured")
+    linear = model.linear.weight_orig.detach() * model.linear.weight_mask
+    for module, name in global_pairs(model):
+        cp.remove(module, name)
+    assert_tied_and_plain(model, orig * mask)
+    assert torch.equal(model.linear.weight.detach(), linear) and not cp.is_pruned(model)
+    with pytest.raises(ValueError, match="has to be pruned before pruning can be removed"):
+        cp.remove(model.lm_head, "weight")  # once each, as in torch
+
+
+def test_a_removal_with_a_tie_counts_only_until_the_holder_is_pruned_again() -> None:
+    model, _, _ = tie_pruned("global_unstructured")
+    cp.remove(model.lm_head, "weight")  # the embedding's pruning goes with it
+    cp.global_unstructured(global_pairs(model), cp.L1Unstructured, amount=30)  # pruned again
+    for holder in (model.embedding, model.lm_head):  # made permanent hook by hook, as Lightning does
+        for key, hook in list(holder._forward_pre_hooks.items()):
+            hook.remove(holder)
+            del holder._forward_pre_hooks[key]
+    with pytest.raises(ValueError, match="has to be pruned before pruning can be removed"):
+        cp.remove(model.embedding, "weight")
+
+
+def test_remove_refuses_holders_of_a_tie_with_different_masks_and_changes_nothing() -> None:
+    model: Any = TiedLM()
+    known_tie(cp, model)  # compat hooks both (masks of ones)
+    tp.custom_from_mask(model.lm_head, "weight", random_masks(7)["embedding.weight"])  # torch: this one only
+    before = fingerprint(model)
+    with pytest.raises(ValueError) as info:
+        cp.remove(model.embedding, "weight")
+    message = str(info.value)
+    assert message.startswith("remove: cannot remove the pruning of 'weight' of Embedding: the Parameter is tied: "
+                              "also pruned in a module of type Linear (as 'weight'), with another mask")  # fmt: skip
+    assert "torch.nn.utils.prune.remove removes one holder at a time" in message
+    assert_same_fingerprint(before, fingerprint(model))
+    assert model.lm_head.weight_orig is model.embedding.weight_orig
+
+
+def test_a_failing_removal_of_a_tie_leaves_every_holder_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, _, _ = tie_pruned("install_masks_")
+    before = fingerprint(model)
+    calls: list[nn.Module] = []
+    remove = cp.CustomFromMask.remove
+
+    def failing(self: Any, module: nn.Module) -> None:
+        calls.append(module)
+        if len(calls) == 2:  # the second holder: the first is already plain
+            raise RuntimeError("boom")
+        remove(self, module)
+
+    monkeypatch.setattr(cp.CustomFromMask, "remove", failing)
+    with pytest.raises(RuntimeError, match="boom"):
+        cp.remove(model.lm_head, "weight")
+    assert len(calls) == 2
+    assert_same_fingerprint(before, fingerprint(model))
+
+
+def test_a_tie_compat_cannot_see_is_removed_from_one_holder_as_in_torch() -> None:
+    """A tie pruned by torch, never seen by compat: remove acts on the holder given, as torch's does."""
+    ours, theirs = twins(TiedLM)
+    for model in (ours, theirs):
+        tp.global_unstructured(global_pairs(model), tp.L1Unstructured, amount=30)
+    cp.remove(ours.lm_head, "weight")
+    tp.remove(theirs.lm_head, "weight")
+    assert_same_state(theirs, ours)
+    assert cp.is_pruned(ours.embedding)
+
+
 # --- the bridge checks its module argument ---------------------------------------------------
 
 BRIDGE: dict[str, Callable[[Any], Any]] = {

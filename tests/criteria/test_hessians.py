@@ -193,6 +193,122 @@ def test_a_tied_weight_is_collected_from_the_module_named_first() -> None:
         fp.hessians(model, [x], ["2.weight"])
 
 
+
+# --- inputs changed in place between two layers -------------------------------------------
+
+
+def norms_of(inputs: list[Tensor]) -> Tensor:
+    """The L2 norm of each feature (the last dim) over ``inputs``, in float64."""
+    return gram(inputs).diagonal().sqrt()
+
+
+def _added(fc: nn.Linear, fed: Tensor, target: Tensor) -> None:
+    target += fc(fed)
+
+
+def _relu(fc: nn.Linear, fed: Tensor, target: Tensor) -> None:
+    fc(fed)
+    target.relu_()
+
+
+def _add(fc: nn.Linear, fed: Tensor, target: Tensor) -> None:
+    fc(fed)
+    target.add_(0.5)
+
+
+def _through_a_view(fc: nn.Linear, fed: Tensor, target: Tensor) -> None:
+    fc(fed)
+    target[..., ::2].mul_(-2.0)
+
+
+def _through_detach(fc: nn.Linear, fed: Tensor, target: Tensor) -> None:
+    fc(fed)
+    target.detach().sub_(1.0)
+
+
+#: How a forward feeds ``fc`` a tensor and then changes it (``target``: it, or its base) in place.
+IN_PLACE: dict[str, Callable[[nn.Linear, Tensor, Tensor], None]] = {
+    "x += fc1(x)": _added,
+    "relu_": _relu,
+    "add_": _add,
+    "through a view": _through_a_view,
+    "through detach": _through_detach,
+}
+
+
+class InPlace(nn.Module):
+    """``fc1``, an in-place change of its input (``change``), then ``fc2``, ``fc3`` and ``fc4`` on that tensor.
+
+    ``fc3`` sees it unchanged after ``fc2`` (their statistic may be shared);
+    ``fc4`` sees it after it was changed once more, in place, after ``fc2``
+    and ``fc3`` recorded it. ``view=True`` feeds every layer a view of a
+    tensor and changes that tensor (the view's base), not the view.
+    """
+
+    def __init__(self, change: str, view: bool = False) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3, self.fc4 = (nn.Linear(4, 4) for _ in range(4))
+        self.change, self.view = IN_PLACE[change], view
+
+    def forward(self, x: Tensor) -> Tensor:
+        base = x.clone()
+        h = base.view_as(base) if self.view else base
+        self.change(self.fc1, h, base)
+        out: Tensor = self.fc2(h) + self.fc3(h)
+        base.mul_(3.0)
+        last: Tensor = self.fc4(h)
+        return out + last
+
+
+IN_PLACE_NAMES = [f"fc{i}.weight" for i in range(1, 5)]
+
+
+@pytest.mark.parametrize("view", [False, True], ids=["tensor", "view of it"])
+@pytest.mark.parametrize("change", list(IN_PLACE))
+def test_a_tensor_changed_in_place_between_two_layers_gives_each_what_it_received(change: str, view: bool) -> None:
+    """Each layer's statistic is of the input it received, as a hook that clones it records (no stale reuse)."""
+    torch.manual_seed(0)
+    model = InPlace(change, view).eval()
+    batches = [randn(3, 4, seed=11), randn(2, 5, 4, seed=12)]
+    seen = inputs_of(model, IN_PLACE_NAMES, batches)
+    assert not torch.equal(gram(seen["fc1.weight"]), gram(seen["fc2.weight"]))  # the change changed something
+    norms, grams = fp.input_norms(model, batches, IN_PLACE_NAMES), fp.hessians(model, batches, IN_PLACE_NAMES)
+    for name in IN_PLACE_NAMES:
+        torch.testing.assert_close(norms[name].double(), norms_of(seen[name]), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(grams[name].double(), gram(seen[name]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fn", [fp.input_norms, fp.hessians])
+def test_under_inference_mode_an_input_changed_in_place_is_summed_again(fn: Callable[..., dict[str, Tensor]]) -> None:
+    """Inference tensors have no version counter: nothing is reused, whatever the forward changed."""
+    torch.manual_seed(0)
+    model = InPlace("add_").eval()
+    batches = [randn(3, 4, seed=11)]
+    seen = inputs_of(model, IN_PLACE_NAMES, batches)
+    with torch.inference_mode():
+        got = fn(model, batches, IN_PLACE_NAMES)
+    for name in IN_PLACE_NAMES:
+        want = norms_of(seen[name]) if fn is fp.input_norms else gram(seen[name])
+        torch.testing.assert_close(got[name].double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_unchanged_input_is_summed_once_a_changed_one_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sharing of q, k and v stays: rows are made once per distinct state of the input, not per layer."""
+    from funcprune._criteria import _activations
+
+    made: list[int] = []
+    rows = _activations._rows
+
+    def counted(*args: Any) -> Tensor:
+        made.append(1)
+        out: Tensor = rows(*args)
+        return out
+
+    monkeypatch.setattr(_activations, "_rows", counted)
+    torch.manual_seed(0)
+    fp.input_norms(InPlace("add_").eval(), [randn(3, 4, seed=11)], IN_PLACE_NAMES)
+    assert len(made) == 3  # fc1; fc2 and fc3 after the change (shared); fc4 after the second change
+
 # --- transformers: GPT-2's Conv1D, Llama's Linears ---------------------------------------------
 
 

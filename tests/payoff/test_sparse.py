@@ -364,6 +364,119 @@ def test_a_sparse_transformers_model_runs_reads_back_and_saves_in_and_out_of_inf
         torch.testing.assert_close(logits(loaded), expected, rtol=1e-4, atol=1e-4)
 
 
+# --- the layers that hold the weights (module=) -----------------------------------------------------
+
+
+class TiedLM(nn.Module):
+    """An embedding, a Linear, and an LM head that is the embedding's weight (``tie=True``) or its own."""
+
+    def __init__(self, tie: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.fc, self.head = nn.Embedding(32, 16), nn.Linear(16, 16), nn.Linear(16, 32, bias=False)
+        if tie:
+            self.head.weight = self.embed.weight
+
+    def forward(self, ids: Tensor) -> Tensor:
+        out: Tensor = self.head(torch.relu(self.fc(self.embed(ids))))
+        return out
+
+
+IDS = torch.tensor([[1, 5, 7, 30], [0, 2, 2, 9]])
+
+
+def runs_as_masked(model: nn.Module, params: dict[str, Tensor], masks: dict[str, Tensor], args: tuple[object, ...],
+                   kwargs: dict[str, object] | None = None) -> None:  # fmt: skip
+    """``to_sparse(..., module=model)`` accepts ``masks``, and the model computes on it what it computes masked."""
+    sparse = to_sparse(params, masks, layout="csr", below_break_even="allow", module=model)
+    assert all(sparse[n].layout == torch.sparse_csr for n in masks)
+    with torch.no_grad():
+        out = torch.func.functional_call(model, sparse, args, kwargs)
+        expected = fp.functional_call_masked(model, params, masks, args, kwargs)
+    if not isinstance(out, Tensor):
+        out, expected = out.logits, expected.logits
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_an_embedding_weight_is_refused_naming_it_and_its_layer_and_the_linears_run() -> None:
+    model = TiedLM(tie=False)
+    params = params_of(model)
+    masks = fp.Plan({"*.weight": fp.L1Unstructured(0.9)})(params)
+    with pytest.raises(ValueError, match=r"^to_sparse: the parameter 'embed.weight' is the weight of 'embed', of "
+                       r"type Embedding, which reads it with F.embedding.*; leave it out of masks$"):  # fmt: skip
+        to_sparse(params, masks, layout="csr", below_break_even="allow", module=model)
+    masks.pop("embed.weight")
+    runs_as_masked(model, params, masks, (IDS,))
+
+
+def test_a_weight_tied_between_an_embedding_and_an_lm_head_is_refused_and_untying_it_works() -> None:
+    model = TiedLM(tie=True)
+    params = params_of(model)
+    assert "head.weight" not in params  # named_parameters() gives the tie its first name
+    masks = fp.Plan({"*.weight": fp.L1Unstructured(0.9)})(params)
+    with pytest.raises(ValueError) as info:
+        to_sparse(params, masks, layout="csr", below_break_even="allow", module=model)
+    message = str(info.value)
+    assert message.startswith("to_sparse: the parameter 'embed.weight' is tied: one Parameter, held as "
+                              "'head.weight' (of type Linear) and as 'embed.weight' (of type Embedding), "
+                              "which reads it with F.embedding")  # fmt: skip
+    assert "leave 'embed.weight' out of masks, or untie it first, giving 'head.weight' a Parameter" in message
+    runs_as_masked(model, params, {"fc.weight": masks["fc.weight"]}, (IDS,))  # left out: the rest runs
+    model.head.weight = nn.Parameter(model.head.weight.detach().clone())  # untied, as the message says
+    params = params_of(model)
+    runs_as_masked(model, params, {"head.weight": masks["embed.weight"], "fc.weight": masks["fc.weight"]}, (IDS,))
+
+
+def test_a_layer_that_does_not_read_its_weight_through_f_linear_is_refused() -> None:
+    model = nn.Sequential(nn.MultiheadAttention(8, 2))
+    params = params_of(model)
+    masks = {"0.in_proj_weight": torch.rand(24, 8) < 0.05}
+    with pytest.raises(ValueError, match=r"^to_sparse: the parameter '0.in_proj_weight' is the in_proj_weight of "
+                       r"'0', of type MultiheadAttention, which does not read it through F.linear; only the "
+                       r"weights of nn.Linear layers"):  # fmt: skip
+        to_sparse(params, masks, layout="csr", module=model)
+    to_sparse(params, masks, layout="csr", below_break_even="allow")  # without module: tensors only, unchecked
+
+
+def test_module_is_checked_and_its_own_weight_has_no_path() -> None:
+    lin = nn.Linear(8, 4)
+    params = params_of(lin)
+    masks = {"weight": torch.rand(4, 8) < 0.05}
+    runs_as_masked(lin, params, masks, (torch.randn(3, 8),))
+    with pytest.raises(TypeError, match=r"^to_sparse: module must be a torch.nn.Module or None, got dict$"):
+        to_sparse(params, masks, layout="csr", module=params)  # type: ignore[arg-type]
+    with pytest.raises(fp.UnknownNameError, match=r"^to_sparse: 'weight' is not a parameter name"):
+        to_sparse(params, masks, layout="csr", module=nn.Sequential(lin))
+    emb = nn.Embedding(8, 4)
+    with pytest.raises(ValueError, match=r"^to_sparse: the parameter 'weight' is the weight of the module itself, "
+                       r"of type Embedding"):  # fmt: skip
+        to_sparse(params_of(emb), {"weight": torch.rand(8, 4) < 0.05}, layout="csr", module=emb)
+
+
+def test_gpt2_s_conv1d_weights_run_as_csr_and_its_tied_embedding_is_refused() -> None:
+    from _hf import tiny  # skips without transformers
+
+    t = tiny("gpt2")
+    params = params_of(t.model)
+    weights = [n for n, p in params.items() if p.dim() == 2]
+    masks = {n: fp.compute_mask(fp.L1Unstructured(sparsity=0.9), params[n].detach()) for n in weights}
+    with pytest.raises(ValueError, match=r"^to_sparse: the parameter 'transformer.wte.weight' is tied: one "
+                       r"Parameter, held as 'lm_head.weight' \(of type Linear\) and as 'transformer.wte.weight' "
+                       r"\(of type Embedding\)"):  # fmt: skip
+        to_sparse(params, masks, layout="csr", module=t.model)
+    with pytest.raises(ValueError, match=r"^to_sparse: the parameter 'transformer.wpe.weight' is the weight of "
+                       r"'transformer.wpe', of type Embedding"):  # fmt: skip
+        to_sparse(params, {n: m for n, m in masks.items() if n != "transformer.wte.weight"}, layout="csr",
+                  module=t.model)  # fmt: skip
+    conv1d = {n: m for n, m in masks.items() if ".h." in n}
+    runs_as_masked(t.model, params, conv1d, t.args, t.kwargs)
+    block = {"transformer.h.0.mlp.c_fc.weight": torch.ones(32, 128, dtype=torch.bool)}
+    with pytest.raises(ValueError, match=r"^to_sparse: the parameter 'transformer.h.0.mlp.c_fc.weight' is the weight "
+                       r"of 'transformer.h.0.mlp.c_fc', of type Conv1D, which multiplies by it with torch.addmm, "
+                       r"which takes a sparse weight with layout='csr' only, not 'bsr'"):  # fmt: skip
+        to_sparse(params, block, layout="bsr", blocksize=(16, 16), below_break_even="allow", module=t.model)
+
+
 def test_semi_structured_weights_are_inference_wrappers_of_ordinary_parts(monkeypatch: pytest.MonkeyPatch) -> None:
     """The 2:4 code path on the CPU: torch's CUTLASS 2:4 tensor, made from a CPU weight as CUDA would make it."""
     from torch.sparse import SparseSemiStructuredTensorCUTLASS as Cutlass

@@ -336,3 +336,103 @@ def test_a_module_list_that_is_not_a_chain_or_of_mixed_classes_is_refused() -> N
 
     with pytest.raises(ValueError, match="holds layers of several classes"):
         fp.oneshot(Hybrid(), [torch.randn(4, 8)], method="wanda", spec=SPECS["per_row"])
+
+
+# --- blocks that change their inputs in place ---------------------------------------------------
+
+
+class InPlaceBlock(nn.Module):
+    """A residual block that changes its input in place: ``fc2`` sees the tensor ``fc1`` saw, changed since."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x += self.fc1(x)
+        x.relu_()
+        x += self.fc2(x)
+        return x
+
+
+class InPlaceNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.out = nn.Linear(4, 8), nn.Linear(8, 3)
+        self.blocks = nn.ModuleList([InPlaceBlock() for _ in range(3)])
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        h.relu_()  # the head's input, changed in place after the last block's fc2 saw it
+        out: Tensor = self.out(h)
+        return out
+
+
+def cloned_inputs(model: nn.Module, names: list[str], batches: list[Tensor]) -> dict[str, Tensor]:
+    """The inputs reaching each named weight's layer, as ``(tokens, features)`` rows cloned by a hook of ours."""
+    seen: dict[str, list[Tensor]] = {n: [] for n in names}
+    handles = [model.get_submodule(n.rpartition(".")[0]).register_forward_pre_hook(
+        lambda m, args, n=n: seen[n].append(args[0].detach().clone().reshape(-1, args[0].shape[-1])))
+        for n in names]  # fmt: skip
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                model(batch.clone())
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {n: torch.cat(rows) for n, rows in seen.items()}
+
+
+def in_place_by_definition(
+    net: nn.Module, batches: list[Tensor], method: str, specs: dict[str, fp.Spec]
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Each block, then the head, pruned on what the model pruned so far feeds it: inputs cloned, no fp statistics."""
+    model = copy.deepcopy(net)
+    weights: dict[str, Tensor] = {}
+    masks: dict[str, Tensor] = {}
+    for group in [*block_names([n for n in specs if n.startswith("blocks.")]), ["out.weight"]]:
+        params = dict(model.named_parameters())
+        here = {n: params[n].detach().clone() for n in group}
+        inputs = cloned_inputs(model, group, batches)
+        if method == "wanda":
+            norms = {n: inputs[n].square().sum(dim=0).sqrt() for n in group}
+            got = fp.Plan({n: specs[n] for n in group})(here, scores=fp.wanda(here, norms))
+            new = here
+        else:
+            new, got = fp.sparsegpt(here, {n: inputs[n].T @ inputs[n] for n in group}, specs[group[0]])
+        masks.update(got)
+        weights.update(new)
+        with torch.no_grad():
+            for n in group:
+                params[n].copy_(new[n] * got[n])
+    return weights, masks
+
+
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt", "wanda with owl"])
+def test_blocks_and_a_head_fed_tensors_changed_in_place_are_calibrated_on_what_they_received(method: str) -> None:
+    """Each layer's statistic is of its own input, though the blocks add to theirs in place (and the head's is too)."""
+    torch.manual_seed(0)
+    net = InPlaceNet().double().eval()
+    batches = [torch.randn(6, 4, dtype=torch.float64), torch.randn(2, 5, 4, dtype=torch.float64)]
+    before = [b.clone() for b in batches]
+    names = [*(f"blocks.{i}.fc{j}.weight" for i in range(3) for j in (1, 2)), "out.weight"]
+    spec = SPECS["per_row"]
+    owl = method == "wanda with owl"
+    specs: dict[str, fp.Spec] = dict.fromkeys(names, spec)
+    if owl:  # OWL's targets from the dense model's norms, inputs cloned
+        inputs = cloned_inputs(net, names[:-1], batches)
+        dense = {n: p.detach() for n, p in net.named_parameters() if n in names[:-1]}
+        norms = {n: x.square().sum(dim=0).sqrt() for n, x in inputs.items()}
+        targets = fp.owl_sparsity(dense, norms, 0.5)
+        specs.update({n: fp.PerSlice(fp.L1Unstructured(t), dim=0) for n, t in targets.items()})
+    run = "wanda" if owl else method
+    params, masks = fp.oneshot(net, batches, method=run, spec=spec, names=names, allocation="owl" if owl else None)
+    weights, want = in_place_by_definition(net, batches, run, specs)
+    assert list(masks) == names
+    for n in names:
+        assert torch.equal(masks[n], want[n]), n
+        torch.testing.assert_close(params[n], weights[n], rtol=1e-9, atol=1e-12)
+    assert all(torch.equal(b, a) for b, a in zip(batches, before, strict=True))  # the caller's batches untouched
