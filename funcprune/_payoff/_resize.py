@@ -21,12 +21,24 @@ from torch import nn
 from .._experts import EXPERT_COUNTS
 from .._graph import Analysis, Experts
 
-__all__ = ["resize_modules"]
+__all__ = ["SIZE_ATTRIBUTES", "resize_modules"]
 
 #: Attributes of an attention module that count its query heads, its KV heads, or its query width.
 _QUERY_HEADS = ("num_heads", "num_attention_heads", "n_head", "num_q_heads")
 _KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads")
 _QUERY_WIDTH = ("all_head_size", "split_size", "inner_dim")
+#: The size attributes a resize may change, and so the only ones a shrunk model's record holds: shrink records
+#: these when they change, and ``load_shrunk`` sets these and refuses any other. Add an attribute here when
+#: the resize learns to change it.
+SIZE_ATTRIBUTES = frozenset({
+    "in_features", "out_features",  # Linear
+    "in_channels", "out_channels", "groups",  # Conv
+    "num_features", "normalized_shape", "num_channels",  # BatchNorm, LayerNorm, GroupNorm
+    "num_embeddings", "embedding_dim",  # Embedding
+    "nf", "nx",  # transformers' Conv1D
+    *_QUERY_HEADS, *_KV_HEADS, *_QUERY_WIDTH,  # attention
+    *EXPERT_COUNTS,  # a MoE layer's experts
+})  # fmt: skip
 
 
 @torch.no_grad()
@@ -70,7 +82,7 @@ def resize_modules(
 
 
 def _sizes(model: nn.Module, path: str) -> dict[str, Any]:
-    """A module's int and int-tuple attributes (its sizes), ``{}`` if there is no such module."""
+    """A module's int and int-tuple size attributes (:data:`SIZE_ATTRIBUTES`), ``{}`` if there is no such module."""
     try:
         module = model.get_submodule(path)
     except AttributeError:
@@ -78,7 +90,7 @@ def _sizes(model: nn.Module, path: str) -> dict[str, Any]:
     return {
         k: list(v) if isinstance(v, tuple) else v
         for k, v in vars(module).items()
-        if not k.startswith("_") and (_is_int(v) or isinstance(v, tuple) and all(map(_is_int, v)))
+        if k in SIZE_ATTRIBUTES and (_is_int(v) or isinstance(v, tuple) and all(map(_is_int, v)))
     }
 
 
