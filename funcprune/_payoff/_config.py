@@ -13,8 +13,10 @@ that plain ``from_pretrained`` rebuilds.
 Widths that differ from layer to layer, and heads where the model derives
 the head size from the hidden size (GPT-2, BERT, ViT, OPT), are beyond what
 the config can say: the config keeps its values and gets a record,
-``funcprune_shrunk`` (each resized tensor's shape and each changed module
-attribute), that :func:`~funcprune.load_shrunk` reads.
+``funcprune_shrunk`` (each tensor's shape that differs from what the config
+builds, and each size attribute the resizes changed), that
+:func:`~funcprune.load_shrunk` reads. A model shrunk again keeps one
+record of the whole model (:func:`record_`).
 """
 
 from __future__ import annotations
