@@ -7,6 +7,8 @@ ranges do not join into one box (``README.md``).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -57,27 +59,54 @@ def moved(placement: Placement, dim: int) -> Placement:
     return Shard(dim) if factor is None else _StridedShard(dim, split_factor=factor)
 
 
-def _taken(ranges: _Ranges, offset: int, length: int) -> _Ranges:
-    """The entries at positions ``offset`` to ``offset + length`` of ``ranges`` (concatenated)."""
+def _taken(ranges: _Ranges, offset: int, length: int, ends: list[int] | None = None) -> _Ranges:
+    """The entries at positions ``offset`` to ``offset + length`` of ``ranges`` (concatenated).
+
+    ``ends``: the position where each range ends (``itertools.accumulate`` of
+    the lengths), to find the first range by bisection; computed if not given.
+    """
+    ends = list(itertools.accumulate(n for _, n in ranges)) if ends is None else ends
+    first = bisect.bisect_right(ends, offset)  # the range that holds position ``offset``, if any
     out: _Ranges = []
-    position, at = 0, None  # ``at``: the index at position ``offset``
-    for start, n in ranges:
-        if at is None and offset < position + n:
-            at = start + offset - position
-        lo, hi = max(offset, position), min(offset + length, position + n)
+    for i in range(first, len(ranges)):
+        start, n = ranges[i]
+        position = ends[i] - n
+        if position >= offset + length:
+            break
+        lo, hi = max(offset, position), min(offset + length, ends[i])
         if lo < hi:
             out.append((start + lo - position, hi - lo))
-        position += n
     if out:
         return out
+    if first < len(ranges):  # nothing: where it would start
+        start, n = ranges[first]
+        return [(start + offset - (ends[first] - n), 0)]
     last, n = ranges[-1]
-    return [(last + n if at is None else at, 0)]  # nothing: where it would start
+    return [(last + n, 0)]
 
 
-def _cut(ranges: _Ranges, pieces: int, index: int) -> _Ranges:
+def _cut(ranges: _Ranges, pieces: int, index: int, ends: list[int] | None = None) -> _Ranges:
     """Piece ``index`` of ``ranges`` cut into ``pieces`` as ``torch.chunk`` cuts them."""
-    offset, length = chunk(sum(n for _, n in ranges), pieces, index)
-    return _taken(ranges, offset, length)
+    offset, length = chunk(sum(n for _, n in ranges) if ends is None else ends[-1], pieces, index)
+    return _taken(ranges, offset, length, ends)
+
+
+def _strided_cut(ranges: _Ranges, factor: int, pieces: int, index: int) -> _Ranges:
+    """``ranges`` cut into ``factor`` pieces, each cut into ``pieces``, and piece ``index`` of each joined.
+
+    Only the pieces that hold entries are cut, at most the number of
+    entries whatever ``factor`` says: the empty ones after them each
+    leave a zero-length range at the end, and one says as much as many.
+    """
+    ends = list(itertools.accumulate(n for _, n in ranges))
+    total = ends[-1]
+    step = -(-total // factor)
+    full = -(-total // step) if total else 1  # the pieces that hold entries (or the one empty piece)
+    out = [r for j in range(full) for r in _cut(_cut(ranges, factor, j, ends), pieces, index)]
+    if full < factor:
+        last, n = ranges[-1]
+        out.append((last + n, 0))
+    return out
 
 
 def _joined(ranges: _Ranges) -> tuple[int, int] | None:
@@ -110,8 +139,7 @@ def box(
         if factor is None:
             ranges[d] = _cut(ranges[d], mesh_shape[i], coordinate[i])
         else:
-            pieces = [_cut(ranges[d], factor, j) for j in range(factor)]
-            ranges[d] = [r for piece in pieces for r in _cut(piece, mesh_shape[i], coordinate[i])]
+            ranges[d] = _strided_cut(ranges[d], factor, mesh_shape[i], coordinate[i])
     size = tuple(sum(n for _, n in r) for r in ranges)
     if 0 in size:  # no entries: a box wherever it starts
         return tuple(r[0][0] for r in ranges), size

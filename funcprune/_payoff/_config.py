@@ -13,8 +13,10 @@ that plain ``from_pretrained`` rebuilds.
 Widths that differ from layer to layer, and heads where the model derives
 the head size from the hidden size (GPT-2, BERT, ViT, OPT), are beyond what
 the config can say: the config keeps its values and gets a record,
-``funcprune_shrunk`` (each resized tensor's shape and each changed module
-attribute), that :func:`~funcprune.load_shrunk` reads.
+``funcprune_shrunk`` (each tensor's shape that differs from what the config
+builds, and each size attribute the resizes changed), that
+:func:`~funcprune.load_shrunk` reads. A model shrunk again keeps one
+record of the whole model (:func:`record_`).
 """
 
 from __future__ import annotations
@@ -124,6 +126,9 @@ def describe_(model: nn.Module, original: Mapping[str, tuple[int, ...]], attribu
     target = shapes_of(model)
     if config is None or target == dict(original):
         return
+    if getattr(config, RECORD, None) is not None:  # shrunk before, beyond what the config says: a record still
+        record_(model, original, attributes)
+        return
     cls = type(model)
     pinned = _pinned(config)
     before = _built_shapes(cls, pinned)
@@ -178,7 +183,27 @@ def _refused_by_class(config: Any) -> str | None:
 
 
 def record_(model: nn.Module, original: Mapping[str, tuple[int, ...]], attributes: Record) -> None:
-    """Write the record of the shrunk ``model`` into its config (in place): each resized tensor's shape,
-    and the module attributes the resize changed."""
-    changed = {name: list(shape) for name, shape in shapes_of(model).items() if original.get(name) != shape}
-    setattr(getattr(model, "config"), RECORD, {"shapes": changed, "attributes": attributes})
+    """Write the record of the shrunk ``model`` into its config (in place): each tensor's shape that differs
+    from the model the config builds, and the size attributes the resizes changed.
+
+    The shapes are compared with the model's class built from its config on
+    the meta device (what ``load_shrunk`` builds before resizing), so a
+    model shrunk again keeps what its first shrink removed; where the class
+    cannot be built so, with ``original`` (the shapes before this shrink)
+    and the record of an earlier shrink. The attributes (``attributes``,
+    this resize's) are merged into an earlier record's.
+    """
+    config: Any = getattr(model, "config")
+    target = shapes_of(model)
+    earlier = getattr(config, RECORD, None)
+    earlier = earlier if isinstance(earlier, Mapping) else {}
+    built = _built_shapes(type(model), copy.deepcopy(config))
+    if built is not None and built.keys() == target.keys():
+        changed = {name: list(shape) for name, shape in target.items() if built[name] != shape}
+    else:
+        changed = {name: list(shape) for name, shape in dict(earlier.get("shapes", {})).items() if name in target}
+        changed.update({name: list(shape) for name, shape in target.items() if original.get(name) != shape})
+    merged: Record = {path: dict(attrs) for path, attrs in dict(earlier.get("attributes", {})).items()}
+    for path, attrs in attributes.items():
+        merged.setdefault(path, {}).update(attrs)
+    setattr(config, RECORD, {"shapes": changed, "attributes": merged})

@@ -22,7 +22,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.placement_types import Placement
 
-__all__ = ["DTENSOR_SUFFIX", "SHAPE_SUFFIX", "load_masks", "pack_masks", "save_masks", "unpack_masks"]
+__all__ = ["DTENSOR_SUFFIX", "MAX_STRIDED_PIECES", "SHAPE_SUFFIX", "load_masks", "pack_masks", "save_masks", "unpack_masks"]
 
 #: The key suffix under which :func:`pack_masks` stores each mask's shape.
 SHAPE_SUFFIX = "::shape"
@@ -54,11 +54,21 @@ _RECORD_KEYS = frozenset({"name", "shape", "numel", "kept", "checksum"})
 #: The keys of a ``"dtensor"`` record.
 _SHARDING_KEYS = frozenset({"shape", "offsets", "placements", "mesh", "coordinate", "rank"})
 #: A placement as a record writes it.
-_PLACEMENT = re.compile(r"Replicate\(\)|Shard\((0|[1-9]\d*)\)|_StridedShard\((0|[1-9]\d*), split_factor=([1-9]\d*)\)")
+_PLACEMENT = re.compile(
+    r"Replicate\(\)|Shard\((0|[1-9]\d{0,17})\)|_StridedShard\((0|[1-9]\d{0,17}), split_factor=([1-9]\d{0,17})\)"
+)  # at most 18 digits: every number fits torch's int64
 #: The bit weights of the entries of a byte: entry ``k`` is bit ``k % 8``.
 _BIT_WEIGHTS = tuple(1 << b for b in range(8))
 #: The modulus of the position weights of :func:`_checksum` (as Adler-32's).
 _MOD = 65521
+#: The most a size, and the product of a shape's nonzero sizes, may be: torch's int64 (a shape torch can hold).
+_MAX_NUMEL = 2**63 - 1
+#: The most pieces a block's record may have its ``_StridedShard`` placements cut (their split factors, or the
+#: entries of the dims they cut, whichever is fewer, summed): checking where the block sits follows each piece.
+#: FSDP2's split factor is the number of tensor-parallel processes; 65,536 leaves room for any real mesh.
+MAX_STRIDED_PIECES = 2**16
+#: How many characters of a value an error message shows.
+_SHOWN = 200
 
 
 class _Corrupt(Exception):
@@ -123,7 +133,7 @@ def _placement(name: object, ndim: int) -> Placement:
 
     match = _PLACEMENT.fullmatch(name) if isinstance(name, str) else None
     if match is None:
-        _bad(f"expected a placement Replicate(), Shard(d) or _StridedShard(d, split_factor=f), got {name!r}")
+        _bad(f"expected a placement Replicate(), Shard(d) or _StridedShard(d, split_factor=f), got {_shown(name)}")
     if match[1] is None and match[2] is None:
         return Replicate()
     dim = int(match[1] or match[2])
@@ -145,35 +155,69 @@ def _sharding_of(layout: Layout) -> _Sharding:
     )  # fmt: skip
 
 
+def _shown(value: object) -> str:
+    """``repr(value)``, cut to a length a message can show (and safe on values nested too deep to show)."""
+    try:
+        shown = repr(value)
+    except RecursionError:
+        return f"a {type(value).__name__} nested too deep to show"
+    return shown if len(shown) <= _SHOWN else shown[:_SHOWN] + "..."
+
+
 def _size(value: object) -> int:
-    """``value`` if it is an int >= 0 (not a bool)."""
-    if type(value) is not int or value < 0:
-        _bad(f"expected an int >= 0, got {value!r}")
+    """``value`` if it is an int from 0 to 2**63 - 1 (not a bool)."""
+    if type(value) is not int or not 0 <= value <= _MAX_NUMEL:
+        _bad(f"expected an int from 0 to 2**63 - 1, got {_shown(value)}")
     return value
 
 
 def _sizes(value: object) -> tuple[int, ...]:
     if not isinstance(value, list):
-        _bad(f"expected a list of ints >= 0, got {value!r}")
+        _bad(f"expected a list of ints >= 0, got {_shown(value)}")
     return tuple(_size(v) for v in value)
+
+
+def _shape(value: object) -> tuple[int, ...]:
+    """``value`` as a shape torch can hold: sizes >= 0 whose nonzero ones multiply to at most 2**63 - 1."""
+    shape = _sizes(value)
+    if math.prod(max(n, 1) for n in shape) > _MAX_NUMEL:
+        _bad(f"the shape {list(shape)} is larger than torch can hold (its sizes multiply past 2**63 - 1)")
+    return shape
+
+
+def _strided_pieces(shape: tuple[int, ...], placements: Sequence[Placement]) -> int:
+    """How many pieces the ``_StridedShard`` placements cut (at most as many as the entries of their dims)."""
+    pieces = 0
+    for p in placements:
+        factor, dim = strided(p), cut_dim(p, len(shape)) if shape else None
+        if factor is not None and dim is not None:
+            pieces += min(factor, shape[dim])
+    return pieces
 
 
 def _parsed_sharding(value: object, size: tuple[int, ...]) -> _Sharding:
     """The ``"dtensor"`` record ``value`` of a block of shape ``size``, checked: the block must be where it says."""
     if not isinstance(value, dict) or set(value) != _SHARDING_KEYS:
-        _bad(f"expected a record with the keys {sorted(_SHARDING_KEYS)}, got {value!r}")
-    shape, offsets, mesh, coordinate = (_sizes(value[k]) for k in ("shape", "offsets", "mesh", "coordinate"))
+        _bad(f"expected a record with the keys {sorted(_SHARDING_KEYS)}, got {_shown(value)}")
+    shape = _shape(value["shape"])
+    offsets, mesh, coordinate = (_sizes(value[k]) for k in ("offsets", "mesh", "coordinate"))
     placements = value["placements"]
     if not isinstance(placements, list) or not (
         len(shape) == len(offsets) == len(size) and len(mesh) == len(coordinate) == len(placements)
     ):
-        _bad(f"its shape, offsets, mesh, coordinate and placements do not fit one another: {value!r}")
+        _bad(f"its shape, offsets, mesh, coordinate and placements do not fit one another: {_shown(value)}")
     if any(c >= n for c, n in zip(coordinate, mesh, strict=True)):
         _bad(f"the coordinate {list(coordinate)} is not in a mesh of shape {list(mesh)}")
     sharding = _Sharding(shape, offsets, tuple(placements), mesh, coordinate, _size(value["rank"]))
-    if box(shape, mesh, coordinate, _placements(sharding)) != (offsets, size):
+    cuts = _placements(sharding)
+    if _strided_pieces(shape, cuts) > MAX_STRIDED_PIECES:
         _bad(
-            f"a block of shape {size} at offsets {offsets} is not the one its placements {placements} of shape "
+            f"its placements {_shown(placements)} cut a mask of shape {list(shape)} into more than {MAX_STRIDED_PIECES} "
+            "strided pieces (split factors that large are no process mesh's)"
+        )
+    if box(shape, mesh, coordinate, cuts) != (offsets, size):
+        _bad(
+            f"a block of shape {size} at offsets {offsets} is not the one its placements {_shown(placements)} of shape "
             f"{shape} on a mesh of shape {mesh} give the coordinate {coordinate}"
         )
     return sharding
@@ -405,6 +449,11 @@ def _unpacked(fn: str, label: str, packed: Mapping[str, Tensor]) -> list[_Entry]
         shape = tuple(int(s) for s in shape_t.tolist())
         if any(s < 0 for s in shape):
             raise ValueError(f"{fn}: {label}[{name + SHAPE_SUFFIX!r}] holds a negative size: {shape}")
+        if math.prod(max(s, 1) for s in shape) > _MAX_NUMEL:
+            raise ValueError(
+                f"{fn}: {label}[{name + SHAPE_SUFFIX!r}] is a shape larger than torch can hold (its sizes multiply "
+                f"past 2**63 - 1): {shape}"
+            )
         mask = _unpack_checked(f"{fn}: {label}[{name!r}]", packed[name], shape)
         sharding = None
         if name + DTENSOR_SUFFIX in packed:
@@ -415,7 +464,7 @@ def _unpacked(fn: str, label: str, packed: Mapping[str, Tensor]) -> list[_Entry]
                     _bad(f"expected a 1-D torch.uint8 tensor, got dtype {record.dtype} and shape {tuple(record.shape)}")
                 try:
                     value = json.loads(bytes(record.tolist()).decode())
-                except ValueError as err:  # UnicodeDecodeError included
+                except (ValueError, RecursionError) as err:  # UnicodeDecodeError included; nested too deep
                     _bad(f"its bytes are not a JSON record ({err})")
                 sharding = _parsed_sharding(value, shape)
             except _Corrupt as err:
@@ -552,13 +601,13 @@ def _records(metadata: object) -> list[tuple[str, tuple[int, ...], int, int, _Sh
         _bad(f"no {_METADATA_KEY!r} metadata entry (not written by save_masks)")
     try:
         record = json.loads(metadata[_METADATA_KEY])
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, RecursionError) as err:  # RecursionError: nested too deep
         _bad(f"the {_METADATA_KEY!r} metadata is not JSON ({err})")
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         _bad(f"the metadata's format is not {FORMAT!r}")
     version = record.get("version")
     if type(version) is not int or not 1 <= version <= VERSION:
-        _bad(f"format version {version!r}; this funcprune reads versions 1 to {VERSION}")
+        _bad(f"format version {_shown(version)}; this funcprune reads versions 1 to {VERSION}")
     items = record.get("masks")
     if not isinstance(items, list):
         _bad("the metadata has no list of masks")
@@ -566,13 +615,13 @@ def _records(metadata: object) -> list[tuple[str, tuple[int, ...], int, int, _Sh
     for item in items:
         keys = frozenset(item) if isinstance(item, dict) else None
         if keys != _RECORD_KEYS and not (version >= 2 and keys == _RECORD_KEYS | {"dtensor"}):
-            _bad(f"a metadata item is not a mask record: {item!r}")
+            _bad(f"a metadata item is not a mask record: {_shown(item)}")
         name, shape = item["name"], item["shape"]
         if not isinstance(name, str) or not isinstance(shape, list):
-            _bad(f"a metadata item has a bad name or shape: {item!r}")
-        sizes = tuple(_size(s) for s in shape)
+            _bad(f"a metadata item has a bad name or shape: {_shown(item)}")
+        sizes = _shape(shape)
         if math.prod(sizes) != _size(item["numel"]) or _size(item["kept"]) > item["numel"]:
-            _bad(f"the mask {name!r}: its shape, numel and kept disagree: {item!r}")
+            _bad(f"the mask {name!r}: its shape, numel and kept disagree: {_shown(item)}")
         sharding = None
         if "dtensor" in item:
             try:
@@ -649,7 +698,12 @@ def load_masks(
         ValueError: if the file is not a masks file as save_masks writes
             them: truncated, corrupted, another format or version, or its
             tensors and record disagree; the message names the file and
-            what is wrong. Also if the masks do not fit ``like`` (a name
+            what is wrong. Numbers no file holds are refused so, at once,
+            before anything proportional to them is visited or allocated:
+            a size past ``2**63 - 1`` (or sizes whose product is), a
+            negative one, a bool for an int, a block whose placements cut
+            more than ``MAX_STRIDED_PIECES`` (65,536) strided pieces, JSON
+            nested too deep to read. Also if the masks do not fit ``like`` (a name
             missing, another shape or layout), or the files do not merge
             (a mask laid out otherwise in one, copies of a block that
             differ, or a block in none).
@@ -838,40 +892,107 @@ def _whole(fn: str, name: str, held: list[_Entry]) -> _Entry:
 
 
 def _assembled(fn: str, name: str, held: list[_Entry]) -> Tensor:
-    """The whole mask that the blocks ``held`` (of one layout) make up, each block from one of its copies."""
+    """The whole mask that the blocks ``held`` (of one layout) make up, each block from one of its copies.
+
+    Each block was checked to be the one its coordinate gets, and the blocks
+    of a layout do not overlap (each mesh dim's cut is a partition): the
+    blocks held make up the whole mask when their entries add up to its
+    count. That is checked first, so nothing is allocated, nor any of the
+    mesh's coordinates visited, that the files do not hold.
+    """
     saved = held[0].sharding
     assert saved is not None
-    at: dict[tuple[int, ...], list[_Entry]] = {}  # a file given twice, or a mesh's per replica: copies
+    copies: dict[tuple[tuple[int, ...], tuple[int, ...]], list[_Entry]] = {}  # by block: its copies
     for entry in held:
         assert entry.sharding is not None
-        at.setdefault(entry.sharding.coordinate, []).append(entry)
+        copies.setdefault((entry.sharding.offsets, tuple(entry.mask.shape)), []).append(entry)
+    for (offsets, size), found in copies.items():
+        for entry in found[1:]:
+            if not torch.equal(entry.mask, found[0].mask):
+                raise ValueError(
+                    f"{fn}: the mask {name!r}: the copies of its block [{_entries(offsets, size)}] differ between "
+                    f"{found[0].source} and {entry.source}; merge the files of one save, every process's"
+                )
+    if sum(math.prod(size) for _, size in copies) != math.prod(saved.shape):
+        _missing(fn, name, saved, {e.sharding.coordinate for e in held if e.sharding is not None}, copies.keys())
+    whole = torch.zeros(saved.shape, dtype=torch.bool)
+    for (offsets, size), found in copies.items():
+        if 0 not in size:
+            whole[tuple(slice(o, o + n) for o, n in zip(offsets, size, strict=True))] = found[0].mask
+    return whole
+
+
+def _entries(offsets: tuple[int, ...], size: tuple[int, ...]) -> str:
+    return ", ".join(f"{o}:{o + n}" for o, n in zip(offsets, size, strict=True))
+
+
+#: How many of a mesh's coordinates :func:`_missing` visits, at most, to name a block no file holds.
+_VISITED = 2**12
+
+
+def _missing(
+    fn: str, name: str, saved: _Sharding, coordinates: set[tuple[int, ...]],
+    held: Collection[tuple[tuple[int, ...], tuple[int, ...]]],
+) -> NoReturn:  # fmt: skip
+    """Refuse the merge of the blocks ``held`` (at ``coordinates``) of a mask that they do not make up.
+
+    Names the first block that no file holds, in the mesh's order, among
+    the first coordinates (a bounded number: the mesh's shape is only what a
+    file says) of the mesh dims that cut; the copies along the others share it.
+    """
     placements = _placements(saved)
-    copies: dict[tuple[tuple[int, ...], tuple[int, ...]], list[tuple[int, ...]]] = {}
-    for coordinate in itertools.product(*(range(n) for n in saved.mesh)):
+    ndim = len(saved.shape)
+    span = [i for i, p in enumerate(placements) if ndim and cut_dim(p, ndim) is not None]
+    budget = max(16, _VISITED // (1 + _strided_pieces(saved.shape, placements)))
+    hint = f"give every process's file (these hold coordinates {', '.join(map(str, sorted(coordinates)))})"
+    for cut in itertools.islice(_odometer([saved.mesh[i] for i in span]), budget):
+        coordinate = [0] * len(saved.mesh)
+        for i, c in zip(span, cut, strict=True):
+            coordinate[i] = c
         where = box(saved.shape, saved.mesh, coordinate, placements)
         if where is None:
             raise ValueError(
                 f"{fn}: the mask {name!r}: its placements {list(saved.placements)} leave the process at mesh "
-                f"coordinate {coordinate} entries that are no box; such masks are not saved by save_masks"
+                f"coordinate {tuple(coordinate)} entries that are no box; such masks are not saved by save_masks"
             )
-        copies.setdefault(where, []).append(coordinate)
-    whole = torch.zeros(saved.shape, dtype=torch.bool)
-    for (offsets, size), coordinates in copies.items():
-        if 0 in size:
+        if 0 in where[1] or where in held:
             continue
-        entries = ", ".join(f"{o}:{o + n}" for o, n in zip(offsets, size, strict=True))
-        found = [entry for c in coordinates for entry in at.get(c, [])]
-        if not found:
-            raise ValueError(
-                f"{fn}: the mask {name!r}: no file holds its block [{entries}], that of mesh coordinate "
-                f"{' or '.join(map(str, coordinates))}; give every process's file (these hold coordinates "
-                f"{', '.join(map(str, sorted(at)))})"
-            )
-        for entry in found[1:]:
-            if not torch.equal(entry.mask, found[0].mask):
-                raise ValueError(
-                    f"{fn}: the mask {name!r}: the copies of its block [{entries}] differ between "
-                    f"{found[0].source} and {entry.source}; merge the files of one save, every process's"
-                )
-        whole[tuple(slice(o, o + n) for o, n in zip(offsets, size, strict=True))] = found[0].mask
-    return whole
+        copies = _copies(saved.mesh, span, tuple(coordinate))
+        raise ValueError(
+            f"{fn}: the mask {name!r}: no file holds its block [{_entries(*where)}], that of mesh coordinate "
+            f"{copies}; {hint}"
+        )
+    raise ValueError(
+        f"{fn}: the mask {name!r}: the blocks its files hold make up {sum(math.prod(size) for _, size in held)} of "
+        f"its {math.prod(saved.shape)} entries (a mask of shape {saved.shape} on a mesh of shape {saved.mesh}); {hint}"
+    )
+
+
+def _odometer(sizes: Sequence[int]) -> Iterator[tuple[int, ...]]:
+    """Every index of ``sizes`` in row-major order (``itertools.product`` of ranges, which would first hold every
+    range as a tuple: a mesh's sizes are only what a file says)."""
+    if 0 in sizes:
+        return
+    index = [0] * len(sizes)
+    while True:
+        yield tuple(index)
+        d = len(sizes) - 1
+        while d >= 0 and index[d] == sizes[d] - 1:
+            index[d] = 0
+            d -= 1
+        if d < 0:
+            return
+        index[d] += 1
+
+
+def _copies(mesh: tuple[int, ...], span: list[int], coordinate: tuple[int, ...]) -> str:
+    """The coordinates that hold copies of ``coordinate``'s block (they differ along the mesh dims not in ``span``)."""
+    others = [i for i in range(len(mesh)) if i not in span]
+    count = math.prod(mesh[i] for i in others)
+    shown = []
+    for along in itertools.islice(_odometer([mesh[i] for i in others]), 4):
+        copy = list(coordinate)
+        for i, c in zip(others, along, strict=True):
+            copy[i] = c
+        shown.append(str(tuple(copy)))
+    return " or ".join(shown) if count <= 4 else f"{', '.join(shown)} or any of its {count} copies"

@@ -22,7 +22,7 @@ from torch import nn
 from .._experts import EXPERT_COUNTS
 from .._graph import Analysis, Experts
 
-__all__ = ["CONFIG_HEADS", "resize_modules"]
+__all__ = ["CONFIG_HEADS", "SIZE_ATTRIBUTES", "get_size", "resize_modules", "set_size_"]
 
 #: Attributes of an attention module that count its query heads, its KV heads, or its query width.
 _QUERY_HEADS = ("num_heads", "num_attention_heads", "n_head", "n_heads", "num_q_heads")
@@ -33,6 +33,19 @@ _QUERY_WIDTH = ("all_head_size", "split_size", "inner_dim")
 CONFIG_HEADS = ("num_attention_heads", "num_key_value_heads")
 #: Attributes that count the query heads that read one key/value head (1 under multi-head attention).
 _PER_KV_HEAD = ("num_key_value_groups", "num_queries_per_kv", "n_rep")
+#: The size attributes a resize may change, and so the only ones a shrunk model's record holds: shrink records
+#: these when they change, and ``load_shrunk`` sets these and refuses any other. Add an attribute here when
+#: the resize learns to change it.
+SIZE_ATTRIBUTES = frozenset({
+    "in_features", "out_features",  # Linear
+    "in_channels", "out_channels", "groups",  # Conv
+    "num_features", "normalized_shape", "num_channels",  # BatchNorm, LayerNorm, GroupNorm
+    "num_embeddings", "embedding_dim",  # Embedding
+    "nf", "nx",  # transformers' Conv1D
+    *_QUERY_HEADS, *_KV_HEADS, *_QUERY_WIDTH, *_PER_KV_HEAD,  # attention
+    *(f"config.{name}" for name in CONFIG_HEADS),  # an attention's own copy of the config's head counts
+    *EXPERT_COUNTS,  # a MoE layer's experts
+})  # fmt: skip
 
 
 @torch.no_grad()
@@ -76,7 +89,7 @@ def resize_modules(
 
 
 def _sizes(model: nn.Module, path: str) -> dict[str, Any]:
-    """A module's int and int-tuple attributes (its sizes), ``{}`` if there is no such module."""
+    """A module's int and int-tuple size attributes (:data:`SIZE_ATTRIBUTES`), ``{}`` if there is no such module."""
     try:
         module = model.get_submodule(path)
     except AttributeError:
@@ -84,7 +97,7 @@ def _sizes(model: nn.Module, path: str) -> dict[str, Any]:
     sizes = {
         k: list(v) if isinstance(v, tuple) else v
         for k, v in vars(module).items()
-        if not k.startswith("_") and (_is_int(v) or isinstance(v, tuple) and all(map(_is_int, v)))
+        if k in SIZE_ATTRIBUTES and (_is_int(v) or isinstance(v, tuple) and all(map(_is_int, v)))
     }
     config = getattr(module, "config", None)
     for attr in CONFIG_HEADS if config is not None else ():
@@ -92,6 +105,25 @@ def _sizes(model: nn.Module, path: str) -> dict[str, Any]:
         if _is_int(value):
             sizes[f"config.{attr}"] = value
     return sizes
+
+
+def get_size(module: nn.Module, attr: str) -> Any:
+    """A size attribute of ``module`` as a record names it (``config.num_attention_heads``: its config's), or ``None``."""
+    owner, dot, name = attr.rpartition(".")
+    holder = getattr(module, owner, None) if dot else module
+    return getattr(holder, name, None)
+
+
+def set_size_(module: nn.Module, attr: str, value: Any) -> None:
+    """Set a size attribute of ``module`` as a record names it; a config's, on the module's own copy of its config."""
+    owner, dot, name = attr.rpartition(".")
+    if dot:
+        own = copy.copy(getattr(module, owner))
+        setattr(own, name, value)
+        setattr(module, owner, own)
+        return
+    current = getattr(module, name, None)
+    setattr(module, name, tuple(value) if isinstance(current, tuple) and isinstance(value, list) else value)
 
 
 def _is_int(v: object) -> bool:
@@ -178,11 +210,8 @@ def _own_config_heads(module: nn.Module, heads: int, kv_heads: int, kept: int, k
         for attr, old, new in (("num_attention_heads", heads, kept), ("num_key_value_heads", kv_heads, kept_kv))
         if config is not None and getattr(config, attr, None) == old and old != new
     }
-    if changes:
-        own = copy.copy(config)
-        for attr, value in changes.items():
-            setattr(own, attr, value)
-        setattr(module, "config", own)  # noqa: B010 (a plain attribute, which nn.Module's typing does not know)
+    for attr, value in changes.items():
+        set_size_(module, f"config.{attr}", value)
 
 
 def _moe_paths(layer: Experts) -> tuple[str, ...]:
