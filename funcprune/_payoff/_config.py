@@ -22,7 +22,6 @@ record of the whole model (:func:`record_`).
 from __future__ import annotations
 
 import copy
-import math
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -74,11 +73,15 @@ def _pinned(config: Any) -> Any:
     head count can then change without changing the head size.
     """
     hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
-    if getattr(config, "head_dim", None) is not None or not isinstance(hidden, int) or not heads:
+    if getattr(config, "head_dim", None) is not None or not _is_count(hidden) or not _is_count(heads):
         return config
     pinned = copy.deepcopy(config)
     pinned.head_dim = hidden // heads  # read where the class reads it (Phi-3: getattr(config, "head_dim", ...))
     return pinned
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _value(config: Any, attr: str) -> int | None:
@@ -91,29 +94,48 @@ def _value(config: Any, attr: str) -> int | None:
 
 
 def _solved(
-    cls: type[nn.Module], config: Any, attr: str, value: int, before: Mapping[str, tuple[int, ...]],
-    target: Mapping[str, tuple[int, ...]],
-) -> int | None:  # fmt: skip
-    """The value of ``attr`` that gives the shrunk shapes ``target``, if one does."""
-    trial = copy.deepcopy(config)
-    setattr(trial, attr, 2 * value)
-    doubled = _built_shapes(cls, trial)
-    if doubled is None or doubled.keys() != before.keys():
-        return None
-    found: set[int] = set()
-    for name, shape in before.items():
-        other = doubled[name]
-        if len(other) != len(shape) or name not in target or len(target[name]) != len(shape):
-            return None
-        for d, (a, b) in enumerate(zip(shape, other, strict=True)):
-            if a == b:
-                continue
-            slope = (b - a) / value  # size = slope * attr + offset
-            solution = (target[name][d] - (a - slope * value)) / slope
-            if not math.isclose(solution, round(solution)) or round(solution) < 1:
-                return None
-            found.add(round(solution))
-    return found.pop() if len(found) == 1 else None
+    cls: type[nn.Module], config: Any, before: Mapping[str, tuple[int, ...]], target: Mapping[str, tuple[int, ...]]
+) -> dict[str, int]:
+    """The values of the width attributes that give the shrunk shapes ``target``, solved together.
+
+    Each attribute is doubled in turn to tell how every tensor dim grows
+    with it (``size = offset + sum of slope * attribute``; Phi-3's fused
+    ``qkv_proj`` grows with the query heads and the KV heads both); the new
+    values solve these equations in whole numbers of at least 1.
+    Attributes no shape depends on keep their values; ``{}`` where no
+    solution fits (the caller checks the shapes the result builds anyway).
+    """
+    values = {attr: value for attr in _WIDTHS if (value := _value(config, attr)) is not None}
+    slopes: dict[str, dict[tuple[str, int], float]] = {}
+    for attr, value in values.items():
+        trial = copy.deepcopy(config)
+        setattr(trial, attr, 2 * value)
+        doubled = _built_shapes(cls, trial)
+        if doubled is None or doubled.keys() != before.keys():
+            continue
+        grows = {
+            (name, d): (b - a) / value
+            for name, shape in before.items()
+            if len(doubled[name]) == len(shape)
+            for d, (a, b) in enumerate(zip(shape, doubled[name], strict=True))
+            if a != b
+        }
+        if grows and grows not in slopes.values():  # an alias grows the same (Mixtral's num_experts)
+            slopes[attr] = grows
+    dims = sorted({key for grows in slopes.values() for key in grows})
+    if not slopes or any(name not in target or len(target[name]) <= d for name, d in dims):
+        return {}
+    attrs = list(slopes)
+    a = torch.tensor([[slopes[attr].get(key, 0.0) for attr in attrs] for key in dims], dtype=torch.float64)
+    b = torch.tensor(
+        [target[name][d] - before[name][d] + sum(slopes[x].get((name, d), 0.0) * values[x] for x in attrs)
+         for name, d in dims], dtype=torch.float64,
+    )  # fmt: skip
+    solution = torch.linalg.lstsq(a, b.unsqueeze(1)).solution.squeeze(1)
+    rounded = solution.round()
+    if not torch.allclose(a @ rounded, b, atol=1e-6) or bool((rounded < 1).any()):
+        return {}
+    return {attr: int(v) for attr, v in zip(attrs, rounded.tolist(), strict=True)}
 
 
 def describe_(model: nn.Module, original: Mapping[str, tuple[int, ...]], attributes: Record) -> None:
@@ -134,13 +156,9 @@ def describe_(model: nn.Module, original: Mapping[str, tuple[int, ...]], attribu
     before = _built_shapes(cls, pinned)
     if before is not None and before == dict(original):
         updated = copy.deepcopy(pinned)
-        for attr in _WIDTHS:
-            value = _value(pinned, attr)
-            if value is None:
-                continue
-            solution = _solved(cls, pinned, attr, value, before, target)
-            if solution is not None and solution != value:
-                setattr(updated, attr, solution)
+        for attr, value in _solved(cls, pinned, before, target).items():
+            if value != _value(pinned, attr):
+                setattr(updated, attr, value)
         refused = _refused_by_class(updated)
         if refused is None and _built_shapes(cls, updated) == target:
             for attr in ("head_dim", *_WIDTHS):

@@ -142,11 +142,12 @@ def _found(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]], excl
     order = {name: i for i, name in enumerate(shapes)}
     alike: dict[tuple[Kind, tuple[tuple[str, int], ...]], list[int]] = {}
     left_out: dict[int, str] = {}
+    shared = {g: a.kv_heads for a in analysis.attention for g in a.heads}
     for unit in sorted(analysis.made):
         made = analysis.made[unit]
         if any(m.tensor in stacked for m in made):
             continue
-        why = _not_a_unit(analysis, unit, footprints.get(unit), shapes, excluded, kinds)
+        why = _not_a_unit(analysis, unit, footprints.get(unit), shapes, excluded, kinds, shared)
         if why is not None:
             left_out[unit] = why
             continue
@@ -170,9 +171,12 @@ def _found(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]], excl
 
 def _not_a_unit(
     analysis: graph.Analysis, unit: int, feet: Mapping[tuple[str, int], list[int]] | None,
-    shapes: Mapping[str, tuple[int, ...]], excluded: Set[str], kinds: Mapping[int, Kind],
+    shapes: Mapping[str, tuple[int, ...]], excluded: Set[str], kinds: Mapping[int, Kind], shared: Mapping[int, int],
 ) -> str | None:  # fmt: skip
-    """Why an analysis group made by layers' rows is no unit, or ``None`` if it is one."""
+    """Why an analysis group made by layers' rows is no unit, or ``None`` if it is one.
+
+    ``shared``: for the heads of an attention, how many groups its heads form.
+    """
     if unit in analysis.blocked:
         return analysis.blocked[unit]
     if unit in analysis.refused:
@@ -184,7 +188,7 @@ def _not_a_unit(
     whole = next(((name, dim) for (name, dim), indices in feet.items() if len(indices) == shapes[name][dim]), None)
     if whole is not None:
         coupled = analysis.coupled.get(unit)
-        if coupled is not None:
+        if coupled is not None and shared.get(unit, 1) == 1:
             return f"they go all together or not at all ({coupled}), and {whole[0]!r} keeps one at least"
         return (
             f"{whole[0]!r} is theirs entirely (shrink cuts slices of parameters; it removes no whole "
