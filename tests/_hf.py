@@ -23,6 +23,12 @@ transformers = pytest.importorskip("transformers")
 
 #: The families of the matrix, and whether each repeats one decoder or encoder layer.
 MATRIX = ("gpt2", "llama", "qwen3", "mistral", "opt", "bert", "vit", "mixtral")
+#: The architectures added when the analysis stopped being tuned to the matrix (issue 35): Gemma 2 (eager
+#: attention, sliding windows), Gemma 3, Phi-3 (fused qkv_proj and gate_up_proj, head counts read from the config),
+#: BLOOM (fused query_key_value, ALiBi), T5 (encoder-decoder, one position bias shared by a stack's layers),
+#: Falcon (multi-query, x @ W.T), StableLM 2 (a LayerNorm per head), DeepSeek-V3 (MLA, routed and shared
+#: experts) and GraniteMoE (a cache unless told otherwise).
+ARCHITECTURES = ("gemma2", "gemma3", "phi3", "bloom", "t5", "falcon", "stablelm", "deepseek_v3", "granitemoe")
 #: The mixture-of-experts models (4 experts, top 2): Mixtral (top-k renormalized) and, beside the matrix,
 #: Qwen2-MoE (top-k not renormalized, a shared expert beside the routed ones).
 MOE = ("mixtral", "qwen2_moe")
@@ -76,7 +82,41 @@ def _config(name: str, layers: int) -> Any:
     if name == "qwen2_moe":
         return t.Qwen2MoeConfig(**llama_like, moe_intermediate_size=24, shared_expert_intermediate_size=40,
                                 num_experts=4, num_experts_per_tok=2, norm_topk_prob=False)  # fmt: skip
-    raise ValueError(f"no tiny config for {name!r}; the matrix is {MATRIX}, with {MOE[1:]} beside it")
+    return _more_config(name, layers, common, llama_like)
+
+
+def _more_config(name: str, layers: int, common: dict[str, Any], llama_like: dict[str, Any]) -> Any:
+    """The tiny configs of :data:`ARCHITECTURES`."""
+    t = transformers
+    if name == "gemma2":
+        return t.Gemma2Config(**llama_like, head_dim=8, sliding_window=4, attn_implementation="eager")
+    if name == "gemma3":
+        return t.Gemma3TextConfig(**llama_like, head_dim=8, sliding_window=4)
+    if name == "phi3":
+        return t.Phi3Config(**llama_like, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if name == "bloom":
+        return t.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=layers, n_head=4)
+    if name == "t5":
+        return t.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=48, num_layers=layers, num_heads=4,
+                          decoder_start_token_id=0)  # fmt: skip
+    if name == "falcon":
+        return t.FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+                              multi_query=True, new_decoder_architecture=False)  # fmt: skip
+    if name == "stablelm":
+        return t.StableLmConfig(**llama_like, qk_layernorm=True)
+    if name == "deepseek_v3":
+        return t.DeepseekV3Config(
+            **{**common, "max_position_embeddings": 64}, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+            num_hidden_layers=layers, first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4,
+            n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1, q_lora_rank=16,
+            kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
+        )  # fmt: skip
+    if name == "granitemoe":
+        return t.GraniteMoeConfig(**llama_like, num_local_experts=4, num_experts_per_tok=2)
+    raise ValueError(
+        f"no tiny config for {name!r}; the matrix is {MATRIX}, with {MOE[1:]} beside it, and the architectures "
+        f"{ARCHITECTURES}"
+    )
 
 
 _CLASSES: dict[str, Callable[[Any], nn.Module]] = {
@@ -89,6 +129,15 @@ _CLASSES: dict[str, Callable[[Any], nn.Module]] = {
     "vit": lambda c: transformers.ViTForImageClassification(c),
     "mixtral": lambda c: transformers.MixtralForCausalLM(c),
     "qwen2_moe": lambda c: transformers.Qwen2MoeForCausalLM(c),
+    "gemma2": lambda c: transformers.Gemma2ForCausalLM(c),
+    "gemma3": lambda c: transformers.Gemma3ForCausalLM(c),
+    "phi3": lambda c: transformers.Phi3ForCausalLM(c),
+    "bloom": lambda c: transformers.BloomForCausalLM(c),
+    "t5": lambda c: transformers.T5ForConditionalGeneration(c),
+    "falcon": lambda c: transformers.FalconForCausalLM(c),
+    "stablelm": lambda c: transformers.StableLmForCausalLM(c),
+    "deepseek_v3": lambda c: transformers.DeepseekV3ForCausalLM(c),
+    "granitemoe": lambda c: transformers.GraniteMoeForCausalLM(c),
 }
 
 
@@ -101,5 +150,7 @@ def tiny(name: str, *, layers: int = 2, seed: int = 0) -> Tiny:
     if name == "vit":
         return Tiny(name, model, (torch.randn(2, 3, 16, 16, generator=g),))
     ids = torch.randint(0, VOCAB, (2, SEQUENCE), generator=g)
-    kwargs = {} if name == "bert" else {"use_cache": False}
+    kwargs: dict[str, Any] = {} if name == "bert" else {"use_cache": False}
+    if name == "t5":
+        kwargs["decoder_input_ids"] = torch.randint(0, VOCAB, (2, SEQUENCE // 2), generator=g)
     return Tiny(name, model, (ids,), kwargs)

@@ -5,7 +5,9 @@ Two profiles, both derandomized (the same examples every run):
 - ``dev`` (the default): 60 examples per property, so that the whole suite
   runs in a few minutes or less on 2 cores;
 - ``ci``: 300 examples per property, selected when the environment variable
-  ``CI`` is set (CI runs with ``CI=true``) or ``FUNCPRUNE_PROFILE=ci``.
+  ``CI`` is set (CI runs with ``CI=true``) or ``FUNCPRUNE_PROFILE=ci``; the
+  tests marked ``@pytest.mark.ci`` (slow ones: every architecture through
+  every plan, the vision models) run under it only.
 
 ``FUNCPRUNE_EXAMPLES=N`` overrides the number of examples of either.
 
@@ -49,8 +51,23 @@ for _name, _examples in _EXAMPLES.items():
         derandomize=True,
     )
 _default = "ci" if os.environ.get("CI") else "dev"
-settings.load_profile(os.environ.get("FUNCPRUNE_PROFILE", _default))
+PROFILE = os.environ.get("FUNCPRUNE_PROFILE", _default)
+settings.load_profile(PROFILE)
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "ci: a slow test that runs under the ci profile only (CI runs it)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the tests marked ``ci`` unless the ci profile is selected."""
+    if PROFILE == "ci":
+        return
+    skip = pytest.mark.skip(reason="slow: runs under the ci profile (CI=true or FUNCPRUNE_PROFILE=ci)")
+    for item in items:
+        if item.get_closest_marker("ci") is not None:
+            item.add_marker(skip)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

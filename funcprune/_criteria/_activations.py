@@ -10,7 +10,7 @@ pre-hooks that are removed before returning, so the module is left as it was.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, final
 
@@ -528,8 +528,8 @@ def _rows(fn: str, target: _Target, x: Tensor, tokens: Tensor | None) -> Tensor:
         x = x.movedim(x.dim() + target.feature_dim, -1)
     rows = x.reshape(-1, target.features)
     if tokens is not None:
-        if tuple(x.shape[:-1]) == tuple(tokens.shape):
-            rows = rows[tokens.reshape(-1).to(rows.device)]
+        if _squeezed(x.shape[:-1]) == _squeezed(tokens.shape) and rows.shape[0] == tokens.numel():
+            rows = rows[tokens.reshape(-1).to(rows.device)]  # dims of size 1 apart (MLA's (batch, 1, tokens, ...))
         elif x.dim() == 2 and rows.shape[0] == tokens.numel():  # a flattened (batch * tokens, features) input
             rows = rows[tokens.reshape(-1).to(rows.device)]
         elif tuple(x.shape[:-1]) == tuple(tokens.shape[:1]):  # one row per sequence (a pooler's): all count
@@ -542,6 +542,11 @@ def _rows(fn: str, target: _Target, x: Tensor, tokens: Tensor | None) -> Tensor:
                 "without an attention_mask (every token then counts)"
             )
     return rows.to(dtype)
+
+
+def _squeezed(shape: Sequence[int]) -> tuple[int, ...]:
+    """A shape without its dims of size 1 (they do not change the order of the entries)."""
+    return tuple(n for n in shape if n != 1)
 
 
 def _caller(module: nn.Module) -> Callable[[Call], object]:

@@ -1,0 +1,161 @@
+"""Every architecture, not just the matrix: what ``structure`` lists, ``shrink`` removes (issue 35).
+
+The new architectures (``_hf.ARCHITECTURES``: Gemma 2 under eager attention,
+Gemma 3, Phi-3, BLOOM, T5, Falcon, StableLM 2, DeepSeek-V3, GraniteMoE) go
+through the documented path as the matrix does: structure -> structured
+(global and group scope) -> shrink -> save -> reload, and generate() with a
+cache gives what the masked model gives. Every model, old and new, is walked
+to check that each unit ``structure`` lists goes when a plan prunes it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _hf import ARCHITECTURES, MATRIX, Tiny, tiny
+
+import funcprune as fp
+from funcprune._experts import never_routed
+from funcprune._payoff._shrink import _shrunk
+
+Tensor = torch.Tensor
+
+#: Per architecture: the groups of layer 0 (kind, size), by name ("0" is the layer index, also read as "1").
+LAYER0: dict[str, dict[str, tuple[str, int]]] = {
+    "gemma2": {"model.layers.0.self_attn": ("kv_groups", 2), "model.layers.0.mlp": ("channels", 48)},
+    "gemma3": {"model.layers.0.self_attn": ("kv_groups", 2), "model.layers.0.mlp": ("channels", 48)},
+    "phi3": {"model.layers.0.self_attn": ("kv_groups", 2), "model.layers.0.mlp": ("channels", 48)},
+    "bloom": {"transformer.h.0.mlp": ("channels", 128)},
+    "t5": {"encoder.block.0.layer.1.DenseReluDense": ("channels", 48),
+           "decoder.block.0.layer.1.EncDecAttention": ("heads", 4)},
+    "falcon": {"transformer.h.0.self_attention": ("heads", 4), "transformer.h.0.mlp": ("channels", 128)},
+    "stablelm": {"model.layers.0.mlp": ("channels", 48)},
+    "deepseek_v3": {"model.layers.0.self_attn": ("heads", 4)},
+    "granitemoe": {"model.layers.0.self_attn": ("kv_groups", 2), "model.layers.0.block_sparse_moe": ("experts", 4)},
+}  # fmt: skip
+#: Groups beyond layer 0's pattern: T5's heads go across a stack (its layers share one position bias),
+#: DeepSeek-V3's layer 0 has a dense MLP, its layer 1 routed experts and shared experts.
+MORE: dict[str, dict[str, tuple[str, int]]] = {
+    "t5": {"encoder.block": ("heads", 4), "decoder.block": ("heads", 4)},
+    "deepseek_v3": {
+        "model.layers.0.mlp": ("channels", 48), "model.layers.1.mlp": ("experts", 4),
+        "model.layers.1.mlp.shared_experts": ("channels", 16),
+    },
+}  # fmt: skip
+#: What structure leaves out, and says why, on the architectures where heads cannot go.
+LEFT_OUT: dict[str, str] = {
+    # ALiBi: a slope per head computed from the head count, added to the scores (baddbmm)
+    "bloom": r"the heads of 'transformer.h.0.self_attention': they go all together or not at all \(node 'baddbmm'",
+    # one LayerNorm module per head
+    "stablelm": r"the heads of 'model.layers.0.self_attn': 'model.layers.0.self_attn.q_layernorm.norms.0.weight' "
+    r"is theirs entirely",
+}  # fmt: skip
+
+
+def inputs(t: Tiny) -> Any:
+    return t.args[0] if not t.kwargs else {"input_ids": t.args[0], **t.kwargs}
+
+
+@functools.cache
+def model_and_structure(name: str) -> tuple[Tiny, fp.Structure, tuple[str, ...]]:
+    """The tiny model, its structure, and the messages of the warnings ``structure`` gave."""
+    t = tiny(name)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", fp.UnitsLeftOutWarning)
+        s = fp.structure(t.model, inputs(t))
+    return t, s, tuple(str(w.message) for w in caught if issubclass(w.category, fp.UnitsLeftOutWarning))
+
+
+def logits(model: torch.nn.Module, x: Any) -> Tensor:
+    with torch.no_grad():
+        out = model(**x) if isinstance(x, dict) else model(x)
+    result: Tensor = out.logits
+    return result
+
+
+def shrunk(t: Tiny, masks: fp.Masks) -> Any:
+    """The shrunk model; every unit the masks prune goes (no channel kept, the closure adds nothing), and it
+    computes what the masked model computes."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fp.KeptChannelsWarning)
+        both = _shrunk("shrink", t.model, masks, inputs(t))
+    assert both.closure.keys() == masks.keys() and all(torch.equal(both.closure[k], masks[k]) for k in masks)
+    removed = sum(p.numel() for p in t.model.parameters()) - sum(p.numel() for p in both.model.parameters())
+    assert removed == sum(int((~m).sum()) for m in masks.values())
+    params = dict(t.model.named_parameters())
+    x = inputs(t)
+    with torch.no_grad():
+        masked = fp.functional_call_masked(t.model, params, masks, (), x) if isinstance(x, dict) else (
+            fp.functional_call_masked(t.model, params, masks, x))  # fmt: skip
+    torch.testing.assert_close(logits(both.model, x), masked.logits, atol=1e-5, rtol=1e-5)
+    return both.model
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_structure_finds_the_units_of_every_layer_and_says_what_it_leaves_out(name: str) -> None:
+    t, s, said = model_and_structure(name)
+    for group, (kind, size) in LAYER0[name].items():
+        assert (s[group].kind, s[group].size) == (kind, size), group
+        again = group.replace(".0", ".1", 1)
+        assert (s[again].kind, s[again].size) == (kind, size), again
+    for group, (kind, size) in MORE.get(name, {}).items():
+        assert (s[group].kind, s[group].size) == (kind, size), group
+    assert all(g.kind in {"channels", "heads", "kv_groups", "experts"} for g in s.values())
+    params = dict(t.model.named_parameters())
+    for units in s.values():  # every member fits its parameter
+        for m in units.members:
+            assert m.start + units.size * m.width <= params[m.name].shape[m.dim]
+    if name in LEFT_OUT:
+        assert len(said) == 1 and re.search(LEFT_OUT[name], said[0]), said
+    else:
+        assert said == ()
+
+
+@pytest.mark.parametrize("name", (*MATRIX, "qwen2_moe", *ARCHITECTURES))
+def test_every_unit_structure_lists_goes_when_a_plan_prunes_it(name: str) -> None:
+    t, s, _ = model_and_structure(name)
+    one_each = fp.structured(s, fp.LnStructured(1, n=2), scope="group")(dict(t.model.named_parameters()))
+    shrunk(t, one_each)
+
+
+@pytest.mark.ci
+@pytest.mark.parametrize("name", ARCHITECTURES)
+@pytest.mark.parametrize("scope", ["global", "group"])
+def test_plans_go_save_and_reload(name: str, scope: fp.Scope, tmp_path: Path) -> None:
+    t, s, _ = model_and_structure(name)
+    plan = fp.structured(s, fp.LnStructured(0.5, n=2), scope=scope, normalize="mean" if scope == "global" else None)
+    small = shrunk(t, plan(dict(t.model.named_parameters())))
+    small.save_pretrained(tmp_path)
+    again = fp.load_shrunk(tmp_path)
+    assert type(again) is type(t.model)
+    torch.testing.assert_close(logits(again, inputs(t)), logits(small, inputs(t)), atol=0, rtol=0)
+    if not hasattr(small.config, "funcprune_shrunk"):  # the config says it all: plain from_pretrained too
+        cls: Any = type(t.model)
+        plain = cls.from_pretrained(tmp_path)
+        torch.testing.assert_close(logits(plain, inputs(t)), logits(small, inputs(t)), atol=0, rtol=0)
+
+
+@pytest.mark.ci
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_generate_with_a_cache_gives_what_the_masked_model_gives(name: str) -> None:
+    t, s, _ = model_and_structure(name)
+    masks = fp.structured(s, fp.LnStructured(0.5, n=2), scope="group")(dict(t.model.named_parameters()))
+    small = shrunk(t, masks)
+    with warnings.catch_warnings():  # the baked copy routes to removed experts: never_routed below stops that
+        warnings.filterwarnings("ignore", message="bake: the masks prune router rows entirely")
+        baked: Any = fp.bake(t.model, masks)
+    ids = t.args[0][:, :5]
+    settings = dict(max_new_tokens=4, do_sample=False, use_cache=True, return_dict_in_generate=True, output_scores=True)
+    with torch.no_grad():
+        got = small.generate(input_ids=ids, **settings)
+        with never_routed(baked, masks):  # a removed expert is never routed to, as in the shrunk model
+            want = baked.generate(input_ids=ids, **settings)
+    assert torch.equal(got.sequences, want.sequences)
+    for a, b in zip(got.scores, want.scores, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
