@@ -159,3 +159,67 @@ def test_generate_with_a_cache_gives_what_the_masked_model_gives(name: str) -> N
     assert torch.equal(got.sequences, want.sequences)
     for a, b in zip(got.scores, want.scores, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["llama", "bert"])
+def test_eager_attention_gives_the_units_sdpa_gives(name: str) -> None:
+    t, s, _ = model_and_structure(name)
+    eager = tiny(name)
+    eager.model.config._attn_implementation = "eager"
+    assert fp.structure(eager.model, inputs(eager)) == s
+
+
+def test_t5_heads_carry_their_column_of_the_position_bias_its_layers_share() -> None:
+    _, s, _ = model_and_structure("t5")
+    names = s["encoder.block"].names
+    assert "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight" in names
+    assert {n.split(".")[2] for n in names} == {"0", "1"}  # both layers' heads: one bias for the stack
+    assert not any("relative_attention_bias" in n for g in s.values() if g.kind == "channels" for n in g.names)
+
+
+def test_a_model_that_builds_a_cache_unless_told_is_analyzed_with_its_ids_alone() -> None:
+    t = tiny("granitemoe")
+    ids = t.args[0]  # no use_cache=False: GraniteMoE's forward takes it through **kwargs only
+    s = fp.structure(t.model, ids)
+    assert s["model.layers.0.block_sparse_moe"].kind == "experts"
+    masks = fp.structured(s, fp.LnStructured(1, n=2), scope="group")(dict(t.model.named_parameters()))
+    small = fp.shrink(t.model, masks, ids)
+    torch.testing.assert_close(
+        small(ids).logits, fp.functional_call_masked(t.model, dict(t.model.named_parameters()), masks, ids).logits
+    )
+    params, pruned = fp.oneshot(t.model, [{"input_ids": ids}], method="wanda", spec=fp.L1Unstructured(0.5))
+    assert pruned and all(int((~m).sum()) == m.numel() // 2 for m in pruned.values())
+
+
+def test_a_router_s_score_correction_bias_follows_its_experts_and_never_routes_to_a_removed_one() -> None:
+    t = tiny("deepseek_v3")
+    gate = t.model.get_submodule("model.layers.1.mlp.gate")
+    s = fp.structure(t.model, inputs(t))
+    masks = fp.structured(s.of_kinds("experts"), fp.LnStructured(1, n=2))(dict(t.model.named_parameters()))
+    (removed,) = [e for e in range(4) if not bool(masks["model.layers.1.mlp.gate.weight"][e].any())]
+    with torch.no_grad():  # a trained bias, large at the removed expert: it would be picked, were it not -inf there
+        gate.e_score_correction_bias.copy_(torch.linspace(-1.0, 1.0, 4))
+        gate.e_score_correction_bias[removed] = 5.0
+    small = shrunk(t, masks)
+    kept = [e for e in range(4) if e != removed]
+    assert torch.equal(small.get_submodule("model.layers.1.mlp.gate").e_score_correction_bias, gate.e_score_correction_bias[kept])
+
+
+def test_llama_with_24_of_32_heads_keeps_its_config_records_the_widths_and_reloads(tmp_path: Path) -> None:
+    # Llama-3.1-8B minus a quarter of its KV groups, narrowed: 32 heads of 4 in 8 KV groups on a hidden size of 128
+    config = __import__("transformers").LlamaConfig(
+        vocab_size=64, hidden_size=128, intermediate_size=64, num_hidden_layers=2, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=4,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = __import__("transformers").LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 64, (2, 6))
+    s = fp.structure(model, ids)
+    masks = fp.structured(s.of_kinds("kv_groups"), fp.LnStructured(2, n=2), scope="group")(dict(model.named_parameters()))
+    with pytest.warns(fp.ShrunkConfigWarning, match=r"not a multiple of the number of attention heads \(24\)"):
+        small: Any = fp.shrink(model, masks, ids)
+    assert small.config.num_attention_heads == 32 and "funcprune_shrunk" in small.config.to_dict()
+    assert small.model.layers[0].self_attn.o_proj.in_features == 24 * 4
+    small.save_pretrained(tmp_path)
+    again = fp.load_shrunk(tmp_path)
+    torch.testing.assert_close(again(ids).logits, small(ids).logits, atol=0, rtol=0)
