@@ -185,7 +185,9 @@ def structured(
     - The amount counts units: an ``int`` is a number of units, a ``float``
       a fraction of the units not yet entirely pruned, and ``sparsity=``
       the fraction of all units pruned after the call (earlier ones
-      included). Nothing pruned earlier is revived.
+      included). A unit is entirely pruned when every member's earlier
+      mask prunes all of its slice; a member without an earlier mask leaves
+      it unpruned. Nothing pruned earlier is revived.
     - ``scope="global"`` ranks the units of every selected group together
       (budgets differ per layer: non-uniform); ``scope="group"`` applies
       the amount within each group (uniform).

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 import pytest
 import torch
+from torch import nn
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -121,8 +122,9 @@ def test_kinds_select_the_groups() -> None:
 
 def test_sparsity_counts_earlier_units_and_nothing_is_revived() -> None:
     structure, params = fused()
-    earlier = {"up": torch.ones(5, 4, dtype=torch.bool), "qkv": torch.rand(4, 18) > 0.2}
-    earlier["up"][3] = False  # channel 3 entirely pruned in one member: not eligible again
+    earlier = {"up": torch.ones(5, 4, dtype=torch.bool), "up_b": torch.ones(5, dtype=torch.bool),
+               "down": torch.ones(4, 5, dtype=torch.bool), "qkv": torch.rand(4, 18) > 0.2}  # fmt: skip
+    earlier["up"][3], earlier["up_b"][3], earlier["down"][:, 3] = False, False, False  # channel 3: not eligible again
     masks = fp.structured(structure, fp.LnStructured(sparsity=0.5, n=2))(params, earlier)
     units = int((~masks["down"].all(0)).sum()) + int((~masks["out"].all(1)).sum()) // 2
     assert units == 4 and not bool(masks["down"][:, 3].any())
@@ -248,3 +250,45 @@ def test_a_structure_pickles_and_copies() -> None:
     structure, _ = fused()
     for again in (pickle.loads(pickle.dumps(structure)), copy.deepcopy(structure), copy.copy(structure)):
         assert again == structure and list(again) == list(structure)
+
+
+# --- earlier masks over some members only (issue 36, item 1) ---------------------------------------
+
+
+def mlp_and_rows_pruned() -> tuple[nn.Sequential, dict[str, Tensor], Tensor, dict[str, Tensor]]:
+    """An MLP 8 -> 16 -> 4 (float64) and a Plan's masks that prune the rows of 4 hidden channels only."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).double()
+    params: dict[str, Tensor] = dict(model.named_parameters())
+    rows = fp.Plan({"0.weight": fp.LnStructured(4, n=2, dim=0)})(params)
+    return model, params, torch.randn(3, 8, dtype=torch.float64), rows
+
+
+def test_a_member_without_an_earlier_mask_leaves_its_units_alive() -> None:
+    """The rows of 4 channels pruned, but not their biases or the next layer's columns: those
+    channels are still alive, so amount 0 changes nothing and a fraction counts all 16."""
+    model, params, x, rows = mlp_and_rows_pruned()
+    structure = fp.structure(model, x)
+    same = fp.structured(structure, fp.LnStructured(0, n=2))(params, rows)
+    assert torch.equal(same["0.weight"], rows["0.weight"])
+    assert same["0.bias"].all() and same["2.weight"].all()
+    with torch.no_grad():
+        assert torch.equal(fp.functional_call_masked(model, params, same, (x,)),
+                           fp.functional_call_masked(model, params, rows, (x,)))  # fmt: skip
+    half = fp.structured(structure, fp.LnStructured(0.5, n=2))(params, rows)
+    gone = ~half["2.weight"].any(0)
+    assert int(gone.sum()) == 8  # round(0.5 * 16), not 4 + round(0.5 * 12)
+    assert torch.equal(~half["0.bias"], gone) and torch.equal(~half["0.weight"].any(1), gone | ~rows["0.weight"].any(1))
+    scores = {"0.weight": params["0.weight"] * rows["0.weight"], "0.bias": params["0.bias"], "2.weight": params["2.weight"]}
+    unit = torch.cat([scores["0.weight"], scores["0.bias"][:, None], scores["2.weight"].T], 1).double().norm(dim=1)
+    assert torch.equal(gone, unit <= unit.sort().values[7])  # the 8 smallest norms of the units as pruned
+
+
+def test_a_unit_is_dead_only_when_every_member_prunes_it() -> None:
+    model, params, x, rows = mlp_and_rows_pruned()
+    structure = fp.structure(model, x)
+    dead = ~rows["0.weight"].any(1)
+    earlier = dict(rows, **{"0.bias": ~dead, "2.weight": (~dead).expand(4, 16).clone()})
+    half = fp.structured(structure, fp.LnStructured(0.5, n=2))(params, earlier)
+    gone = ~half["2.weight"].any(0)
+    assert int(gone.sum()) == 4 + round(0.5 * 12) and bool(gone[dead].all())
