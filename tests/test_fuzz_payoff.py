@@ -37,12 +37,23 @@ FUNCPRUNE_FUZZ_CASES=1 python -m pytest tests/test_fuzz_payoff.py``;
    an empty dim; earlier masks are bool or float, sometimes pruning a whole
    slice.
 
+3. Units plans and channel shuffles through :func:`fp.shrink`, in float64
+   (issue 36): random models of ``tests/_random_nets.py`` (MLPs and CNNs
+   with residual adds, concatenations, channel shuffles, chunks, depthwise
+   convolutions, BatchNorm). Random rows pruned: the shrunk model equals
+   the model masked by the closure to 1e-10 of the largest output, on the
+   example inputs and others. Then one or two :func:`fp.structured` plans
+   (the second on top of the first): ``propagate`` adds nothing to their
+   masks, the shrunk model equals the model masked by them to 1e-10,
+   exactly the pruned parameters are gone, and nothing warns.
+
 Each part ends with checks of the fuzzer itself: it meets what it should,
 and it fails on a deliberately wrong result (a mutation).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import random
@@ -54,11 +65,13 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import settings
 from torch import nn
 from torch.nn.utils import parametrizations
 
 import funcprune as fp
 from _differential import case_seeds, one_thread, random_values
+from _random_nets import random_net
 
 Tensor = torch.Tensor
 
@@ -1142,3 +1155,137 @@ def test_the_references_catch_a_wrong_mask(monkeypatch: pytest.MonkeyPatch) -> N
         else:
             assert not hits, f"seed={seed}: a wrong NM mask went unnoticed"
     assert caught >= 2, caught
+
+
+# === part 3: units plans and channel shuffles through shrink, in float64 (issue 36) ===================
+
+#: Cases of part 3 in the default run (5 times as many under the ci profile): about 0.2 s each.
+UNITS_CASES = max(1, round(24 * settings().max_examples / 60))
+#: Seeds of part 3 (found by ``FUNCPRUNE_FUZZ_CASES=400``) whose case meets a known bug, run in every run,
+#: expected to fail until it is fixed.
+UNITS_FINDINGS: dict[int, str] = {
+    205: "issue 36 item 5: a residual add of the model's input (chunked) with a layer's outputs: structure "
+         "lists those channels as units, shrink must keep them (its output check finds it)",
+    401: "issue 36 item 5: the same, in a conv net (a chunk of the input, then a residual conv)",
+}  # fmt: skip
+#: The float64 tolerance of part 3, relative to the reference's largest magnitude.
+UNITS_RTOL = 1e-10
+
+
+def assert_float64_close(got: Tensor, want: Tensor, what: str) -> None:
+    scale = float(want.abs().max()) if want.numel() else 0.0
+    worst = float((got - want).abs().max()) if want.numel() else 0.0
+    assert got.shape == want.shape and worst <= UNITS_RTOL * max(scale, 1e-300), f"{what}: off by {worst:.3g} of {scale:.3g}"
+
+
+def row_masks(rng: random.Random, model: nn.Module) -> dict[str, Tensor]:
+    """Random masks: whole output rows of most weights (their bias entries mostly too), and random entries."""
+    params = dict(model.named_parameters())
+    masks: dict[str, Tensor] = {}
+    for name, param in params.items():
+        if param.dim() < 2 or rng.random() < 0.2:
+            continue
+        rows = [r for r in range(param.shape[0]) if rng.random() < rng.choice([0.25, 0.5, 0.75, 1.0])]
+        mask = torch.ones(param.shape, dtype=torch.bool)
+        mask[rows] = False
+        if rng.random() < 0.3:
+            g = torch.Generator().manual_seed(rng.randrange(2**31))
+            mask &= torch.rand(param.shape, generator=g) > 0.2
+        masks[name] = mask
+        bias = params.get(f"{name.rpartition('.')[0]}.bias")
+        if bias is not None and rng.random() < 0.7:
+            masks[f"{name.rpartition('.')[0]}.bias"] = torch.ones(bias.shape, dtype=torch.bool).index_fill_(
+                0, torch.tensor(rows, dtype=torch.long), False
+            )
+    return masks
+
+
+def shrunk_and_closure(model: nn.Module, masks: Mapping[str, Tensor], x: Tensor) -> tuple[nn.Module, dict[str, Tensor], list[str]]:
+    """``shrink`` and ``propagate`` (one analysis each), and the KeptChannelsWarnings they gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        closure = fp.propagate(model, masks, x)
+        small = fp.shrink(model, masks, x).eval()
+    for w in caught:
+        if not issubclass(w.category, fp.KeptChannelsWarning):
+            raise AssertionError(f"an unexpected {w.category.__name__}: {w.message}")  # noqa: TRY004 - a test failure
+    return small, closure, [str(w.message) for w in caught]
+
+
+def run_units_case(seed: int) -> str:
+    """One random model: random row masks, then units plans, through propagate and shrink."""
+    rng = random.Random(f"funcprune-units-shrink-{seed}")
+    plan, model, x, other = random_net(rng)
+    params = dict(model.named_parameters())
+    case = f"seed={seed}: {plan!r}"
+    # random rows: the shrunk model computes the model masked by the closure, which never revives
+    masks = row_masks(rng, model)
+    small, closure, warned = shrunk_and_closure(model, masks, x)
+    what = f"{case}\n  masks {describe_masks(masks)}"
+    for name, mask in masks.items():
+        assert not bool((closure[name] & ~mask).any()), f"{what}: the closure revives {name}"
+    with torch.no_grad():
+        for inputs in (x, other):
+            assert_float64_close(small(inputs), fp.functional_call_masked(model, params, closure, (inputs,)), what)
+    # units plans: what their masks say is exactly what goes
+    structure = fp.structure(model, x)
+    if not structure:
+        return "no units"
+    masks = {}
+    for _ in range(rng.choice([1, 1, 2])):  # a second plan on top of the first's masks, now and then
+        spec = fp.LnStructured(rng.choice([0.25, 0.5, 0.75]), n=rng.choice([1, 2, math.inf]))
+        scope, normalize = rng.choice(["global", "group"]), rng.choice([None, "mean"])
+        try:
+            masks = fp.structured(structure, spec, scope=scope, normalize=normalize)(params, masks)  # type: ignore[arg-type]
+        except ValueError as e:  # more than can go: each group keeps one
+            assert "each group keeps one" in str(e), e
+            break
+        case += f"\n  {structure!r} {spec!r} scope={scope} normalize={normalize}"
+    if not masks:
+        return "too many"
+    small, closure, warned = shrunk_and_closure(model, masks, x)
+    what = f"{case}\n  masks {describe_masks(masks)}"
+    assert not warned, f"{what}: {warned}"
+    assert closure.keys() == masks.keys() and all(torch.equal(closure[k], masks[k]) for k in masks), (
+        f"{what}: propagate adds {[k for k in closure if k not in masks or not torch.equal(closure[k], masks[k])]}"
+    )
+    with torch.no_grad():
+        for inputs in (x, other):
+            assert_float64_close(small(inputs), fp.functional_call_masked(model, params, masks, (inputs,)), what)
+    removed = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in small.parameters())
+    pruned = sum(int((~m).sum()) for m in masks.values())
+    assert removed == pruned, f"{what}: {removed} parameters went, the masks prune {pruned}"
+    return f"ok: {removed} removed"
+
+
+#: What each case of part 3 gave.
+UNITS_OUTCOMES: dict[int, str] = {}
+
+
+@pytest.mark.parametrize("seed", seeds_with_findings(UNITS_CASES, UNITS_FINDINGS))
+def test_units_plans_and_shuffles_shrink_exactly_in_float64(seed: int) -> None:
+    """Random rows: shrunk == closure-masked to 1e-10; units plans: the closure is the masks, shrunk ==
+    masked by them, exactly the pruned parameters gone, no warning."""
+    UNITS_OUTCOMES[seed] = "failed"
+    UNITS_OUTCOMES[seed] = run_units_case(seed)
+
+
+def test_the_units_fuzzer_removes_units_and_catches_a_plan_that_empties_a_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Most cases remove units; with a plan that may prune a whole group (item 3's bug), a case fails."""
+    for param in case_seeds(UNITS_CASES)[:8]:
+        if param.values[0] not in UNITS_OUTCOMES:
+            with contextlib.suppress(AssertionError):
+                UNITS_OUTCOMES[param.values[0]] = "failed"
+                UNITS_OUTCOMES[param.values[0]] = run_units_case(param.values[0])
+    outcomes = [o for seed, o in UNITS_OUTCOMES.items() if seed not in UNITS_FINDINGS]
+    assert 2 * sum(o.startswith("ok") and o != "ok: 0 removed" for o in outcomes) >= len(outcomes), outcomes
+    from funcprune._specs import _channels
+    from funcprune._structure import _plan
+
+    monkeypatch.setattr(_plan, "keep_units", lambda *a, **k: _channels.keep_units(*a))
+    for seed in range(60):
+        try:
+            run_units_case(seed)
+        except AssertionError:
+            return
+    raise AssertionError("a plan emptying groups went unnoticed in 60 cases")

@@ -3,7 +3,12 @@
 - *Views* (view, reshape, transpose, permute, slice, cat, split, expand,
   index...) move entries without arithmetic: the op itself runs on the
   atom ids (:func:`view_ids`), so every entry keeps its atom wherever it
-  goes; dtype and device conversions keep them as they are.
+  goes; dtype and device conversions keep them as they are. The shrunk
+  model recomputes the sizes of reshapes and chunks from its own shapes:
+  a chunk into equal parts couples the atoms at one position of every
+  part, and a reshape that merges dims of varying atoms (or a split's dims
+  in another order: ``channel_shuffle``) couples those along the inner
+  merged dims (:func:`_reshaped`).
 - *Elementwise* ops couple the atoms that meet at one position (a residual
   ``add``, ``silu(gate) * up``). A parameter operand (a norm's weight, a
   bias) follows the atoms it meets: its entries go with them. A computed
@@ -98,7 +103,128 @@ def view_ids(walk: Walk, node: fx.Node, ids: Mapping[fx.Node, Tensor] | None = N
 
 
 def _view(walk: Walk, node: fx.Node) -> Any:
-    return view_ids(walk, node)
+    out = view_ids(walk, node)
+    packet = getattr(node.target, "overloadpacket", None)
+    source = node.args[0] if node.args else None
+    if isinstance(out, Tensor) and isinstance(source, fx.Node):
+        if packet in _RESHAPES:
+            _reshaped(walk, node, walk.ids_or_none(source), out)
+        else:
+            _carry_splits(walk, node, source)
+    elif packet in _SPLITS and isinstance(out, (list, tuple)):
+        _parts_alike(walk, node, [p for p in out if isinstance(p, Tensor)])
+    return out
+
+
+#: Reshapes: the shrunk model recomputes their sizes from its shapes (``x.view(b, groups, -1, h, w)``).
+_RESHAPES: frozenset[object] = frozenset({aten.view, aten.reshape, aten._unsafe_view, aten.view_copy, aten.flatten})
+#: Splits into parts: ``chunk(k)`` recomputes the parts' sizes from the shrunk shape.
+_SPLITS: frozenset[object] = frozenset({aten.split, aten.chunk, aten.unbind})
+#: ``node.meta`` key: the dims of a node's value that a reshape split from one dim carrying atoms, in order.
+_SPLIT_DIMS = "funcprune_split_dims"
+
+
+def _reshaped(walk: Walk, node: fx.Node, ids: Tensor, out: Tensor) -> None:
+    """A reshape that merges dims carrying atoms: what goes must be whole slices of the outermost one.
+
+    ShuffleNet's ``channel_shuffle`` splits the channels into ``(groups, n)``,
+    transposes and merges them back: the shrunk model splits its own count
+    into ``groups`` again, so each group must lose the same channels, and
+    the merge keeps the order only if what goes is whole slices of the outer
+    merged dim. Where a merge is of dims along which the atoms vary, or of a
+    split's dims in another order, the atoms along the inner merged dims are
+    coupled (those in a slice with entries of no atom, which stay, blocked).
+    Heads merged back after attention are coupled within each head already.
+    """
+    source = node.args[0]
+    splits = source.meta.get(_SPLIT_DIMS, ()) if isinstance(source, fx.Node) else ()
+    born: list[tuple[int, ...]] = []
+    for before, after in _runs(tuple(ids.shape), tuple(out.shape)):
+        if len(before) == 1 and len(after) > 1 and _varies(ids, before[0]):
+            born.append(tuple(after))
+        if len(before) < 2:
+            continue
+        varying = [d for d in before if _varies(ids, d)]
+        permuted = any(set(g) <= set(before) and list(g) != sorted(g) for g in splits)
+        inner = before[1:] if permuted else varying[1:]
+        if inner:
+            _couple_whole(walk, ids, inner, f"{describe(node)} merges them with a size the shrunk model recomputes")
+    node.meta[_SPLIT_DIMS] = tuple(born)
+
+
+def _varies(ids: Tensor, dim: int) -> bool:
+    n = ids.shape[dim]
+    return n > 1 and bool((ids.narrow(dim, 1, n - 1) != ids.narrow(dim, 0, n - 1)).any())
+
+
+def _runs(before: tuple[int, ...], after: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+    """The dims (of size > 1) of ``before`` and of ``after`` that hold the same entries, run by run, in a reshape."""
+    if 0 in before:
+        return []
+    a = [(d, n) for d, n in enumerate(before) if n > 1]
+    b = [(d, n) for d, n in enumerate(after) if n > 1]
+    runs: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        dims, size, outs, target = [a[i][0]], a[i][1], [b[j][0]], b[j][1]
+        while size != target:
+            if size < target and i + 1 < len(a):
+                i += 1
+                dims.append(a[i][0])
+                size *= a[i][1]
+            elif size > target and j + 1 < len(b):
+                j += 1
+                outs.append(b[j][0])
+                target *= b[j][1]
+            else:
+                return runs  # the sizes do not match: no reshape
+        runs.append((dims, outs))
+        i, j = i + 1, j + 1
+    return runs
+
+
+def _carry_splits(walk: Walk, node: fx.Node, source: fx.Node) -> None:
+    """Where a transpose, a permute or a copy puts the dims a reshape split (for :func:`_reshaped`)."""
+    splits = source.meta.get(_SPLIT_DIMS)
+    value = walk.values.get(source)
+    if not splits or not isinstance(value, Tensor):
+        return
+    n = value.dim()
+    packet = getattr(node.target, "overloadpacket", None)
+    args = walk.value(node.args)
+    order = list(range(n))
+    if packet in (aten.transpose, aten.swapaxes) and len(args) == 3:
+        a, b = args[1] % n, args[2] % n
+        order[a], order[b] = order[b], order[a]
+    elif packet is aten.permute and len(args) == 2:
+        order = [d % n for d in args[1]]
+    elif packet is aten.t and n == 2:
+        order = [1, 0]
+    elif packet not in (aten.contiguous, aten.clone, aten.alias, aten.detach, aten.lift_fresh_copy):
+        return
+    where = {old: new for new, old in enumerate(order)}
+    node.meta[_SPLIT_DIMS] = tuple(tuple(where[d] for d in g) for g in splits)
+
+
+def _parts_alike(walk: Walk, node: fx.Node, parts: Sequence[Tensor]) -> None:
+    """``chunk``/``split`` into equal parts along dims that carry atoms: the shrunk model cuts its own
+    shape into as many equal parts, so each part must lose the same: the atoms at one position of every
+    part are coupled (and blocked beside entries of no atom, which stay)."""
+    if len(parts) < 2 or any(p.shape != parts[0].shape for p in parts):
+        return
+    stacked = torch.stack(list(parts), 0)
+    if bool((stacked >= 0).any()):
+        _couple_whole(walk, stacked, [0], f"{describe(node)} cuts them into parts the shrunk model recomputes")
+
+
+def _couple_whole(walk: Walk, ids: Tensor, dims: Sequence[int], why: str) -> None:
+    """Couple the atoms of ``ids`` that differ only along ``dims``; block those that share such a line with no atom."""
+    moved = ids.movedim(list(dims), list(range(ids.dim() - len(dims), ids.dim())))
+    rows = moved.reshape(-1, math.prod(moved.shape[moved.dim() - len(dims):]))
+    mixed = rows[(rows < 0).any(1) & (rows >= 0).any(1)]
+    if mixed.numel():
+        walk.atoms.block(mixed, f"{why}, beside entries that stay")
+    walk.atoms.couple_along(ids, dims, why)
 
 
 def _conversion(walk: Walk, node: fx.Node) -> Any:

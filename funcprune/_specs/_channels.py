@@ -12,14 +12,16 @@ same checks, normalization and expansion.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal, NamedTuple, Optional, Union
 
 import torch
 
-from .._types import Mask, Tensor
+from .._select import keep, resolve_count
+from .._types import Count, Mask, Tensor
 from .._validate import validate_dim_range, validate_structured
-from ._kernels import check_matrix_norm, unpruned_units
+from ._kernels import _rand, check_matrix_norm, unpruned_count, unpruned_units
 from ._spec import Spec, checked_mask
 from ._torch_specs import (
     L1Unstructured,
@@ -91,15 +93,19 @@ def normalized(norms: Tensor, eligible: Mask, normalize: Normalize) -> Tensor:
 
 
 def keep_units(
-    spec: StructuredSpec, keys: Sequence[Tensor], eligible: Sequence[Tensor | None], generator: torch.Generator | None
-) -> Tensor:
+    spec: StructuredSpec, keys: Sequence[Tensor], eligible: Sequence[Tensor | None], generator: torch.Generator | None,
+    *, each_keeps_one: bool = False,
+) -> Tensor:  # fmt: skip
     """One exact selection over units' keys (non-negative norms, or NaN), joined: which units stay.
 
     ``eligible`` (per part, ``None``: all) says which units an earlier mask
     left. Norms are >= 0 (or NaN), so L1's ranking is theirs: an exact
     count, ties to the lower unit, NaN pruned last; ``RandomStructured``
-    draws units.
+    draws units. With ``each_keeps_one``, each part keeps one of the units
+    it has left (:func:`_keep_leaving_one`).
     """
+    if each_keeps_one:
+        return _keep_leaving_one(spec, keys, eligible, generator)
     joined = torch.cat(list(keys))
     alive = None
     if any(e is not None for e in eligible):
@@ -113,6 +119,55 @@ def keep_units(
     else:
         flat = L1Unstructured(spec.amount, sparsity=spec.sparsity)
     return checked_mask(flat, joined.detach(), alive, generator)
+
+
+def _keep_leaving_one(
+    spec: StructuredSpec, keys: Sequence[Tensor], eligible: Sequence[Tensor | None], generator: torch.Generator | None
+) -> Tensor:
+    """:func:`keep_units`, but no part loses the last unit it has left: the count stays exact.
+
+    The amount counts every unit left, as without the rule; each part's
+    unit that the selection would prune last (the largest key, NaN above
+    all, ties to the later unit) is set aside, and the count goes among the
+    others: the same units as the plain selection, except that where it
+    would empty a part, that part's best unit stays and the next unit in
+    the order goes instead. ``RandomStructured`` draws one number per unit
+    (a random order) and ranks by it. A count larger than the units that
+    can go raises ``ValueError`` (eagerly; under a transform it is capped).
+    """
+    sizes = [k.shape[-1] for k in keys]
+    joined = torch.cat(list(keys)).detach()
+    if isinstance(spec, RandomStructured):
+        joined = _rand(joined.shape[-1], generator, torch.float64, joined.device)
+    parts = torch.split(joined, sizes, -1)
+    alive = torch.cat([
+        torch.ones(k.shape, dtype=torch.bool, device=k.device) if e is None else e
+        for k, e in zip(parts, eligible, strict=True)
+    ], -1)  # fmt: skip
+    last = torch.cat([_last_to_go(k, e) for k, e in zip(parts, eligible, strict=True)], -1)
+    total = joined.shape[-1]
+    unpruned = unpruned_count(joined, alive, total)
+    count: Count = resolve_count(spec.target, unpruned, total)
+    free = alive & ~last
+    available = unpruned_count(joined, free, total)
+    if isinstance(count, int) and isinstance(available, int):
+        if count > available:
+            raise ValueError(
+                f"{count} of the {unpruned} units left would go, but each group keeps one of its units "
+                f"(shrink keeps a channel on each side of a layer): at most {available} can go"
+            )
+    else:
+        count = torch.clamp(torch.as_tensor(count), max=available)
+    return keep(joined, count, free) | last
+
+
+def _last_to_go(keys: Tensor, eligible: Tensor | None) -> Tensor:
+    """Flags the unit left (``eligible``) that a selection would prune last: the largest key, NaN above all,
+    ties to the later unit; no unit where none is left."""
+    ranked = keys if eligible is None else torch.where(eligible, keys, torch.full_like(keys, -math.inf))
+    last = torch.sort(ranked, dim=-1, stable=True).indices.narrow(-1, keys.shape[-1] - 1, 1)
+    flags = torch.arange(keys.shape[-1], device=keys.device) == last
+    return flags if eligible is None else flags & eligible
 
 
 def keep_channels(

@@ -189,8 +189,13 @@ def _maxima(group: UnitGroup, pieces: Sequence[Piece], how: str | None, n: float
             continue
         part, kept, first = span
         d, w = piece.member.dim, piece.member.width
-        if kept is not None and got.alive is not None:
-            got.alive = torch.maximum(got.alive, _flag(kept, d, first, size, w))
+        if got.alive is not None:  # a member without an earlier mask leaves every unit it spans alive
+            if kept is not None:
+                flags = _flag(kept, d, first, size, w)
+            else:
+                every = torch.ones(part.shape[d], dtype=torch.float64, device=part.device)
+                flags = _to_units(every, first, size, w, "max")
+            got.alive = torch.maximum(got.alive, flags)
         if got.nan is None or got.top is None:
             continue
         if how == "sum" and not _fast(n):  # any other order: every term computed (rare orders, slower)

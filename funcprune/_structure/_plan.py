@@ -152,9 +152,9 @@ def _select(
     fn: str, spec: StructuredSpec, keys: Sequence[Tensor], eligible: Sequence[Tensor | None],
     generator: torch.Generator | None, what: str,
 ) -> Tensor:  # fmt: skip
-    """One exact selection over the units' keys: which units stay."""
+    """One exact selection over the units' keys: which units stay (each group keeps one, as shrink does)."""
     try:
-        return keep_units(spec, keys, eligible, generator)
+        return keep_units(spec, keys, eligible, generator, each_keeps_one=True)
     except (TypeError, ValueError) as e:
         raise type(e)(f"{fn}: cannot prune {what} with {spec!r}: {e}") from e
 
@@ -185,13 +185,21 @@ def structured(
     - The amount counts units: an ``int`` is a number of units, a ``float``
       a fraction of the units not yet entirely pruned, and ``sparsity=``
       the fraction of all units pruned after the call (earlier ones
-      included). Nothing pruned earlier is revived.
+      included). A unit is entirely pruned when every member's earlier
+      mask prunes all of its slice; a member without an earlier mask leaves
+      it unpruned. Nothing pruned earlier is revived.
     - ``scope="global"`` ranks the units of every selected group together
       (budgets differ per layer: non-uniform); ``scope="group"`` applies
       the amount within each group (uniform).
+    - Each group keeps one of its units (``shrink`` keeps a channel on each
+      side of every layer): the unit it would lose last stays, and the next
+      unit in the order goes instead. So the masks are exactly what
+      ``shrink`` removes (given no earlier masks, or those of units plans
+      over the same structure): ``propagate`` adds nothing to them.
     - Exactly the count asked for goes; ties go to the earlier unit (groups
-      in order, then units); NaN scores are pruned last. Under ``vmap``
-      it runs per sample, as the other plans do.
+      in order, then units); NaN scores are pruned last. A count larger
+      than the units that can go raises ``ValueError`` (under ``vmap`` it
+      is capped). Under ``vmap`` it runs per sample, as the other plans do.
     - Norms are float64, and each unit's sum of ``|x| ** n`` is added up
       order-free (every term rounded to a quantum of the unit's largest
       term times its entry count over ``2**50``), so they are the same
@@ -231,8 +239,9 @@ def structured(
             norm, ``normalize`` with a random spec, or a structure with no
             group of those kinds. When the plan is called: a ``KeyError`` if a
             member names no parameter, a ``ValueError`` if a member does not
-            fit its parameter or an ``int`` amount exceeds the unpruned
-            units; ``NotImplementedError`` for DTensor members on different
+            fit its parameter, an ``int`` amount exceeds the unpruned
+            units, or the count exceeds the units that can go (each group
+            keeps one); ``NotImplementedError`` for DTensor members on different
             meshes or in a layout funcprune does not support (``Partial``).
 
     >>> import torch, funcprune as fp

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import operator
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
@@ -961,3 +962,110 @@ def test_random_channel_masks_on_a_residual_cnn_give_equal_outputs(
     gone = masks["stem.weight"].flatten(1).any(1) | masks["conv2.weight"].flatten(1).any(1)
     assert small.stem.out_channels == max(1, int(gone.sum()))
     assert small.conv1.out_channels == max(1, int(masks["conv1.weight"].flatten(1).any(1).sum()))
+
+
+# --- channel shuffles, chunks and a check to rounding (issue 36, item 6) ----------------------------------
+
+
+def test_a_shufflenet_shrinks_to_the_masked_model_to_float64_rounding() -> None:
+    """torchvision's ShuffleNet v2 (``tests/_models.py``): ``chunk`` and ``channel_shuffle`` (a view into
+    2 groups, a transpose, a view back) recompute their sizes from the shrunk shapes, so only channels
+    that go alike from both halves can go. Before, the halves lost different channels and the shrunk
+    model read them in other places: 8e-5 off (relative), within the check's rtol of 1e-4."""
+    from _models import shufflenet
+
+    model, x = shufflenet()
+    params = params_of(model)
+    masks = fp.Plan({n: fp.LnStructured(0.3, n=2, dim=0) for n, p in params.items() if p.dim() > 1})(params)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        closure = fp.propagate(model, masks, x)
+        small = fp.shrink(model, masks, x).eval()
+    for inputs in (x, image(2, 32, seed=2).double()):
+        with torch.no_grad():
+            want = fp.functional_call_masked(model, params, closure, (inputs,))
+            got = small(inputs)
+        assert float((got - want).abs().max()) <= 1e-12 * float(want.abs().max())
+    assert count(small) < 0.8 * count(model)  # the channels inside each branch go
+    reasons = " ".join(str(w.message) for w in caught)
+    assert "changes the model's outputs" not in reasons  # the analysis knew, no output check had to find it
+    assert "merges them with a size the shrunk model recomputes" in reasons
+
+
+class ShuffleAndSplit(nn.Module):
+    """Two convs, concatenated, shuffled and chunked: the two halves go alike or not at all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 4, 1)
+        self.c, self.d = nn.Conv2d(4, 3, 1), nn.Conv2d(4, 3, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        from _models import channel_shuffle
+
+        h = channel_shuffle(torch.cat([self.a(x), self.b(x)], 1), 2)
+        left, right = h.chunk(2, dim=1)
+        out: Tensor = self.c(left) + self.d(right)
+        return out
+
+
+@pytest.mark.parametrize(
+    ("rows", "removed"),
+    [
+        # shuffled: a0 b0 a1 b1 | a2 b2 a3 b3, chunked at |: {a0, b0, a2, b2} and {a1, b1, a3, b3} go whole
+        ({"a.weight": [0, 2], "b.weight": [0, 2]}, 4),
+        ({"a.weight": [0], "b.weight": [1]}, 0),  # the shuffle's groups would lose different channels
+        ({"a.weight": [0, 1], "b.weight": [0, 1]}, 0),  # alike in the shuffle, but not in the chunk's halves
+        ({"a.weight": [0, 1, 2, 3], "b.weight": [0, 1, 2, 3]}, 4),  # each layer keeps a channel: its group stays
+    ],
+)  # fmt: skip
+def test_a_channel_shuffle_and_a_chunk_remove_alike_halves(rows: dict[str, list[int]], removed: int) -> None:
+    model = seeded(ShuffleAndSplit()).double()
+    masks = channel_masks(model, rows)
+    x = image(2, 4).double()
+    with warnings_of(KeptChannelsWarning) as caught:
+        small = fp.shrink(model, masks, x).eval()
+        closure = fp.propagate(model, masks, x)
+    with torch.no_grad():
+        want = fp.functional_call_masked(model, params_of(model), closure, (x,))
+        torch.testing.assert_close(small(x), want, rtol=1e-12, atol=1e-12)
+    gone = (model.a.out_channels - layer(small, "a", nn.Conv2d).out_channels) + (
+        model.b.out_channels - layer(small, "b", nn.Conv2d).out_channels
+    )
+    assert gone == removed
+    assert all("changes the model's outputs" not in str(w.message) for w in caught)
+
+
+@contextlib.contextmanager
+def warnings_of(category: type[Warning]) -> Iterator[list[warnings.WarningMessage]]:
+    """Record the warnings of ``category`` (others stay errors)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("error")
+        warnings.simplefilter("always", category)
+        yield caught
+
+
+class ReadsTheWidth(nn.Module):
+    """Adds a millionth of the hidden width to the outputs: the shrunk model is off by a millionth per
+    channel removed, within the check's old ``rtol=1e-4``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.fc1(x))
+        out: Tensor = self.fc2(h) + 1e-6 * h.shape[1]
+        return out
+
+
+def test_in_float64_the_check_finds_a_difference_of_a_millionth() -> None:
+    model = seeded(ReadsTheWidth()).double()
+    masks = channel_masks(model, {"fc1.weight": [0, 1]})
+    x = torch.randn(3, 4, dtype=torch.float64)
+    with pytest.warns(KeptChannelsWarning, match=r"'fc1' keeps 2 \(removing them changes the model's outputs"):
+        small = fp.shrink(model, masks, x).eval()
+    with torch.no_grad():
+        want = fp.functional_call_masked(model, params_of(model), masks, (x,))
+        torch.testing.assert_close(small(x), want, rtol=1e-12, atol=1e-12)
+    assert count(small) == count(model)
