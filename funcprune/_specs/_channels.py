@@ -94,18 +94,19 @@ def normalized(norms: Tensor, eligible: Mask, normalize: Normalize) -> Tensor:
 
 def keep_units(
     spec: StructuredSpec, keys: Sequence[Tensor], eligible: Sequence[Tensor | None], generator: torch.Generator | None,
-    *, each_keeps_one: bool = False,
+    *, least: Sequence[int] | None = None,
 ) -> Tensor:  # fmt: skip
     """One exact selection over units' keys (non-negative norms, or NaN), joined: which units stay.
 
     ``eligible`` (per part, ``None``: all) says which units an earlier mask
     left. Norms are >= 0 (or NaN), so L1's ranking is theirs: an exact
     count, ties to the lower unit, NaN pruned last; ``RandomStructured``
-    draws units. With ``each_keeps_one``, each part keeps one of the units
-    it has left (:func:`_keep_leaving_one`).
+    draws units. With ``least`` (one count per part), each part keeps that
+    many of the units it has left, or all of them where it has fewer
+    (:func:`_keep_leaving`).
     """
-    if each_keeps_one:
-        return _keep_leaving_one(spec, keys, eligible, generator)
+    if least is not None:
+        return _keep_leaving(spec, keys, eligible, generator, least)
     joined = torch.cat(list(keys))
     alive = None
     if any(e is not None for e in eligible):
@@ -121,17 +122,18 @@ def keep_units(
     return checked_mask(flat, joined.detach(), alive, generator)
 
 
-def _keep_leaving_one(
-    spec: StructuredSpec, keys: Sequence[Tensor], eligible: Sequence[Tensor | None], generator: torch.Generator | None
-) -> Tensor:
-    """:func:`keep_units`, but no part loses the last unit it has left: the count stays exact.
+def _keep_leaving(
+    spec: StructuredSpec, keys: Sequence[Tensor], eligible: Sequence[Tensor | None], generator: torch.Generator | None,
+    least: Sequence[int],
+) -> Tensor:  # fmt: skip
+    """:func:`keep_units`, but no part keeps fewer than its ``least`` units (of those left): the count stays exact.
 
     The amount counts every unit left, as without the rule; each part's
-    unit that the selection would prune last (the largest key, NaN above
-    all, ties to the later unit) is set aside, and the count goes among the
-    others: the same units as the plain selection, except that where it
-    would empty a part, that part's best unit stays and the next unit in
-    the order goes instead. ``RandomStructured`` draws one number per unit
+    ``least`` units that the selection would prune last (the largest keys,
+    NaN above all, ties to the later unit) are set aside, and the count goes
+    among the others: the same units as the plain selection, except that
+    where it would leave a part too few, that part's best units stay and the
+    next units in the order go instead. ``RandomStructured`` draws one number per unit
     (a random order) and ranks by it. A count larger than the units that
     can go raises ``ValueError`` (eagerly; under a transform it is capped).
     """
@@ -144,7 +146,7 @@ def _keep_leaving_one(
         torch.ones(k.shape, dtype=torch.bool, device=k.device) if e is None else e
         for k, e in zip(parts, eligible, strict=True)
     ], -1)  # fmt: skip
-    last = torch.cat([_last_to_go(k, e) for k, e in zip(parts, eligible, strict=True)], -1)
+    last = torch.cat([_last_to_go(k, e, n) for k, e, n in zip(parts, eligible, least, strict=True)], -1)
     total = joined.shape[-1]
     unpruned = unpruned_count(joined, alive, total)
     count: Count = resolve_count(spec.target, unpruned, total)
@@ -153,20 +155,22 @@ def _keep_leaving_one(
     if isinstance(count, int) and isinstance(available, int):
         if count > available:
             raise ValueError(
-                f"{count} of the {unpruned} units left would go, but each group keeps one of its units "
-                f"(shrink keeps a channel on each side of a layer): at most {available} can go"
+                f"{count} of the {unpruned} units left would go, but each group keeps one of its units at "
+                "least (shrink keeps a channel on each side of a layer, and a router its top_k experts): at "
+                f"most {available} can go"
             )
     else:
         count = torch.clamp(torch.as_tensor(count), max=available)
     return keep(joined, count, free) | last
 
 
-def _last_to_go(keys: Tensor, eligible: Tensor | None) -> Tensor:
-    """Flags the unit left (``eligible``) that a selection would prune last: the largest key, NaN above all,
-    ties to the later unit; no unit where none is left."""
+def _last_to_go(keys: Tensor, eligible: Tensor | None, count: int = 1) -> Tensor:
+    """Flags the ``count`` units left (``eligible``) that a selection would prune last: the largest keys, NaN
+    above all, ties to the later unit; all of them where fewer are left."""
     ranked = keys if eligible is None else torch.where(eligible, keys, torch.full_like(keys, -math.inf))
-    last = torch.sort(ranked, dim=-1, stable=True).indices.narrow(-1, keys.shape[-1] - 1, 1)
-    flags = torch.arange(keys.shape[-1], device=keys.device) == last
+    n = keys.shape[-1]
+    last = torch.sort(ranked, dim=-1, stable=True).indices.narrow(-1, n - min(count, n), min(count, n))
+    flags = (torch.arange(n, device=keys.device).unsqueeze(-1) == last.unsqueeze(-2)).any(-1)
     return flags if eligible is None else flags & eligible
 
 

@@ -163,7 +163,13 @@ def _found(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]], excl
                 left_out[unit] = "its parameter slices are not laid out evenly, unit after unit"
             continue
         first = members[0]
-        found.append(((order[first.name], first.start), _module_of(members), UnitGroup(kind, len(units), members), tuple(units)))
+        least = max((analysis.least.get((m.tensor, m.dim), 1) for u in units for m in analysis.made[u]), default=1)
+        if least >= len(units):  # a router that routes each token to all of its experts
+            for unit in units:
+                left_out[unit] = f"all {len(units)} of them stay (each token goes to {least})"
+            continue
+        group = UnitGroup(kind, len(units), members, least)
+        found.append(((order[first.name], first.start), _module_of(members), group, tuple(units)))
     found.sort(key=lambda item: item[0])
     named = _named([(module, group) for _, module, group, _ in found])
     return _Found({name: (group, item[3]) for (name, group), item in zip(named.items(), found, strict=True)}, left_out)

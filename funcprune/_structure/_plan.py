@@ -115,10 +115,11 @@ class UnitPlan(AbstractPlan):
         eligible = [e for _, e in keyed]
         if self.scope == "global":
             total = sum(g.size for g in groups.values())
-            kept = _select(fn, self.spec, keys, eligible, generator, f"the {total} units of {len(groups)} groups jointly")
+            least = [g.least for g in groups.values()]
+            kept = _select(fn, self.spec, keys, eligible, least, generator, f"the {total} units of {len(groups)} groups jointly")
         else:
             kept = torch.cat([
-                _select(fn, self.spec, [k], [e], generator, f"the {g.size} {g.kind} of {name!r}")
+                _select(fn, self.spec, [k], [e], [g.least], generator, f"the {g.size} {g.kind} of {name!r}")
                 for (name, g), k, e in zip(groups.items(), keys, eligible, strict=True)
             ])  # fmt: skip
         split = torch.split(blocks.agreed(kept, self.spec), [g.size for g in groups.values()])
@@ -149,12 +150,12 @@ def _check_members(fn: str, name: str, group: UnitGroup, params: Params) -> None
 
 
 def _select(
-    fn: str, spec: StructuredSpec, keys: Sequence[Tensor], eligible: Sequence[Tensor | None],
+    fn: str, spec: StructuredSpec, keys: Sequence[Tensor], eligible: Sequence[Tensor | None], least: Sequence[int],
     generator: torch.Generator | None, what: str,
 ) -> Tensor:  # fmt: skip
-    """One exact selection over the units' keys: which units stay (each group keeps one, as shrink does)."""
+    """One exact selection over the units' keys: which units stay (each group keeps its ``least``, as shrink does)."""
     try:
-        return keep_units(spec, keys, eligible, generator, each_keeps_one=True)
+        return keep_units(spec, keys, eligible, generator, least=least)
     except (TypeError, ValueError) as e:
         raise type(e)(f"{fn}: cannot prune {what} with {spec!r}: {e}") from e
 

@@ -76,11 +76,15 @@ class UnitGroup:
         kind: ``"channels"``, ``"heads"``, ``"kv_groups"`` or ``"experts"``.
         size: how many units the group has.
         members: the parameter slices each unit spans (see :class:`Member`).
+        least: how many units must stay (``shrink`` keeps them whatever the
+            masks say): 1, since a layer keeps a channel on each side; a
+            router's ``top_k`` for experts. Plans over units never prune more.
     """
 
     kind: Kind
     size: int
     members: tuple[Member, ...]
+    least: int = 1
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -93,6 +97,9 @@ class UnitGroup:
         for member in self.members:
             if not isinstance(member, Member):
                 raise TypeError(f"UnitGroup: members must be Member values, got {member!r}")
+        _int("UnitGroup", "least", self.least, 1)
+        if self.least > self.size:
+            raise ValueError(f"UnitGroup: least must be at most size ({self.size}), got {self.least}")
 
     @property
     def names(self) -> tuple[str, ...]:

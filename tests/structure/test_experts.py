@@ -201,3 +201,31 @@ def test_bake_warns_that_it_still_routes_to_removed_experts() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fp.bake(t.model, {})
+
+
+@pytest.mark.parametrize("scope", ["global", "group"])
+def test_a_units_plan_leaves_each_router_its_top_k_experts(scope: str) -> None:
+    # 3 of 4 experts due, but each token goes to 2: the plan prunes 2 per layer (the next units in the order go
+    # instead, where there are), and shrink removes exactly what it prunes
+    t, s = model_and_structure("mixtral")
+    experts = s.of_kinds("experts")
+    assert {g.least for g in experts.values()} == {2}
+    params = dict(t.model.named_parameters())
+    with pytest.raises(ValueError, match=r"each group keeps one of its units at least .* top_k experts\): at most 4"):
+        fp.structured(experts, fp.LnStructured(0.75, n=2), scope=scope)(params)  # type: ignore[arg-type]
+    masks = fp.structured(s, fp.LnStructured(0.5, n=2), scope=scope, normalize="mean")(params)  # type: ignore[arg-type]
+    for name in experts:
+        assert int(masks[f"{name}.gate.weight"].any(1).sum()) >= 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fp.KeptChannelsWarning)
+        closure = fp.propagate(t.model, masks, inputs(t))
+    assert closure.keys() == masks.keys() and all(torch.equal(closure[k], masks[k]) for k in masks)
+
+
+def test_a_unit_group_keeps_at_most_its_size() -> None:
+    member = fp.Member("gate.weight", 0, 1)
+    assert fp.UnitGroup("experts", 4, (member,), least=2).least == 2
+    with pytest.raises(ValueError, match=r"UnitGroup: least must be at most size \(4\), got 5"):
+        fp.UnitGroup("experts", 4, (member,), least=5)
+    with pytest.raises(ValueError, match="UnitGroup: least must be at least 1, got 0"):
+        fp.UnitGroup("experts", 4, (member,), least=0)
