@@ -78,6 +78,7 @@ from ._criteria import saliency as saliency
 from ._criteria import sparsegpt as sparsegpt
 from ._criteria import taylor as taylor
 from ._criteria import wanda as wanda
+from ._graph import UnreachedWarning as UnreachedWarning
 from ._names import UnknownNameError as UnknownNameError
 from ._native import NativeStatus as NativeStatus
 from ._native import status as native_status
@@ -189,6 +190,7 @@ __all__ = [
     "UnitPlan",
     "UnitsLeftOutWarning",
     "UnknownNameError",
+    "UnreachedWarning",
     "apply_masks",
     "apply_masks_",
     "bake",

@@ -47,7 +47,7 @@ DESIGN_SIGNATURES = {
     fp.to_sparse: "(params, masks, *, layout, blocksize=None, below_break_even='warn', module=None)",
     fp.structure: "(model, example_inputs, *, outputs=False)",  # DESIGN's, and prunable's outputs=
     fp.structured: "(structure, spec, *, kinds=None, scope='global', normalize=None)",
-    fp.UnitGroup: "(kind, size, members)",
+    fp.UnitGroup: "(kind, size, members, least=1)",
     fp.Member: "(name, dim, width, start=0)",
     fp.load_shrunk: "(path, **kwargs)",
     # issue 25's, with keyword-only extras

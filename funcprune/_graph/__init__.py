@@ -6,7 +6,9 @@ What the rest of funcprune may use of this folder; ``README.md`` has the design.
 from ._analysis import Analysis as Analysis
 from ._analysis import Attention as Attention
 from ._analysis import Experts as Experts
+from ._analysis import UnreachedWarning as UnreachedWarning
 from ._analysis import analyze as analyze
+from ._analysis import warn_unreached as warn_unreached
 from ._atoms import Slice as Slice
 from ._export import Inputs as Inputs
 from ._export import as_inputs as as_inputs

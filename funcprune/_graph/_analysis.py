@@ -9,6 +9,7 @@ and, for each parameter or buffer index, the groups it belongs to.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import final
@@ -18,11 +19,11 @@ from torch import nn
 
 from .._experts import Router, routers
 from ._atoms import Related, Slice
-from ._export import Inputs, export_model
+from ._export import Exported, Inputs, export_model
 from ._ops import OPS
 from ._walk import NodeFailed, Walk
 
-__all__ = ["Analysis", "Attention", "Experts", "analyze"]
+__all__ = ["Analysis", "Attention", "Experts", "UnreachedWarning", "analyze", "warn_unreached"]
 
 
 @final
@@ -66,6 +67,9 @@ class Analysis:
             reads them (a weight computed from them by a parametrization or a
             hook: spectral_norm's ``weight_orig``), with the op.
         read: the groups that a layer reads as its input channels (weight columns).
+        unreached: the parameters that nothing in the graph reads: the example
+            inputs never reach the code that uses them (a second task head
+            chosen by a keyword argument), so no channel of theirs is known.
     """
 
     model: nn.Module
@@ -80,6 +84,7 @@ class Analysis:
     least: Mapping[tuple[str, int], int]
     unseen: Mapping[str, str]
     read: frozenset[int] = frozenset()
+    unreached: tuple[str, ...] = ()
 
 
 def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
@@ -123,7 +128,47 @@ def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
         {(layer.weight, 0): layer.top_k for layer in layers},
         {name: node for name, node in walk.read_directly.items() if name not in related},
         frozenset(roots[a] for a in atoms.read),
+        _unreached(exported),
     )
+
+
+class UnreachedWarning(UserWarning):
+    """Parameters that the example inputs never reach: which channels they read is unknown.
+
+    A second task head chosen by a keyword argument, a branch the inputs do
+    not take: the analysis sees only the code the example inputs run, so a
+    shrunk model may fail, or compute something else, on inputs that reach
+    these parameters. Pass example inputs that reach every path (or prune a
+    model without them).
+    """
+
+    __module__ = "funcprune"
+
+
+#: How many parameters an :class:`UnreachedWarning` names.
+_NAMED = 6
+
+
+def warn_unreached(fn: str, analysis: Analysis, *, stacklevel: int) -> None:
+    """An :class:`UnreachedWarning` naming the parameters of ``analysis`` its example inputs never reach."""
+    if not analysis.unreached:
+        return
+    names = ", ".join(repr(n) for n in analysis.unreached[:_NAMED])
+    more = f" and {len(analysis.unreached) - _NAMED} more" if len(analysis.unreached) > _NAMED else ""
+    warnings.warn(
+        f"{fn}: the example inputs never reach {names}{more}: which channels they read is unknown, and the "
+        f"result is checked only on the paths the inputs take; code that reaches them (a second head chosen by "
+        "an argument, another branch) may fail or compute something else. Pass example inputs that reach every "
+        "path",
+        UnreachedWarning,
+        stacklevel=stacklevel + 1,
+    )
+
+
+def _unreached(exported: Exported) -> tuple[str, ...]:
+    """The parameters whose placeholders nothing reads, in the order of the model's parameters."""
+    read = {name for node, name in exported.tensors.items() if node.users}
+    return tuple(name for name, _ in exported.model.named_parameters() if name not in read)
 
 
 def _by_root(reasons: Mapping[int, str], roots: list[int]) -> dict[int, str]:

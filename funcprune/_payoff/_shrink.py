@@ -29,6 +29,7 @@ from .._graph import (
     kept_indices,
     plan_removal,
     run,
+    warn_unreached,
 )
 from .._names import check_masks, check_not_hooked
 from .._types import Masks, Tensor
@@ -255,6 +256,7 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, d
     checked = one_mask_per_parameter(fn, names, check_masks(fn, params, check_mask_dtypes(fn, masks)))
     inputs = as_inputs(fn, module, example_inputs)
     analysis = analyze(fn, module, inputs)
+    warn_unreached(fn, analysis, stacklevel=3)
     sizes = _sizes(module)
     vetoed: dict[int, str] = {}
     while True:

@@ -101,6 +101,7 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
     if not isinstance(outputs, bool):
         raise TypeError(f"{fn}: outputs must be a bool, got {outputs!r}")
     analysis = graph.analyze(fn, model, graph.as_inputs(fn, model, example_inputs))
+    graph.warn_unreached(fn, analysis, stacklevel=2)
     heads = set() if outputs else output_parameters(model)
     excluded = {name for name, p in model.named_parameters() if id(p) in heads}
     found = _found(analysis, {name: tuple(p.shape) for name, p in model.named_parameters()}, excluded)

@@ -1069,3 +1069,30 @@ def test_in_float64_the_check_finds_a_difference_of_a_millionth() -> None:
         want = fp.functional_call_masked(model, params_of(model), masks, (x,))
         torch.testing.assert_close(small(x), want, rtol=1e-12, atol=1e-12)
     assert count(small) == count(model)
+
+
+class TwoHeads(nn.Module):
+    """A trunk and two task heads, one chosen by a keyword argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk, self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 2), nn.Linear(8, 3)
+
+    def forward(self, x: Tensor, task: str = "a") -> Tensor:
+        h = F.relu(self.trunk(x))
+        out: Tensor = self.a(h) if task == "a" else self.b(h)
+        return out
+
+
+def test_parameters_the_example_inputs_never_reach_are_named() -> None:
+    model = seeded(TwoHeads())
+    masks = channel_masks(model, {"trunk.weight": [1, 5]})
+    x = torch.randn(3, 4)
+    for fn in (fp.shrink, fp.propagate):
+        with pytest.warns(fp.UnreachedWarning, match=rf"{fn.__name__}: the example inputs never reach 'b.weight', 'b.bias'"):
+            fn(model, masks, x)
+    with pytest.warns(fp.UnreachedWarning, match="structure: the example inputs never reach 'b.weight', 'b.bias'"):
+        fp.structure(model, x)
+    with pytest.warns(fp.UnreachedWarning, match="never reach 'a.weight', 'a.bias'"):  # the other head, now
+        small = fp.shrink(model, masks, {"x": x, "task": "b"})
+    assert small.b.in_features == 6 and small.a.in_features == 8  # what the warning is about: a reads 8
