@@ -9,8 +9,9 @@ against the masked model on the example inputs (``README.md``).
 
 from __future__ import annotations
 
+import traceback
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, final
 
@@ -304,28 +305,18 @@ def removable(module: nn.Module, analysis: Analysis, trial: Mapping[str, Sequenc
     """
     sizes = _sizes(module)
 
-    def why(names: Sequence[str]) -> str | None:
+    def fails(names: Sequence[str]) -> _Failure | None:
         removed = sorted({g for name in names for g in trial[name]})
         keep, closed = _removing(analysis, {}, removed, sizes)
         small, _ = _built(module, analysis, keep, closed, removed)
-        return _differ_in_eval(small, analysis.inputs, _masked_outputs(analysis, closed))
+        return _failure(small, analysis.inputs, _masked_outputs(analysis, closed))
 
     names = list(trial)
-    if not names or why(names) is None:
+    if not names or fails(names) is None:
         return {}
-    good: list[str] = []
-    bad: dict[str, str] = {}
-    todo: list[list[str]] = [names]
-    while todo:
-        part = todo.pop()
-        failed = why(good + part)
-        if failed is None:
-            good.extend(part)
-        elif len(part) == 1:
-            bad[part[0]] = why(part) or failed
-        else:
-            todo.extend([part[len(part) // 2 :], part[: len(part) // 2]])
-    return {name: bad[name] for name in names if name in bad}
+    shapes = _shape_changes(analysis)
+    alike = {name: tuple(shapes.get(g, ()) for g in trial[name]) for name in names}
+    return {name: failure.why for name, failure in _search(names, alike.__getitem__, fails).items()}
 
 
 def _sizes(module: nn.Module) -> dict[str, tuple[int, ...]]:
@@ -351,18 +342,23 @@ def _masked_outputs(analysis: Analysis, closed: Masks) -> Any:
         return torch.func.functional_call(model, baked, tuple(analysis.inputs.args), dict(analysis.inputs.kwargs))
 
 
-def _changes(
-    module: nn.Module, analysis: Analysis, masks: Mapping[str, Tensor], removed: Sequence[int],
-    sizes: Mapping[str, tuple[int, ...]],
-) -> str | None:  # fmt: skip
-    """Whether the model without ``removed`` computes something else than the masked model: why, or ``None``."""
-    keep, closed = _removing(analysis, masks, removed, sizes)
-    small, _ = _built(module, analysis, keep, closed, removed)
-    return _differ_in_eval(small, analysis.inputs, _masked_outputs(analysis, closed))
-
-
 def _differ_in_eval(small: nn.Module, inputs: Inputs, reference: Any) -> str | None:
-    """Why ``small``, run in eval mode on ``inputs``, computes something else than ``reference`` (or ``None``).
+    """Why ``small``, run in eval mode on ``inputs``, computes something else than ``reference`` (or ``None``)."""
+    failure = _failure(small, inputs, reference)
+    return None if failure is None else failure.why
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """Why a smaller model fails the check, and where it raised (``None``: it ran, and computes something else)."""
+
+    why: str
+    where: str | None = None
+
+
+def _failure(small: nn.Module, inputs: Inputs, reference: Any) -> _Failure | None:
+    """How ``small``, run in eval mode on ``inputs``, fails to compute ``reference`` (or ``None``).
 
     Each submodule's training flag is restored afterwards.
     """
@@ -371,31 +367,96 @@ def _differ_in_eval(small: nn.Module, inputs: Inputs, reference: Any) -> str | N
     try:
         outputs = run(small, inputs)
     except Exception as e:  # a size spelled out in the code no longer fits
-        return f"{type(e).__name__}: {e}"
+        frames = traceback.extract_tb(e.__traceback__)
+        where = f"{type(e).__name__} at {frames[-1].filename}:{frames[-1].lineno}" if frames else type(e).__name__
+        return _Failure(f"{type(e).__name__}: {e}", where)
     finally:
         for m, mode in modes:
             m.training = mode
-    return _differ(outputs, reference)
+    why = _differ(outputs, reference)
+    return None if why is None else _Failure(why)
 
 
 def _breaking(
     module: nn.Module, analysis: Analysis, masks: Mapping[str, Tensor], removed: Sequence[int],
     sizes: Mapping[str, tuple[int, ...]],
 ) -> list[int]:  # fmt: skip
-    """The groups of ``removed`` whose removal changes the outputs (found by halving), the rest removable."""
-    good: list[int] = []
-    bad: list[int] = []
-    todo: list[list[int]] = [list(removed)]
+    """The groups of ``removed`` whose removal changes the outputs (:func:`_search`), the rest removable."""
+
+    def fails(groups: Sequence[int]) -> _Failure | None:
+        keep, closed = _removing(analysis, masks, sorted(groups), sizes)
+        small, _ = _built(module, analysis, keep, closed, sorted(groups))
+        return _failure(small, analysis.inputs, _masked_outputs(analysis, closed))
+
+    shapes = _shape_changes(analysis)
+    return sorted(_search(list(removed), lambda g: shapes.get(g, ()), fails))
+
+
+_T = TypeVar("_T")
+
+
+def _search(items: Sequence[_T], shape_of: Callable[[_T], object], fails: Callable[[Sequence[_T]], _Failure | None]) -> dict[_T, _Failure]:
+    """The items whose removal fails the check, each with its failure; the others pass, removed together.
+
+    A probe removes the items found good so far and a part of the others.
+    Items that change the same shapes by the same counts (``shape_of``: the
+    channels of one layer, alike) go first as one part each, halved over such
+    classes, so that a few probes clear every layer that is fine. In a class
+    that fails, where removing its first item alone raises an error, removing
+    any other alone raises too (shapes are all the error can depend on: a size
+    the code spells out), and the whole class fails; otherwise its items are
+    halved one by one.
+    """
+    classes: dict[object, list[_T]] = {}
+    for item in items:
+        classes.setdefault(shape_of(item), []).append(item)
+    good: list[_T] = []
+    bad: dict[_T, _Failure] = {}
+    todo: list[list[list[_T]]] = [list(classes.values())]
+    while todo:
+        parts = todo.pop()
+        failed = fails(good + [item for part in parts for item in part])
+        if failed is None:
+            good.extend(item for part in parts for item in part)
+        elif len(parts) > 1:
+            todo.extend([parts[len(parts) // 2 :], parts[: len(parts) // 2]])
+        else:
+            bad.update(_search_alike(parts[0], failed, good, fails))
+    return bad
+
+
+def _search_alike(
+    alike: list[_T], failed: _Failure, good: list[_T], fails: Callable[[Sequence[_T]], _Failure | None]
+) -> dict[_T, _Failure]:
+    """The items of one class whose removal fails (on top of ``good``, extended with those that pass)."""
+    alone = fails(good + alike[:1]) if len(alike) > 1 else failed
+    if alone is not None and (len(alike) == 1 or alone.where is not None):
+        return dict.fromkeys(alike, alone)
+    bad: dict[_T, _Failure] = {}
+    todo: list[list[_T]] = [alike]
     while todo:
         part = todo.pop()
-        trial = sorted(good + part)
-        if _changes(module, analysis, masks, trial, sizes) is None:
+        failure = fails(good + part)
+        if failure is None:
             good.extend(part)
         elif len(part) == 1:
-            bad.extend(part)
+            bad[part[0]] = failure
         else:
             todo.extend([part[len(part) // 2 :], part[: len(part) // 2]])
     return bad
+
+
+def _shape_changes(analysis: Analysis) -> dict[int, tuple[tuple[str, int, int], ...]]:
+    """For each group, the shapes its removal alone changes: (tensor, dim, how many indices) each, sorted."""
+    changes: dict[int, dict[tuple[str, int], int]] = {}
+    for tensor, dims in analysis.related.items():
+        for dim, by_index in dims.items():
+            for groups in by_index.values():
+                if len(groups) == 1:
+                    (group,) = groups
+                    counts = changes.setdefault(group, {})
+                    counts[(tensor, dim)] = counts.get((tensor, dim), 0) + 1
+    return {g: tuple(sorted((t, d, n) for (t, d), n in counts.items())) for g, counts in changes.items()}
 
 
 #: (rtol, atol relative to the output's largest magnitude) of the check in float64: far above its rounding

@@ -1096,3 +1096,30 @@ def test_parameters_the_example_inputs_never_reach_are_named() -> None:
     with pytest.warns(fp.UnreachedWarning, match="never reach 'a.weight', 'a.bias'"):  # the other head, now
         small = fp.shrink(model, masks, {"x": x, "task": "b"})
     assert small.b.in_features == 6 and small.a.in_features == 8  # what the warning is about: a reads 8
+
+
+class SpelledWide(nn.Module):
+    """512 channels flattened into a size spelled out, beside a layer whose channels can go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 512, 3, padding=1), nn.Linear(512 * 4, 10)
+        self.side, self.head = nn.Conv2d(3, 64, 3, padding=1), nn.Linear(64, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.adaptive_avg_pool2d(F.relu(self.conv(x)), 2).view(-1, 512 * 4)
+        out: Tensor = self.fc(h) + self.head(F.relu(self.side(x)).mean((2, 3)))
+        return out
+
+
+def test_a_size_spelled_out_for_many_channels_costs_a_few_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = seeded(SpelledWide())
+    masks = half_channels(model, ["conv.weight", "side.weight"])
+    from funcprune._payoff import _shrink
+
+    builds = []
+    built = _shrink._built
+    monkeypatch.setattr(_shrink, "_built", lambda *a: builds.append(1) or built(*a))
+    small = check_equal_outputs(model, masks, torch.randn(2, 3, 8, 8), kept=r"'conv' keeps 256 \(removing them changes")
+    assert (small.conv.out_channels, small.side.out_channels) == (512, 32)
+    assert len(builds) <= 16  # propagate and shrink: a check and a few probes each (it was 500 builds and more each)
