@@ -73,7 +73,9 @@ def _pinned(config: Any) -> Any:
     head count can then change without changing the head size.
     """
     hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
-    if getattr(config, "head_dim", None) is not None or not _is_count(hidden) or not _is_count(heads):
+    if getattr(config, "head_dim", None) is not None or not isinstance(hidden, int) or not isinstance(heads, int):
+        return config
+    if not _is_count(hidden) or not _is_count(heads):
         return config
     pinned = copy.deepcopy(config)
     pinned.head_dim = hidden // heads  # read where the class reads it (Phi-3: getattr(config, "head_dim", ...))

@@ -7,7 +7,7 @@ import copy
 import operator
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -1117,9 +1117,14 @@ def test_a_size_spelled_out_for_many_channels_costs_a_few_builds(monkeypatch: py
     masks = half_channels(model, ["conv.weight", "side.weight"])
     from funcprune._payoff import _shrink
 
-    builds = []
+    builds: list[int] = []
     built = _shrink._built
-    monkeypatch.setattr(_shrink, "_built", lambda *a: builds.append(1) or built(*a))
-    small = check_equal_outputs(model, masks, torch.randn(2, 3, 8, 8), kept=r"'conv' keeps 256 \(removing them changes")
+
+    def counted(*args: Any) -> Any:
+        builds.append(1)
+        return built(*args)
+
+    monkeypatch.setattr(_shrink, "_built", counted)
+    small: Any = check_equal_outputs(model, masks, torch.randn(2, 3, 8, 8), kept=r"'conv' keeps 256 \(removing them changes")
     assert (small.conv.out_channels, small.side.out_channels) == (512, 32)
     assert len(builds) <= 16  # propagate and shrink: a check and a few probes each (it was 500 builds and more each)

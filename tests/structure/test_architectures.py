@@ -14,7 +14,7 @@ import functools
 import re
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import torch
@@ -127,7 +127,7 @@ def test_every_unit_structure_lists_goes_when_a_plan_prunes_it(name: str) -> Non
 @pytest.mark.ci
 @pytest.mark.parametrize("name", ARCHITECTURES)
 @pytest.mark.parametrize("scope", ["global", "group"])
-def test_plans_go_save_and_reload(name: str, scope: fp.Scope, tmp_path: Path) -> None:
+def test_plans_go_save_and_reload(name: str, scope: Literal["global", "group"], tmp_path: Path) -> None:
     t, s, _ = model_and_structure(name)
     plan = fp.structured(s, fp.LnStructured(0.5, n=2), scope=scope, normalize="mean" if scope == "global" else None)
     small = shrunk(t, plan(dict(t.model.named_parameters())))
@@ -165,7 +165,8 @@ def test_generate_with_a_cache_gives_what_the_masked_model_gives(name: str) -> N
 def test_eager_attention_gives_the_units_sdpa_gives(name: str) -> None:
     t, s, _ = model_and_structure(name)
     eager = tiny(name)
-    eager.model.config._attn_implementation = "eager"
+    model: Any = eager.model
+    model.config._attn_implementation = "eager"
     assert fp.structure(eager.model, inputs(eager)) == s
 
 
@@ -193,7 +194,7 @@ def test_a_model_that_builds_a_cache_unless_told_is_analyzed_with_its_ids_alone(
 
 def test_a_router_s_score_correction_bias_follows_its_experts_and_never_routes_to_a_removed_one() -> None:
     t = tiny("deepseek_v3")
-    gate = t.model.get_submodule("model.layers.1.mlp.gate")
+    gate: Any = t.model.get_submodule("model.layers.1.mlp.gate")
     s = fp.structure(t.model, inputs(t))
     masks = fp.structured(s.of_kinds("experts"), fp.LnStructured(1, n=2))(dict(t.model.named_parameters()))
     (removed,) = [e for e in range(4) if not bool(masks["model.layers.1.mlp.gate.weight"][e].any())]
