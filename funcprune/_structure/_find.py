@@ -225,10 +225,9 @@ def _warn_left_out(
         ):
             why = next((found.left_out[g] for g in heads if g in found.left_out), "they are no unit")
             lines.append(f"the heads of {attention.module or 'the model'!r}: {why}")
-    named = {m.name for group in listed.values() for m in group.members}
     for block in _repeated_blocks(model):
         inside = [g for g, slices in analysis.made.items() if any(s.tensor.startswith(f"{block}.") for s in slices)]
-        if inside and not any(name.startswith(f"{block}.") for name in named):
+        if inside and not any(g in units for g in inside):  # no unit made by a layer of the block
             reasons = list(dict.fromkeys(found.left_out[g] for g in inside if g in found.left_out))
             lines.append(f"no unit in {block!r}: {'; '.join(reasons[:3]) or 'nothing in it can go'}")
     if not listed and not lines and analysis.made:
@@ -258,17 +257,21 @@ class UnitsLeftOutWarning(UserWarning):
 
 
 def _repeated_blocks(model: nn.Module) -> list[str]:
-    """The paths of the repeated blocks of ``model``: children of a ``ModuleList`` or ``Sequential`` of one class, two
-    at least, each holding a Linear or a Conv (a transformer's decoder layers)."""
+    """The paths of the repeated blocks of ``model``: children of a ``ModuleList`` or ``Sequential`` of a class
+    that two of them share at least (no layer itself), each holding a Linear or a Conv (a transformer's layers)."""
+    layers = (nn.Linear, nn.modules.conv._ConvNd)
     found: list[str] = []
     for path, module in model.named_modules():
-        if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < 2:
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)):
             continue
         children = list(module.named_children())
-        if len({type(child) for _, child in children}) != 1 or isinstance(children[0][1], (nn.Linear, nn.modules.conv._ConvNd)):
-            continue
+        counts: dict[type, int] = {}
+        for _, child in children:
+            counts[type(child)] = counts.get(type(child), 0) + 1
         for name, child in children:
-            if any(isinstance(m, (nn.Linear, nn.modules.conv._ConvNd)) for m in child.modules()):
+            if counts[type(child)] < 2 or isinstance(child, layers):
+                continue
+            if any(isinstance(m, layers) for m in child.modules()):
                 found.append(f"{path}.{name}" if path else name)
     return found
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -135,3 +137,46 @@ def test_errors_name_the_argument() -> None:
     torch.nn.utils.prune.l1_unstructured(hooked[0], "weight", 0.5)
     with pytest.raises(ValueError, match="structure: module is pruned in hook mode"):
         fp.structure(hooked, torch.randn(1, 2))
+
+
+def test_a_repeated_block_with_no_unit_says_which_op_stopped_the_analysis() -> None:
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.down, self.norm = nn.Linear(8, 16), nn.Linear(16, 8), nn.LayerNorm(8)
+
+        def forward(self, x: Tensor) -> Tensor:
+            out: Tensor = self.norm(x + self.down(torch.special.bessel_j0(self.up(x))))
+            return out
+
+    model = nn.Sequential(nn.Linear(4, 8), Block(), Block(), nn.Linear(8, 2))
+    with pytest.warns(fp.UnitsLeftOutWarning, match=r"no unit in '1': .*node 'special_bessel_j0' \(aten.special_bessel_j0."
+                      r"default in '1'\) reads them, and funcprune cannot tell how; no unit in '2'"):  # fmt: skip
+        s = fp.structure(model, torch.randn(3, 4))
+    assert len(s) == 0
+
+
+def test_a_residual_conv_beside_a_depthwise_conv_on_the_input_is_left_out_not_listed() -> None:
+    # issue 36 item 5: the residual 1x1 conv's outputs are added to the depthwise conv's, whose channels are the
+    # model's input: they cannot go, and structure no longer lists them
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dw, self.pw = nn.Conv2d(3, 3, 3, padding=1, groups=3), nn.Conv2d(3, 3, 1)
+            self.head = nn.Conv2d(3, 5, 1)
+
+        def forward(self, x: Tensor) -> Tensor:
+            out: Tensor = self.head(F.relu(self.dw(x) + self.pw(x))).mean((2, 3))
+            return out
+
+    model, x = Net().eval(), torch.randn(2, 3, 6, 6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        s = fp.structure(model, x)
+    assert "pw" not in s and not any("pw.weight" in m.name for g in s.values() for m in g.members), s
+    masks = {"pw.weight": torch.ones(3, 3, 1, 1, dtype=torch.bool)}
+    masks["pw.weight"][1] = False
+    with pytest.warns(fp.KeptChannelsWarning):  # and shrink keeps them, saying why
+        small = fp.shrink(model, masks, x)
+    assert small.pw.out_channels == 3
+    del caught
