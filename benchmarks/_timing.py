@@ -3,15 +3,24 @@
 Every comparison alternates its contenders (A, B, A, B, ...) after an
 untimed warm-up round, so that both share the machine's moods; a row
 reports the median and the minimum of the per-repetition ratios.
+
+Every script imports this module first: it also stubs torchvision's meta
+registrations, which fail beside the CPU torch wheel when the test extra's
+torchvision 0.28 is installed and transformers imports it (as
+``tests/_torchvision.py`` does for the tests).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import _timing  # noqa: F401 (first: torchvision's meta registrations stubbed before transformers imports it)
 import torch
 import torch.distributed as dist
 from run import resnet50_shapes

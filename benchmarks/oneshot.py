@@ -45,6 +45,7 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import _timing  # noqa: F401 (first: torchvision's meta registrations stubbed before transformers imports it)
 import torch
 
 HERE = Path(__file__).resolve().parent

@@ -597,7 +597,7 @@ def _contracted(walk: Walk, node: fx.Node, a: object, b: object) -> Tensor:
         ia = ia[None]
     if ib.dim() == 1:
         ib = ib[:, None]
-    batch = out_shape[:-2] if ia.dim() > 2 or ib.dim() > 2 else ()
+    batch = out_shape[:-2] if len(out_shape) == max(ia.dim(), ib.dim()) > 2 else ()  # no vector operand
     heads = _per_head(walk, node, batch, [ia, ib]) if batch else None
     if heads is not None:
         return heads.reshape(*batch, 1, 1).expand(out_shape) if len(out_shape) >= 2 else heads.reshape(out_shape)

@@ -35,7 +35,8 @@ __all__ = ["RECORD", "Record", "ShrunkConfigWarning", "describe_", "is_transform
 RECORD = "funcprune_shrunk"
 #: Config attributes that count widths a shrink may change.
 _WIDTHS = (
-    "intermediate_size", "n_inner", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "moe_intermediate_size",
+    "intermediate_size", "n_inner", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "ffn_hidden_size",
+    "moe_intermediate_size",
     "shared_expert_intermediate_size", "num_attention_heads", "n_head", "num_heads", "num_key_value_heads",
     "num_local_experts", "num_experts",
 )  # fmt: skip

@@ -44,27 +44,32 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
     - ``"channels"``: the hidden channels of an MLP (a gated MLP's
       ``gate_proj`` and ``up_proj`` rows with the ``down_proj`` column;
       GPT-2's ``c_fc`` column and ``c_proj`` row), or of any Linear or Conv
-      whose outputs can go;
+      whose outputs another layer reads and can go;
     - ``"heads"``: attention heads (the query, key and value rows of a head
-      and the output projection's columns that read it);
+      and the output projection's columns that read it), read off what the
+      graph computes, whatever runs it (SDPA, eager matmul and softmax,
+      BLOOM's ``baddbmm``, MLA's split of ``kv_b_proj``);
     - ``"kv_groups"``: under grouped-query attention, a key/value head with
       the query heads that read it (heads alone cannot go: the query
       heads of one KV group go together with it);
     - ``"experts"``: the experts of a mixture-of-experts layer (each
       expert's index of the stacked expert weights with its row of the
       router's weight). A removed expert is never routed to; at least
-      ``top_k`` experts stay. The hidden channels of the experts are no
-      units: their weights are stacked in one tensor (one width for all
-      experts), which torch's grouped matmul, that transformers runs them
-      with, needs in multiples of 16 bytes.
+      ``top_k`` experts stay (the group's ``least``). The hidden channels
+      of the experts are no units: their weights are stacked in one tensor
+      (one width for all experts), which torch's grouped matmul, that
+      transformers runs them with, needs in multiples of 16 bytes.
 
-    What stays whatever the masks say is left out: the hidden size of a
-    transformer (the residual stream, normalized across its channels), the
-    model's outputs, channels read by an op the analysis cannot follow, and
-    a unit that is all of a layer's side (an attention with one KV head).
-    So are the channels an output layer makes (BERT's pooler), as
-    :func:`~funcprune.prunable` leaves output layers out, unless
-    ``outputs=True``.
+    What is listed can go: one unit of every group is removed from a copy
+    of the model, as :func:`~funcprune.shrink` removes it, and the copy is
+    checked against the masked model on the example inputs; groups whose
+    removal fails are left out. What stays whatever the masks say is left
+    out too: the hidden size of a transformer (the residual stream,
+    normalized across its channels), the model's outputs, channels read by
+    an op the analysis cannot follow, and a unit that is all of a layer's
+    side (an attention with one KV group). So are the channels an output
+    layer makes (BERT's pooler), as :func:`~funcprune.prunable` leaves
+    output layers out, unless ``outputs=True``.
 
     Args:
         model: the model (not modified). Not in hook mode, no DTensors.
@@ -83,6 +88,13 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
             a tensor, a tuple of tensors or a dict.
         ValueError: if the model is pruned in hook mode, does not run on
             the inputs, or cannot be exported.
+
+    Warns:
+        UnitsLeftOutWarning: naming what a user would look for and does not
+            get, and why: groups whose removal fails, the heads of an
+            attention that cannot go, repeated blocks with no unit.
+        UnreachedWarning: naming the parameters the example inputs never
+            reach.
 
     >>> import torch, funcprune as fp
     >>> from torch import nn
