@@ -154,3 +154,16 @@ def tiny(name: str, *, layers: int = 2, seed: int = 0) -> Tiny:
     if name == "t5":
         kwargs["decoder_input_ids"] = torch.randint(0, VOCAB, (2, SEQUENCE // 2), generator=g)
     return Tiny(name, model, (ids,), kwargs)
+
+
+def inputs(t: Tiny) -> Any:
+    """``t``'s inputs as ``fp.structure`` and ``fp.shrink`` take them: the ids, or a dict with the keyword ones."""
+    return t.args[0] if not t.kwargs else {"input_ids": t.args[0], **t.kwargs}
+
+
+def logits(model: nn.Module, x: Any) -> torch.Tensor:
+    """``model``'s logits on ``x`` (as :func:`inputs` gives them), without gradients."""
+    with torch.no_grad():
+        out = model(**x) if isinstance(x, dict) else model(x)
+    result: torch.Tensor = out.logits
+    return result

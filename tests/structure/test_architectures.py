@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import pytest
 import torch
-from _hf import ARCHITECTURES, MATRIX, Tiny, tiny
+from _hf import ARCHITECTURES, MATRIX, Tiny, inputs, logits, tiny
 
 import funcprune as fp
 from funcprune._experts import never_routed
@@ -58,10 +58,6 @@ LEFT_OUT: dict[str, str] = {
 }  # fmt: skip
 
 
-def inputs(t: Tiny) -> Any:
-    return t.args[0] if not t.kwargs else {"input_ids": t.args[0], **t.kwargs}
-
-
 @functools.cache
 def model_and_structure(name: str) -> tuple[Tiny, fp.Structure, tuple[str, ...]]:
     """The tiny model, its structure, and the messages of the warnings ``structure`` gave."""
@@ -70,13 +66,6 @@ def model_and_structure(name: str) -> tuple[Tiny, fp.Structure, tuple[str, ...]]
         warnings.simplefilter("always", fp.UnitsLeftOutWarning)
         s = fp.structure(t.model, inputs(t))
     return t, s, tuple(str(w.message) for w in caught if issubclass(w.category, fp.UnitsLeftOutWarning))
-
-
-def logits(model: torch.nn.Module, x: Any) -> Tensor:
-    with torch.no_grad():
-        out = model(**x) if isinstance(x, dict) else model(x)
-    result: Tensor = out.logits
-    return result
 
 
 def shrunk(t: Tiny, masks: fp.Masks) -> Any:

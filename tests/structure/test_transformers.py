@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from _hf import MATRIX, Tiny, tiny
+from _hf import MATRIX, Tiny, inputs, logits, tiny
 
 import funcprune as fp
 from funcprune._payoff._shrink import _shrunk
@@ -38,17 +38,6 @@ CONFIG_KINDS: dict[str, Any] = {name: ("channels",) for name in MATRIX} | {
 def model_and_structure(name: str) -> tuple[Tiny, fp.Structure]:
     t = tiny(name)
     return t, fp.structure(t.model, inputs(t))
-
-
-def inputs(t: Tiny) -> Any:
-    return t.args[0] if not t.kwargs else {"input_ids": t.args[0], **t.kwargs}
-
-
-def logits(model: torch.nn.Module, x: Any) -> Tensor:
-    with torch.no_grad():
-        out = model(**x) if isinstance(x, dict) else model(x)
-    result: Tensor = out.logits
-    return result
 
 
 def masked_logits(t: Tiny, masks: fp.Masks) -> Tensor:
