@@ -87,11 +87,14 @@ class Atoms:
         moved = ids.movedim(dims, list(range(ids.dim() - len(dims), ids.dim())))
         rows = moved.reshape(-1, int(torch.tensor(moved.shape[moved.dim() - len(dims):]).prod().item()))
         rows = torch.unique(rows, dim=0)
+        if rows.shape[1] > 1:  # each row's distinct atoms, ascending, -1 first (duplicates -1 too)
+            rows, _ = rows.sort(dim=1)
+            rows = torch.where(torch.cat([torch.ones_like(rows[:, :1], dtype=torch.bool), rows[:, 1:] != rows[:, :-1]], 1), rows, -1)
         for row in rows.tolist():
             atoms = [a for a in row if a >= 0]
             for other in atoms[1:]:
                 self.union(atoms[0], other)
-            for atom in atoms[:1] if len(set(atoms)) > 1 else ():
+            for atom in atoms[:1] if len(atoms) > 1 else ():
                 self._why.setdefault(atom, why)
 
     def mark_read(self, ids: Tensor) -> None:

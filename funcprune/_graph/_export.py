@@ -14,7 +14,7 @@ import contextlib
 import copy
 import io
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, final
 
@@ -98,15 +98,17 @@ def run(module: nn.Module, inputs: Inputs) -> Any:
         return module(*inputs.args, **inputs.kwargs)
 
 
-def copy_module(fn: str, module: nn.Module) -> nn.Module:
+def copy_module(fn: str, module: nn.Module, *, sharing: Iterable[Tensor] = ()) -> nn.Module:
     """``copy.deepcopy(module)``, or a ValueError saying why it cannot be copied.
 
+    ``sharing``: tensors the copy holds as they are, not copied (a probe that
+    changes none of them, thrown away after: never a copy given to a user).
     torch cannot copy a module under the deprecated ``torch.nn.utils.weight_norm``
     (its weight is a computed tensor held as an attribute); the message names it
     and the way out.
     """
     try:
-        return copy.deepcopy(module)
+        return copy.deepcopy(module, {id(t): t for t in sharing})
     except Exception as e:
         legacy = [
             path or type(module).__name__

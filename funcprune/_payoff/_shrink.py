@@ -308,7 +308,7 @@ def removable(module: nn.Module, analysis: Analysis, trial: Mapping[str, Sequenc
     def fails(names: Sequence[str]) -> _Failure | None:
         removed = sorted({g for name in names for g in trial[name]})
         keep, closed = _removing(analysis, {}, removed, sizes)
-        small, _ = _built(module, analysis, keep, closed, removed)
+        small, _ = _built(module, analysis, keep, closed, removed, probe=True)
         return _failure(small, analysis.inputs, _masked_outputs(analysis, closed))
 
     names = list(trial)
@@ -385,7 +385,7 @@ def _breaking(
 
     def fails(groups: Sequence[int]) -> _Failure | None:
         keep, closed = _removing(analysis, masks, sorted(groups), sizes)
-        small, _ = _built(module, analysis, keep, closed, sorted(groups))
+        small, _ = _built(module, analysis, keep, closed, sorted(groups), probe=True)
         return _failure(small, analysis.inputs, _masked_outputs(analysis, closed))
 
     shapes = _shape_changes(analysis)
@@ -495,11 +495,20 @@ def _differ(outputs: Any, reference: Any) -> str | None:
 
 def _built(
     module: nn.Module, analysis: Analysis, keep: Mapping[str, Mapping[int, list[int]]], closed: Masks,
-    removed: Sequence[int],
+    removed: Sequence[int], *, probe: bool = False,
 ) -> tuple[nn.Module, Record]:  # fmt: skip
-    """A copy of ``module`` without ``removed`` (``keep``), the closure applied; and the size attributes that changed."""
-    result = copy_module("shrink", module)
-    _zero_pruned_(result, closed)
+    """A copy of ``module`` without ``removed`` (``keep``), the closure applied; and the size attributes that changed.
+
+    A ``probe`` (a copy only run and thrown away) shares ``module``'s
+    parameters and buffers instead of copying them, and gets new tensors
+    where the masks zero entries: a 1B model's trial costs what it changes.
+    """
+    sharing = [*module.parameters(), *module.buffers()] if probe else []
+    result = copy_module("shrink", module, sharing=sharing)
+    if probe:
+        _zeroed(result, closed)
+    else:
+        _zero_pruned_(result, closed)
     return result, resize_modules(result, keep, analysis, set(removed))
 
 
@@ -521,6 +530,22 @@ def _warn_kept(fn: str, kept: Mapping[str, Mapping[str, int]]) -> None:
         KeptChannelsWarning,
         stacklevel=4,
     )
+
+
+@torch.no_grad()
+def _zeroed(module: nn.Module, masks: Masks) -> None:
+    """:func:`_zero_pruned_` without writing into the tensors: each masked parameter of ``module`` (every name
+    of a tied one) is replaced by a new one, so that tensors ``module`` shares with another are left as they are."""
+    params = dict(module.named_parameters(remove_duplicate=False))
+    aliases: dict[int, list[str]] = {}
+    for name, param in params.items():
+        aliases.setdefault(id(param), []).append(name)
+    for name, mask in masks.items():
+        old = params[name]
+        new = nn.Parameter(old.masked_fill(~mask, 0.0), old.requires_grad)
+        for alias in aliases[id(old)]:
+            owner, _, attr = alias.rpartition(".")
+            setattr(module.get_submodule(owner), attr, new)
 
 
 @torch.no_grad()

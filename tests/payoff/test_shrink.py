@@ -1120,9 +1120,9 @@ def test_a_size_spelled_out_for_many_channels_costs_a_few_builds(monkeypatch: py
     builds: list[int] = []
     built = _shrink._built
 
-    def counted(*args: Any) -> Any:
+    def counted(*args: Any, **kwargs: Any) -> Any:
         builds.append(1)
-        return built(*args)
+        return built(*args, **kwargs)
 
     monkeypatch.setattr(_shrink, "_built", counted)
     small: Any = check_equal_outputs(model, masks, torch.randn(2, 3, 8, 8), kept=r"'conv' keeps 256 \(removing them changes")
