@@ -11,11 +11,11 @@ from ._choose import keep_each as keep_each
 from ._choose import keep_jointly as keep_jointly
 from ._choose import resolve_count as resolve_count
 from ._groups import WHOLE as WHOLE
-from ._groups import Blocks as Blocks
 from ._groups import CountOf as CountOf
 from ._groups import Group as Group
 from ._groups import KeyPart as KeyPart
 from ._groups import LocalShard as LocalShard
+from ._groups import Runs as Runs
 from ._groups import Slices as Slices
 from ._groups import Sparsity as Sparsity
 from ._groups import Target as Target

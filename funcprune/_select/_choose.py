@@ -21,11 +21,11 @@ from ._batched import make_keep_lowest
 from ._bracket import keep_by_bracket as _keep_by_bracket
 from ._groups import (
     WHOLE,
-    Blocks,
     CountOf,
     Group,
     KeyPart,
     LocalShard,
+    Runs,
     Slices,
     Sparsity,
     Target,
@@ -153,7 +153,7 @@ def _eager(rows: Tensor, k: Count, eligible: Mask) -> bool:
     return all(is_concrete(t) for t in (rows, k, eligible) if isinstance(t, torch.Tensor))
 
 
-def eligible_per_group(eligible: Tensor, group: Slices | Blocks) -> Tensor:
+def eligible_per_group(eligible: Tensor, group: Slices | Runs) -> Tensor:
     """How many entries of each group are eligible, as :func:`keep` orders the groups.
 
     The per-group counts that :func:`keep` takes for ``k`` are computed from these.
@@ -180,7 +180,7 @@ def _as_rows(t: Tensor, group: Group) -> tuple[Tensor, Callable[[Tensor], Tensor
     if isinstance(group, Slices):
         moved = t.movedim(group.dim, 0)
         return moved.reshape(moved.shape[0], -1), lambda r: r.reshape(moved.shape).movedim(0, group.dim)
-    assert isinstance(group, Blocks)
+    assert isinstance(group, Runs)
     moved = t.movedim(group.dim, -1)
     if moved.shape[-1] % group.size:
         raise ValueError(

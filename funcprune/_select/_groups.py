@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 __all__ = [
-    "WHOLE", "Blocks", "CountOf", "Group", "KeyPart", "LocalShard", "Slices", "Sparsity", "Target", "Whole",
+    "WHOLE", "CountOf", "Group", "KeyPart", "LocalShard", "Runs", "Slices", "Sparsity", "Target", "Whole",
     "identity", "magnitude_of",
 ]  # fmt: skip
 
@@ -97,14 +97,17 @@ class Slices:
 
 @final
 @dataclass(frozen=True, slots=True)
-class Blocks:
-    """One group per run of ``size`` consecutive entries along ``dim``."""
+class Runs:
+    """One group per run of ``size`` consecutive entries along ``dim`` (an N:M group, a block row).
+
+    Not the ``Block`` spec's blocks, which may span several dims: a run lies along one.
+    """
 
     size: int
     dim: int = -1
 
 
-Group = Union[Whole, Slices, Blocks, LocalShard]
+Group = Union[Whole, Slices, Runs, LocalShard]
 #: The default group.
 WHOLE = Whole()
 

@@ -11,7 +11,7 @@ first path that applies; all three give the same flags, bit for bit:
   float64 scores, groups of at most :data:`PORTABLE_MAX_M`; what runs
   without the kernels, and under ``vmap``, ``grad`` and ``torch.compile``
   (Python control flow depends on shapes and Python numbers only);
-- :func:`n_m_by_selection`: ``funcprune._select.keep`` over ``Blocks`` of
+- :func:`n_m_by_selection`: ``funcprune._select.keep`` over ``Runs`` of
   ``m`` (the implementation before issue 27), for anything else.
 
 The rule, as ``_select``'s: in each group the ``max(0, eligible - n)``
@@ -34,7 +34,7 @@ from .. import _native
 from .._types import Mask, Tensor
 from .._validate import is_concrete
 from ._choose import eligible_per_group, keep
-from ._groups import Blocks
+from ._groups import Runs
 
 __all__ = ["PORTABLE_MAX_M", "kept_n_m", "n_m_by_comparisons", "n_m_by_selection"]
 
@@ -69,8 +69,8 @@ def kept_n_m(n: int, m: int, dim: int, scores: Tensor, eligible: Mask) -> Tensor
 
 
 def n_m_by_selection(n: int, m: int, dim: int, scores: Tensor, eligible: Mask) -> Tensor:
-    """:func:`kept_n_m` by ``funcprune._select.keep`` over ``Blocks(m, dim)`` of ``|scores|``."""
-    group = Blocks(m, dim)
+    """:func:`kept_n_m` by ``funcprune._select.keep`` over ``Runs(m, dim)`` of ``|scores|``."""
+    group = Runs(m, dim)
     if eligible is None:
         return keep(scores.abs(), m - n, group=group)
     k = torch.clamp(eligible_per_group(eligible, group) - n, min=0)

@@ -16,7 +16,7 @@ earlier mask themselves (their specs' ``pruning_type`` is ``"global"``):
   exact count.
 
 Which entries go is decided by :mod:`funcprune._select`, with its groups
-(``Blocks``, ``Slices``); ties go to the
+(``Runs``, ``Slices``); ties go to the
 lower index and NaN last, as everywhere.
 """
 
@@ -56,7 +56,7 @@ def n_m(n: int, m: int, dim: int, scores: Tensor, default_mask: Mask) -> Tensor:
     kernel (float32/float64 scores on the CPU, eager, ``m <= 64``: one read
     of the scores, one byte written per entry, along any dim), else torch
     ranking each entry by comparisons with its group's others (``m <= 16``,
-    under transforms too), else ``funcprune._select`` over ``Blocks``; all
+    under transforms too), else ``funcprune._select`` over ``Runs``; all
     three give the same mask (``_n_m.py``).
     """
     validate_dim_range(scores, dim)

@@ -253,7 +253,7 @@ def grouped(draw: st.DrawFn) -> tuple[torch.Tensor, _groups.Group, torch.Tensor 
         n_groups, size = shape[dim], keys.numel() // shape[dim]
     else:
         size = draw(st.sampled_from([d for d in range(1, shape[dim] + 1) if shape[dim] % d == 0]))
-        group = _groups.Blocks(size, dim)
+        group = _groups.Runs(size, dim)
         n_groups = keys.numel() // size
     eligible = torch.rand(shape, generator=g) < 0.7 if draw(st.booleans()) else None
     k: int | torch.Tensor = draw(st.integers(0, size))
@@ -266,7 +266,7 @@ def rows_of(t: torch.Tensor, group: _groups.Group) -> torch.Tensor:
     """The reference grouping, written out: one row per group, in order."""
     if isinstance(group, _groups.Slices):
         return torch.stack([t.select(group.dim, i).reshape(-1) for i in range(t.shape[group.dim])])
-    assert isinstance(group, _groups.Blocks)
+    assert isinstance(group, _groups.Runs)
     return t.movedim(group.dim, -1).reshape(-1, group.size)
 
 
@@ -290,7 +290,7 @@ def test_each_group_prunes_its_own_k_lowest(
 
 def test_blocks_that_do_not_tile_the_dim_are_refused() -> None:
     with pytest.raises(ValueError, match=r"blocks of 4 entries along dim -1 do not tile a length of 6"):
-        keep(torch.randn(2, 6), 1, group=_groups.Blocks(4))
+        keep(torch.randn(2, 6), 1, group=_groups.Runs(4))
 
 
 @st.composite
@@ -319,4 +319,4 @@ def test_the_short_rows_path_equals_the_sort_path(
         mp.setattr(_short_rows, "_CHUNK_ROWS", 7)  # rows cross chunk boundaries
         kept = _short_rows.keep_in_short_rows(keys, k, eligible)
     assert torch.equal(kept, _choose._keep_rows(keys, k, eligible))
-    assert torch.equal(keep(keys, k, eligible, group=_groups.Blocks(keys.shape[1])), kept)
+    assert torch.equal(keep(keys, k, eligible, group=_groups.Runs(keys.shape[1])), kept)

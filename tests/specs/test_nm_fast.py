@@ -1,7 +1,7 @@
 """The fast paths of ``NM`` (issue 27) equal the implementation they replace, bit for bit.
 
 The reference is today's kernel, kept in ``_nm_reference.py``: ``|scores|``
-ranked by ``funcprune._select.keep`` over ``Blocks(m, dim)``. The paths
+ranked by ``funcprune._select.keep`` over ``Runs(m, dim)``. The paths
 compared with it (``funcprune/_select/_n_m.py``): the native kernel (this
 CPU's build and the portable one), the torch path by comparisons (eagerly,
 a chunk of groups at a time, and under ``vmap``, ``grad`` and
