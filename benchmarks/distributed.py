@@ -92,7 +92,7 @@ What each column measures:
   unit (the maxima, then the rounded sums), never a weight, so the bytes
   follow the unit count, not the weights or the world size. One process's
   masks are stride-0 views of each unit's flag; a DTensor mask's local
-  block is contiguous (``_structure._blocks.Blocks.wrapped``), a byte per
+  block is contiguous (``_plans._held_members.HeldMembers.wrapped``), a byte per
   weight, which the peak-memory column shows.
 
 The unstructured suite's weights are the conv and linear weights of
@@ -137,7 +137,7 @@ from torch.utils._pytree import tree_flatten
 import funcprune as fp
 from funcprune import _native, _select
 from funcprune._select import _choose, _radix, _sharded
-from funcprune._structure._units import Kind
+from funcprune._units import Kind
 from funcprune._types import is_dtensor
 
 Masks = dict[str, torch.Tensor]

@@ -103,12 +103,14 @@ from ._plans import GlobalPlan as GlobalPlan
 from ._plans import GlobalStructuredPlan as GlobalStructuredPlan
 from ._plans import Plan as Plan
 from ._plans import Rule as Rule
+from ._plans import UnitPlan as UnitPlan
 from ._plans import compose as compose
 from ._plans import compute_joint_masks as compute_joint_masks
 from ._plans import compute_mask as compute_mask
 from ._plans import global_structured as global_structured
 from ._plans import global_unstructured as global_unstructured
 from ._plans import prune as prune
+from ._plans import structured as structured
 from ._runner import oneshot as oneshot
 from ._specs import NM as NM
 from ._specs import Block as Block
@@ -122,13 +124,8 @@ from ._specs import RandomStructured as RandomStructured
 from ._specs import RandomUnstructured as RandomUnstructured
 from ._specs import Spec as Spec
 from ._specs import chain as chain
-from ._structure import Member as Member
-from ._structure import Structure as Structure
-from ._structure import UnitGroup as UnitGroup
-from ._structure import UnitPlan as UnitPlan
 from ._structure import UnitsLeftOutWarning as UnitsLeftOutWarning
 from ._structure import structure as structure
-from ._structure import structured as structured
 from ._targets import Iterative as Iterative
 from ._targets import OneShot as OneShot
 from ._targets import Polynomial as Polynomial
@@ -143,6 +140,9 @@ from ._types import NormOrder as NormOrder
 from ._types import Params as Params
 from ._types import PruningType as PruningType
 from ._types import Scores as Scores
+from ._units import Member as Member
+from ._units import Structure as Structure
+from ._units import UnitGroup as UnitGroup
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,4 @@
-"""The values of a model's structure: :class:`Member`, :class:`UnitGroup`, :class:`Structure`.
+"""The values of a model's structure: :class:`Member`, :class:`UnitGroup`, :class:`Structure` (a base module).
 
 A *unit* is what a structured plan prunes and ``shrink`` removes whole: an
 MLP channel, an attention head, a KV group (a key/value head with the query
@@ -7,6 +7,10 @@ layer, alike); each :class:`Member` of a group says which slice of one
 parameter each unit spans: unit ``u`` spans indices ``start + u * width``
 up to ``start + (u + 1) * width`` of dim ``dim``. A unit is all of its
 members' slices.
+
+Plain values that import nothing of funcprune: ``funcprune._structure``
+reads them off a model, ``funcprune._plans`` ranks them (``structured``,
+and ``global_structured``'s one-member channel groups).
 """
 
 from __future__ import annotations

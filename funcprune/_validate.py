@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 
 import torch
 
@@ -229,3 +230,24 @@ def refuse_dtensors(fn: str, *tensors: object) -> None:
             "compute_mask method); call funcprune.compute_mask(spec, scores), a Plan or "
             "global_unstructured instead, which prune DTensors block by block, nothing gathered"
         )
+
+
+def refuse_in(fn: str, tensors: Mapping[str, object] | None, what: str = "parameter") -> None:
+    """Refuse DTensors where a function rebuilds whole tensors (payoff: bake, shrink, to_sparse; structure).
+
+    Rebuilt into a module or a sparse tensor, a DTensor would be gathered,
+    or be that process's block only. Not supported yet, so refused, naming
+    the first DTensor and its layout (read off the tensor; nothing of
+    ``funcprune._dtensor`` is needed to refuse one).
+
+    Raises:
+        NotImplementedError: if any value of ``tensors`` is a DTensor.
+    """
+    for name, t in (tensors or {}).items():
+        if is_dtensor(t):
+            raise NotImplementedError(
+                f"{fn}: the {what} {name!r} is a DTensor ({list(t.placements)} on {t.device_mesh}); "
+                f"{fn} does not support DTensors yet (it would rebuild this process's "
+                "block only); DTensors are supported by compute_mask, the plans, the "
+                "apply functions and sparsity_report"
+            )

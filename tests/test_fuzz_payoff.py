@@ -1280,10 +1280,10 @@ def test_the_units_fuzzer_removes_units_and_catches_a_plan_that_empties_a_group(
                 UNITS_OUTCOMES[param.values[0]] = run_units_case(param.values[0])
     outcomes = [o for seed, o in UNITS_OUTCOMES.items() if seed not in UNITS_FINDINGS]
     assert 2 * sum(o.startswith("ok") and o != "ok: 0 removed" for o in outcomes) >= len(outcomes), outcomes
-    from funcprune._specs import _channels
-    from funcprune._structure import _plan
+    from funcprune._plans import _rank_units
+    from funcprune._specs import _keep_units
 
-    monkeypatch.setattr(_plan, "keep_units", lambda *a, **k: _channels.keep_units(*a))
+    monkeypatch.setattr(_rank_units, "keep_units", lambda *a, **k: _keep_units.keep_units(*a))
     for seed in range(60):
         try:
             run_units_case(seed)

@@ -1,4 +1,4 @@
-"""Checks before any work: DTensors laid out as their parameters, and refused where whole tensors are rebuilt.
+"""Checks before any work: DTensors laid out as their parameters, and modules whose parameters FSDP2 gathers.
 
 Every process decides alike from layouts alone (no values read), so that
 none is left waiting in a collective another one skipped.
@@ -15,7 +15,7 @@ from torch import nn
 from .._types import Tensor, is_dtensor
 from ._layout import shown
 
-__all__ = ["check_layouts", "check_like", "check_not_fsdp", "refuse_in"]
+__all__ = ["check_layouts", "check_like", "check_not_fsdp"]
 
 
 def check_layouts(
@@ -91,20 +91,4 @@ def check_not_fsdp(fn: str, module: nn.Module) -> None:
                 "parameters and ignores those functional_call passes, so the masks would silently "
                 "not apply; train it in place instead: fp.mask_gradients_(params, masks) after "
                 "backward(), optimizer.step(), then fp.apply_masks_(params, masks)"
-            )
-
-
-def refuse_in(fn: str, tensors: Mapping[str, object] | None, what: str = "parameter") -> None:
-    """Refuse DTensors where a function rebuilds whole tensors (payoff: bake, shrink, to_sparse).
-
-    Rebuilt into a module or a sparse tensor, a DTensor would be gathered,
-    or be that process's block only. Not supported yet, so refused.
-    """
-    for name, t in (tensors or {}).items():
-        if is_dtensor(t):
-            raise NotImplementedError(
-                f"{fn}: the {what} {name!r} is a DTensor ({shown(t.placements, t.device_mesh)}); "
-                f"{fn} does not support DTensors yet (it would rebuild this process's "
-                "block only); DTensors are supported by compute_mask, the plans, the "
-                "apply functions and sparsity_report"
             )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,7 +26,7 @@ from .._select import (
 from .._specs import (
     Chain,
     L1Unstructured,
-    ScoresOf,
+    RuleItem,
     Spec,
     Step,
     checked_mask,
@@ -42,21 +42,12 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
 
-__all__ = ["LOCKSTEP_MAX_KEYS", "Naming", "RuleItem", "fold_rule", "l1_each"]
+__all__ = ["LOCKSTEP_MAX_KEYS", "Naming", "fold_rule", "l1_each"]
 
 
 #: The context that names what is pruned (``repr(name)`` of a parameter, or a group) and its spec
 #: in the errors raised within it.
 Naming = Callable[[str, Spec], AbstractContextManager[None]]
-
-
-class RuleItem(NamedTuple):
-    """One parameter a plan's rule selects: its name, the parameter, its scores for each step, its earlier mask."""
-
-    name: str
-    param: Tensor
-    scores_of: ScoresOf
-    mask: Mask
 
 
 def fold_rule(

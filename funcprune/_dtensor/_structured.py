@@ -1,4 +1,4 @@
-"""DTensor kernels for ``LnStructured`` and ``RandomStructured``, and the channels of ``global_structured``.
+"""DTensor kernels for ``LnStructured`` and ``RandomStructured``: one tensor's channels, block by block.
 
 Channel norms are taken where the channels lie whole, else reduced across
 the processes that share them (exact for ``n`` = ``inf``, ``-inf``, ``0``);
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -27,10 +26,10 @@ from .._specs import (
 from .._types import Mask, NormOrder, Tensor
 from .._validate import validate_dim_range, validate_structured
 from ._cuts import box, cut_dim, moved
-from ._layout import Layout, LocalBlock, agree_on_failure, all_reduce
+from ._layout import Layout, LocalBlock, all_reduce
 from ._random import Seed, agreed, count_of, uniform
 
-__all__ = ["Block", "Channels", "agree_on_failures", "all_reduced", "channels", "check_layout", "structured"]
+__all__ = ["check_layout", "structured"]
 
 
 # --- where the channels lie ------------------------------------------------------------
@@ -76,6 +75,18 @@ def check_layout(fn: str, what: str, spec: object, layout: Layout) -> None:
         "the tensor is replicated; use a vector norm (n=2, n='fro', n=1, ...) or shard along the "
         "channels' dim"
     )
+
+
+def _channel_layout(layout: Layout, d: int) -> Layout:
+    """The layout of a tensor's channel vector: cut by the mesh dims that cut its dim ``d``, whole along the others."""
+    from torch.distributed.tensor import Replicate
+
+    along = _cutting(layout, d)
+    placements = tuple(moved(p, 0) if i in along else Replicate() for i, p in enumerate(layout.placements))
+    shape = (layout.shape[d],)
+    cut = box(shape, tuple(layout.mesh.shape), layout.coordinate, placements)
+    assert cut is not None  # dim d is cut as the tensor's is, and that is a box
+    return Layout(layout.mesh, placements, shape, cut[0], cut[1], layout.coordinate, along)
 
 
 # --- LnStructured and RandomStructured ----------------------------------------------------
@@ -257,83 +268,9 @@ def _norms_across(n: NormOrder, block: LocalBlock, d: int, across: tuple[int, ..
     return root.to(accumulate).to(dtype), eligible
 
 
-# --- channels ranked across tensors (global_structured) -------------------------------------
-
-
-class Channels(NamedTuple):
-    """One tensor of a global structured group, seen channel by channel on this process."""
-
-    keys: Tensor  # this process's channel norms (zeros for RandomStructured): its block of channels, or all
-    eligible: Mask  # of those channels, the ones not entirely pruned; None: all
-    layout: Layout  # where they sit in the tensor's channel vector
-    dim: int  # the channels' dim of the tensor, non-negative
-    failure: RuntimeError | None  # this process could not compute its norms (a nuclear norm's SVD)
-
-
-def _channel_layout(layout: Layout, d: int) -> Layout:
-    """The layout of a tensor's channel vector: cut by the mesh dims that cut its dim ``d``, whole along the others."""
-    from torch.distributed.tensor import Replicate
-
-    along = _cutting(layout, d)
-    placements = tuple(moved(p, 0) if i in along else Replicate() for i, p in enumerate(layout.placements))
-    shape = (layout.shape[d],)
-    cut = box(shape, tuple(layout.mesh.shape), layout.coordinate, placements)
-    assert cut is not None  # dim d is cut as the tensor's is, and that is a box
-    return Layout(layout.mesh, placements, shape, cut[0], cut[1], layout.coordinate, along)
-
-
-def channels(spec: LnStructured | RandomStructured, block: LocalBlock, d: int) -> Channels:
-    """The channel keys of one DTensor of a global structured group (its shape checked by the caller).
-
-    Channels whole on each process (no mesh dim cuts another dim than
-    ``d``) are normed where they lie; otherwise their norms are reduced
-    across the processes that share them, as :func:`structured` reduces
-    them (one ``all_reduce`` per mesh dim they lie across).
-    """
-    scores, mask, layout = block
-    device = scores.device
-    vector = _channel_layout(layout, d)
-    others, across = _others(scores, d), _across(layout, d)
-    if math.prod(layout.shape) == 0:  # nothing to norm: one process's norms (and errors), nothing sent
-        keys = torch.zeros(layout.shape[d], dtype=scores.dtype, device=device)
-        if isinstance(spec, LnStructured):
-            keys = torch.norm(torch.zeros(layout.shape, dtype=scores.dtype, device=device), p=spec.n, dim=others)
-        eligible = None if mask is None else torch.zeros(layout.shape[d], dtype=torch.bool, device=device)
-        mine = slice(vector.offsets[0], vector.offsets[0] + vector.size[0])
-        return Channels(keys[mine], None if eligible is None else eligible[mine], vector, d, None)
-    if not across:  # whole channels here
-        eligible = None if mask is None else unpruned_units("structured", mask, d)
-        if isinstance(spec, RandomStructured):
-            return Channels(torch.zeros(scores.shape[d], dtype=scores.dtype, device=device), eligible, vector, d, None)
-        try:
-            return Channels(torch.norm(scores, p=spec.n, dim=others), eligible, vector, d, None)
-        except RuntimeError as e:
-            return Channels(torch.empty(0, dtype=scores.dtype, device=device), eligible, vector, d, e)
-    if isinstance(spec, LnStructured):
-        keys, eligible = _norms_across(spec.n, block, d, across)
-        return Channels(keys, eligible, vector, d, None)
-    eligible = None
-    if mask is not None:
-        eligible = all_reduce(mask.sum(dim=others, dtype=torch.int64), layout.mesh, across) != 0
-    return Channels(torch.zeros(scores.shape[d], dtype=scores.dtype, device=device), eligible, vector, d, None)
-
-
-def agree_on_failures(spec: LnStructured, parts: Sequence[Channels]) -> None:
-    """Raise on every process if one failed to compute its channels' norms (one ``all_reduce``)."""
-    failed = next((p.failure for p in parts if p.failure is not None), None)
-    agree_on_failure(failed, parts[0].layout.mesh, None, lambda: _failed_elsewhere(spec))
-
-
 def _failed_elsewhere(spec: LnStructured) -> RuntimeError:
     """What a process raises when another one of its mesh failed to compute its channels' norms."""
     return RuntimeError(
         f"{spec!r}: another process of the mesh failed to compute its channels' norms (its own "
         "error says why); no process computed a mask"
     )
-
-
-def all_reduced(
-    values: Sequence[float], layout: Layout, op: dist.ReduceOp.RedOpType, device: torch.device
-) -> list[float]:
-    """Python numbers reduced over the mesh's processes as float64 (one ``all_reduce``)."""
-    return [float(v) for v in all_reduce(torch.tensor(values, dtype=torch.float64, device=device), layout.mesh, op=op)]

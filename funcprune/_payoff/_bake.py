@@ -14,11 +14,11 @@ from typing import TypeVar, cast
 import torch
 from torch import nn
 
-from .._dtensor import refuse_in
 from .._experts import removed_experts, routers
 from .._graph import copy_module
 from .._names import check_masks, check_not_hooked
 from .._types import Tensor
+from .._validate import refuse_in
 from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
 
 __all__ = ["bake"]

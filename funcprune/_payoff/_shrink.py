@@ -18,7 +18,6 @@ from typing import Any, TypeVar, final
 import torch
 from torch import nn
 
-from .._dtensor import refuse_in
 from .._experts import never_routed
 from .._graph import (
     Analysis,
@@ -34,6 +33,7 @@ from .._graph import (
 )
 from .._names import check_masks, check_not_hooked
 from .._types import Masks, Tensor
+from .._validate import refuse_in
 from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
 from ._config import Record, describe_, is_transformers_model, record_, shapes_of
 from ._resize import resize_modules

@@ -15,10 +15,10 @@ import torch
 from torch import nn
 from torch.sparse import SparseSemiStructuredTensor
 
-from .._dtensor import refuse_in
 from .._names import check_masks, check_params, not_a_parameter
 from .._specs import kept_blocks
 from .._types import Masks, Params, Tensor, is_conv1d
+from .._validate import refuse_in
 from ._checks import check_mask_dtypes
 
 __all__ = [

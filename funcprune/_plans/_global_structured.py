@@ -1,10 +1,14 @@
 """Global structured groups: the channels of several tensors ranked together (``global_structured``).
 
 ``torch.nn.utils.prune`` refuses global structured pruning
-(pytorch#39765). This plan selects the names, checks ``normalize`` and
-scores each tensor as the plans do; the channels are ranked by the kernel
-``funcprune._specs.keep_channels`` on one process, or across processes by
-``funcprune._dtensor.keep_channels_across`` for DTensors (nothing gathered).
+(pytorch#39765). This plan is the plans over units (``_rank_units.py``)
+with one unit group per tensor: each channel of a selected tensor is a
+unit of one member, one index wide (a :class:`~funcprune.UnitGroup` of
+kind ``"channels"``), and no group keeps a channel it would otherwise lose.
+It selects the names, runs torch's checks on each tensor (and, for
+DTensors, those of a group ranked jointly) and ranks the channels as units
+are ranked: keyed by float64 norms added up order-free, so the masks are
+the same bit for bit on one process and over any shards.
 :func:`global_structured` documents the semantics.
 """
 
@@ -22,18 +26,17 @@ from .._specs import (
     LnStructured,
     Normalize,
     RandomStructured,
-    Spec,
     StructuredSpec,
-    channel_keys,
-    keep_channels,
+    check_channels,
+    check_normalize,
 )
 from .._types import Params, Scores, Tensor, is_dtensor
+from .._units import Member, UnitGroup
 from ._input_dims import Swapped, as_seen, as_stored, check_input_dims, check_swappable, input_dims_repr
-from ._plan import AbstractPlan, naming, scores_for
+from ._plan import AbstractPlan, naming
+from ._rank_units import rank_units
 
 __all__ = ["GlobalStructuredPlan", "Normalize", "global_structured"]
-
-_NORMALIZE = (None, "mean", "max")
 
 
 @final
@@ -73,7 +76,7 @@ class GlobalStructuredPlan(AbstractPlan):
                 f"(whole channels ranked across tensors), got {self.spec!r}; use "
                 "global_unstructured for unstructured specs"
             )
-        _check_normalize(self.normalize, self.spec)
+        check_normalize(self._FN, self.normalize, self.spec, "channels")
 
     def __repr__(self) -> str:
         extra = "" if self.normalize is None else f", normalize={self.normalize!r}"
@@ -95,13 +98,13 @@ class GlobalStructuredPlan(AbstractPlan):
         turned = [name for name in selected if name in self.swapped]
         for name in turned:
             check_swappable(self._FN, name, params[name])
+        seen = masks
         if turned:  # the specs see (out, in); the masks go back as stored
             params = {**params, **{n: as_seen(params[n], True) for n in turned}}
             seen = {**masks, **{n: as_seen(masks[n], True) for n in turned if n in masks}}
             scores = {**scores, **{n: as_seen(scores[n], True) for n in turned if n in scores}}
-            kept = self._kept(selected, params, seen, scores, generator)
-            return {**masks, **{n: as_stored(m, n in turned) for n, m in zip(selected, kept, strict=True)}}
-        return {**masks, **dict(zip(selected, self._kept(selected, params, masks, scores, generator), strict=True))}
+        kept = self._kept(selected, params, seen, scores, generator)
+        return {**masks, **{name: as_stored(kept[name], name in turned) for name in selected}}
 
     def _kept(
         self,
@@ -110,41 +113,36 @@ class GlobalStructuredPlan(AbstractPlan):
         masks: dict[str, Tensor],
         scores: Scores,
         generator: torch.Generator | None,
-    ) -> list[Tensor]:
-        """The masks of the ``selected`` tensors, their channels ranked together."""
+    ) -> dict[str, Tensor]:
+        """The masks of the ``selected`` tensors: their channels ranked together, as one-member unit groups."""
         fn, spec = self._FN, self.spec
-
-        def scores_of(name: str) -> Tensor:
-            return scores_for(params[name], masks.get(name), scores.get(name))
-
-        if any(is_dtensor(params[name]) for name in selected):
-            return dtensor.keep_channels_across(
-                fn, spec, selected, params, masks, scores_of, self.normalize, generator,
-                lambda what, step: naming(fn, what, step),
-            )  # fmt: skip
-        parts = []
+        if any(is_dtensor(params[name]) for name in selected):  # a group ranked jointly: one mesh, all DTensors
+            labels = [f"the parameter {name!r}" for name in selected]
+            dtensor.check_group(fn, labels, [params[name] for name in selected], spec)
+            for name, label in zip(selected, labels, strict=True):
+                param = params[name]
+                assert is_dtensor(param)  # checked by check_group
+                dtensor.check_supported(fn, label, spec, dtensor.layout_of(fn, label, param))
+        groups: dict[str, UnitGroup] = {}
+        none: dict[str, Tensor] = {}
         for name in selected:
+            ranked = scores.get(name, params[name])
+            if is_dtensor(ranked):  # one process's checks, on the whole shape
+                ranked = torch.empty(ranked.shape, dtype=ranked.dtype, device="meta")
             with naming(fn, repr(name), spec):
-                parts.append(channel_keys(spec, scores_of(name), masks.get(name), self.normalize))
-        total = sum(part.keys.shape[0] for part in parts)
+                check_channels(spec, ranked)
+            d = spec.dim % ranked.dim()
+            if ranked.shape[d]:
+                groups[name] = UnitGroup("channels", ranked.shape[d], (Member(name, d, 1),))
+            else:  # no channel to rank: its mask is the earlier one
+                none[name] = masks[name] if name in masks else torch.ones_like(params[name], dtype=torch.bool)
+        total = sum(group.size for group in groups.values())
         what = f"the {total} channels of [" + ", ".join(map(repr, selected)) + "] jointly"
-        with naming(fn, what, spec):
-            return keep_channels(spec, parts, generator)
-
-
-def _check_normalize(normalize: object, spec: Spec) -> None:
-    if normalize is not None and not isinstance(normalize, str):
-        raise TypeError(
-            f"global_structured: normalize must be None, 'mean' or 'max', got {normalize!r} "
-            f"of type {type(normalize).__name__}"
-        )
-    if normalize not in _NORMALIZE:
-        raise ValueError(f"global_structured: normalize must be None, 'mean' or 'max', got {normalize!r}")
-    if normalize is not None and isinstance(spec, RandomStructured):
-        raise ValueError(
-            f"global_structured: normalize={normalize!r} scales channel norms, but {spec!r} "
-            "draws channels at random without norms; leave normalize=None"
-        )
+        kept = rank_units(
+            fn, spec, groups, params, masks, scores, generator,
+            scope="global", normalize=self.normalize, floors=False, units="channels", what=what,
+        )  # fmt: skip
+        return kept | none
 
 
 def global_structured(
@@ -181,27 +179,36 @@ def global_structured(
     - Scores are the plan call's ``scores``, else each tensor as currently
       pruned (``param * mask``), as torch scores a pruned tensor.
     - ``LnStructured``: exactly the count asked for goes; among equal
-      scores the lower global channel index (tensors in listed order, then
-      channels in order) is pruned first; NaN scores are pruned last, as
-      in every funcprune selection. With one tensor and ``normalize=None``
-      the mask equals ``LnStructured``'s own.
+      norms the lower global channel index (tensors in listed order, then
+      channels in order) is pruned first; NaN norms are pruned last, as
+      in every funcprune selection.
+    - It is :func:`~funcprune.structured` over one unit group per tensor,
+      each channel a unit (``UnitGroup("channels", channels, (Member(name,
+      dim, 1),))``), minus the floor (a tensor may lose every channel). So
+      channels are ranked by float64 norms added up order-free, the same
+      bit for bit however the entries are split. With one tensor and
+      ``normalize=None`` the mask is ``LnStructured``'s, which ranks
+      torch's norms in the scores' dtype, except where channels' norms lie
+      within that dtype's rounding of one another (a few float32 ulps; in
+      float16 or bfloat16 their own coarser rounding), where float16 norms
+      or their sum for ``normalize="mean"`` overflow to ``inf``, or where
+      exactly equal norms are rounded apart (channels of different sizes).
+      ``n="nuc"`` takes each channel's nuclear norm where it lies whole.
     - ``RandomStructured``: the channels are drawn uniformly over the group
       (as ``RandomUnstructured`` draws over the vector of the group's
       channels): reproducible for a seed or ``generator=``, following
       ``vmap``'s ``randomness=``, though no torch function draws the same.
     - DTensors (an FSDP2 model's parameters; all of the group on one
-      mesh, ``Shard(d)`` or ``Replicate()`` on each mesh dim) are ranked across
-      processes with a few ``all_reduce`` calls of fixed size, nothing
-      gathered. Where each process holds whole channels (sharded along
-      ``dim``, or replicated) the masks equal one process's bit for bit
-      (``normalize="mean"`` of cut channels: the mean's sum is rounded
-      once from float64, so it may differ from one process's float32 sum
-      in the last bit). A tensor sharded along another dim gets its norms
-      reduced across processes (exact for ``n`` = ``inf``, ``-inf``,
-      ``0``; else within float32 rounding; ``'nuc'`` refused there).
-      ``RandomStructured`` then draws as ``RandomStructured`` on DTensors
-      does (see :func:`~funcprune.compute_mask`): the same masks for any
-      world size and placement, not torch's draws.
+      mesh, in any layout :func:`~funcprune.compute_mask` takes) are ranked
+      as the units of :func:`~funcprune.structured` are: each process adds
+      up its blocks' parts of every channel's norm, two ``all_reduce`` calls
+      of a few float64 numbers per channel combine them (nothing gathered),
+      and every process ranks the same keys: the masks equal one process's
+      bit for bit, ``normalize`` included, whatever the layout and ``n``
+      (``'nuc'`` where each process holds whole channels: sharded along
+      ``dim`` or replicated; refused elsewhere). ``RandomStructured``
+      keeps the channels the mesh's first process draws from its
+      generator, as one process draws them (one more ``all_reduce``).
 
     Args:
         names: parameter names or glob patterns (see :class:`Plan`); each
@@ -239,7 +246,8 @@ def global_structured(
             a ``TypeError`` if the group mixes them with plain tensors, a
             ``ValueError`` if they are on different meshes and a
             ``NotImplementedError`` for a layout or ``n='nuc'`` across
-            processes that is not supported).
+            processes that is not supported). A ``RuntimeError`` where a
+            nuclear norm's SVD fails (non-finite entries), on every process.
 
     >>> import torch, funcprune as fp
     >>> params = {"fc1.weight": torch.tensor([[3.0, 4.0], [0.1, 0.0], [1.0, 1.0]]),

@@ -1,6 +1,6 @@
 """Where a plan over units finds its members: whole tensors, or this process's blocks of DTensors.
 
-:class:`Blocks` gives :func:`~._keys.unit_keys` each member's values as
+:class:`HeldMembers` gives :func:`~._unit_keys.unit_keys` each member's values as
 this process holds them, reduces the per-unit numbers over the processes
 that hold parts of the units, makes every process keep the same units, and
 writes each member's mask where its parameter lies.
@@ -32,13 +32,13 @@ import torch.distributed as dist
 from .._dtensor import Layout, all_reduce, layout_of, parameter_block, wrap
 from .._specs import RandomStructured, StructuredSpec
 from .._types import Params, Scores, Tensor, is_dtensor
-from ._keys import Piece
-from ._units import Member
+from .._units import Member
+from ._unit_keys import Piece
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["Blocks", "keep_along", "sharded_members"]
+__all__ = ["HeldMembers", "keep_along", "sharded_members"]
 
 
 def sharded_members(names: Sequence[str], params: Params) -> bool:
@@ -70,8 +70,9 @@ def _expanded(flags: Tensor, dim: int, shape: Sequence[int]) -> Tensor:
 
 @final
 @dataclass(slots=True, eq=False)
-class Blocks:
-    """The members as this process holds them (see the module's docstring)."""
+class HeldMembers:
+    """The members' values, earlier masks and layouts as this process holds them: whole tensors, or its
+    blocks of DTensors (see the module's docstring)."""
 
     values: dict[str, Tensor]
     masks: dict[str, Tensor | None]
@@ -81,7 +82,7 @@ class Blocks:
     span: tuple[int, ...] = ()
 
     @classmethod
-    def whole(cls, names: Sequence[str], params: Params, masks: Mapping[str, Tensor], scores: Scores) -> Blocks:
+    def whole(cls, names: Sequence[str], params: Params, masks: Mapping[str, Tensor], scores: Scores) -> HeldMembers:
         values, kept = {}, {}
         for name in names:
             mask, given = masks.get(name), scores.get(name)
@@ -91,7 +92,7 @@ class Blocks:
     @classmethod
     def of(
         cls, fn: str, names: Sequence[str], params: Params, masks: Mapping[str, Tensor], scores: Scores
-    ) -> Blocks:
+    ) -> HeldMembers:
         """This process's blocks of the DTensor members (and of their earlier masks and given scores).
 
         Plain members beside them are copies that every process holds alike
@@ -118,7 +119,7 @@ class Blocks:
         return cls(values, kept, shapes, layouts, first.mesh, span)
 
     def piece(self, member: Member) -> Piece:
-        """The member's :class:`~._keys.Piece` on this process."""
+        """The member's :class:`~._unit_keys.Piece` on this process."""
         shape = self.shapes[member.name]
         entries = 1
         for i, n in enumerate(shape):

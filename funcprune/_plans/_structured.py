@@ -1,43 +1,26 @@
-"""Plans over units: :func:`structured` ranks whole units (channels, heads, KV groups, experts).
+"""Plans over a model's units: :func:`structured` ranks whole units (channels, heads, KV groups, experts).
 
-Each unit is scored by the ``n``-norm of all its entries (across its
-members: a KV group's query, key, value and output slices), or drawn at
-random; one exact selection (``L1Unstructured`` on the non-negative unit
-norms, or ``RandomUnstructured``, through :func:`~funcprune._specs.keep_units`)
-picks the units that go, over all groups at once or within each group, and
-each member's mask is its earlier mask with the pruned units' slices
-cleared. Everything is tensor arithmetic on the parameters' shapes, so the
-plan runs under ``vmap`` as the other plans do.
+:class:`UnitPlan` checks its structure against the parameters and hands
+the groups of the kinds it prunes to the one ranking of units
+(``_rank_units.py``), each group keeping its ``least`` units as ``shrink``
+does. ``README.md`` in this folder has the design.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import ClassVar, Literal, final
+from typing import ClassVar, final
 
 import torch
 
-from .._plans import AbstractPlan
-from .._specs import (
-    LnStructured,
-    Normalize,
-    RandomStructured,
-    StructuredSpec,
-    keep_units,
-    normalized,
-)
+from .._specs import LnStructured, Normalize, RandomStructured, StructuredSpec, check_normalize
 from .._types import Params, Scores, Tensor
-from ._blocks import Blocks, sharded_members
-from ._keys import unit_keys
-from ._units import KINDS, Kind, Structure, UnitGroup
+from .._units import KINDS, Kind, Structure, UnitGroup
+from ._plan import AbstractPlan
+from ._rank_units import SCOPES, Scope, rank_units
 
 __all__ = ["Scope", "UnitPlan", "structured"]
-
-#: Where units compete: all selected groups at once, or each group on its own.
-Scope = Literal["global", "group"]
-_SCOPES = ("global", "group")
-_NORMALIZE = (None, "mean", "max")
 
 
 @final
@@ -69,15 +52,9 @@ class UnitPlan(AbstractPlan):
             )
         if isinstance(self.spec, LnStructured) and self.spec.n == "nuc":
             raise ValueError(f"{fn}: the nuclear norm ranks matrices, not units; use n=2, 1 or another vector norm")
-        if self.scope not in _SCOPES:
+        if self.scope not in SCOPES:
             raise ValueError(f"{fn}: scope must be 'global' or 'group', got {self.scope!r}")
-        if self.normalize not in _NORMALIZE:
-            raise ValueError(f"{fn}: normalize must be None, 'mean' or 'max', got {self.normalize!r}")
-        if self.normalize is not None and isinstance(self.spec, RandomStructured):
-            raise ValueError(
-                f"{fn}: normalize={self.normalize!r} scales unit norms, but {self.spec!r} draws units "
-                "at random without norms; leave normalize=None"
-            )
+        check_normalize(fn, self.normalize, self.spec)
         if not self.groups():
             present = sorted({g.kind for g in self.structure.values()})
             raise ValueError(
@@ -105,31 +82,12 @@ class UnitPlan(AbstractPlan):
         fn, groups = self._FN, self.groups()
         for name, group in groups.items():
             _check_members(fn, name, group, params)
-        names = list(dict.fromkeys(m.name for g in groups.values() for m in g.members))
-        sharded = sharded_members(names, params)
-        blocks = Blocks.of(fn, names, params, masks, scores) if sharded else Blocks.whole(names, params, masks, scores)
-        keyed = unit_keys(
-            [(g, [blocks.piece(m) for m in g.members]) for g in groups.values()], _order(self.spec), blocks.reduce
-        )
-        keys = [normalized(k, e, self.normalize) for k, e in keyed]
-        eligible = [e for _, e in keyed]
-        if self.scope == "global":
-            total = sum(g.size for g in groups.values())
-            least = [g.least for g in groups.values()]
-            kept = _select(fn, self.spec, keys, eligible, least, generator, f"the {total} units of {len(groups)} groups jointly")
-        else:
-            kept = torch.cat([
-                _select(fn, self.spec, [k], [e], [g.least], generator, f"the {g.size} {g.kind} of {name!r}")
-                for (name, g), k, e in zip(groups.items(), keys, eligible, strict=True)
-            ])  # fmt: skip
-        split = torch.split(blocks.agreed(kept, self.spec), [g.size for g in groups.values()])
-        local: dict[str, Tensor] = {}
-        for group, units in zip(groups.values(), split, strict=True):
-            for member in group.members:
-                keep = blocks.keep(member, group.size, units)
-                mask = local.get(member.name, blocks.mask(member.name))
-                local[member.name] = keep if mask is None else mask & keep
-        return dict(masks) | {name: blocks.wrapped(name, mask) for name, mask in local.items()}
+        what = f"the {sum(g.size for g in groups.values())} units of {len(groups)} groups jointly"
+        new = rank_units(
+            fn, self.spec, groups, params, masks, scores, generator,
+            scope=self.scope, normalize=self.normalize, floors=True, units="units", what=what,
+        )  # fmt: skip
+        return {**masks, **new}
 
 
 def _check_members(fn: str, name: str, group: UnitGroup, params: Params) -> None:
@@ -147,24 +105,6 @@ def _check_members(fn: str, name: str, group: UnitGroup, params: Params) -> None
             )
         if not param.is_floating_point():
             raise TypeError(f"{fn}: {member.name!r} must be floating-point to be ranked, got {param.dtype}")
-
-
-def _select(
-    fn: str, spec: StructuredSpec, keys: Sequence[Tensor], eligible: Sequence[Tensor | None], least: Sequence[int],
-    generator: torch.Generator | None, what: str,
-) -> Tensor:  # fmt: skip
-    """One exact selection over the units' keys: which units stay (each group keeps its ``least``, as shrink does)."""
-    try:
-        return keep_units(spec, keys, eligible, generator, least=least)
-    except (TypeError, ValueError) as e:
-        raise type(e)(f"{fn}: cannot prune {what} with {spec!r}: {e}") from e
-
-
-def _order(spec: StructuredSpec) -> float | None:
-    """The norm order units are ranked by (``None``: drawn at random)."""
-    if not isinstance(spec, LnStructured):
-        return None
-    return 2.0 if spec.n == "fro" else float(spec.n)
 
 
 def structured(

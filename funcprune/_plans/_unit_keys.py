@@ -26,6 +26,14 @@ Terms are ``|x| ** n`` in float64 (``x * x`` and ``|x|`` exactly for
 A unit with a NaN entry has a NaN key (ranked last by the selection), one
 with an infinite term an infinite sum (``n < 0``: a zero entry, so a zero
 norm), as ``torch.linalg.vector_norm`` gives.
+
+``n = "nuc"``, the nuclear norm, is no sum of parts: it keys units that are
+one index of one member (``global_structured``'s channels of a 3-dim
+tensor), each a matrix that one process holds whole, normed there in the
+scores' dtype as ``torch.norm`` norms it (exact: every other process adds
+nothing), then taken by the maximum. An SVD that fails on one process
+(non-finite entries) fails every process: a flag rides along the maximum,
+and the others raise :class:`FailedElsewhere`.
 """
 
 from __future__ import annotations
@@ -33,17 +41,23 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, final
+from typing import Literal, Union, final
 
 import torch
 
 from .._types import Tensor
-from ._units import Member, UnitGroup
+from .._units import Member, UnitGroup
 
-__all__ = ["Piece", "Reduce", "unit_keys"]
+__all__ = ["FailedElsewhere", "Order", "Piece", "Reduce", "unit_keys"]
 
 #: Reduces a vector of per-unit numbers over the processes that hold parts of the units (identity in one).
 Reduce = Callable[[Tensor, Literal["sum", "max"]], Tensor]
+#: The norm units are keyed by: an order of vector norm, the nuclear norm, or ``None`` (drawn at random: zeros).
+Order = Union[float, Literal["nuc"], None]
+
+
+class FailedElsewhere(RuntimeError):
+    """Another process of the mesh failed to compute its units' norms (its own error says why)."""
 
 
 @final
@@ -70,7 +84,9 @@ class Piece:
     counted: bool = True
 
 
-def _order(n: float) -> Literal["sum", "count", "max", "min"]:
+def _order(n: float | Literal["nuc"]) -> Literal["sum", "count", "max", "min", "nuc"]:
+    if n == "nuc":
+        return "nuc"
     if n == 0:
         return "count"
     if n == math.inf:
@@ -149,19 +165,28 @@ def _device(pieces: Sequence[Piece]) -> torch.device:
 
 @dataclass(slots=True)
 class _Maxima:
-    """What one group reduces by maximum: units an earlier mask left, NaN and inf flags, largest terms."""
+    """What one group reduces by maximum: units an earlier mask left, NaN and inf flags, largest terms
+    (nuclear norms for ``"nuc"``), and whether a process failed to compute them."""
 
     alive: Tensor | None
     nan: Tensor | None = None
     inf: Tensor | None = None
     top: Tensor | None = None
+    failed: Tensor | None = None
+    #: This process's own failure (never sent).
+    error: RuntimeError | None = None
 
     def parts(self) -> list[Tensor]:
-        return [t for t in (self.alive, self.nan, self.inf, self.top) if t is not None]
+        return [t for t in self.fields() if t is not None]
 
     def replaced(self, values: list[Tensor]) -> _Maxima:
         it = iter(values)
-        return _Maxima(*(None if t is None else next(it) for t in (self.alive, self.nan, self.inf, self.top)))
+        alive, nan, inf, top, failed = (None if t is None else next(it) for t in self.fields())
+        return _Maxima(alive, nan, inf, top, failed, self.error)
+
+    def fields(self) -> tuple[Tensor | None, ...]:
+        """Every number reduced by maximum, in order (``None`` where a group has none of them)."""
+        return (self.alive, self.nan, self.inf, self.top, self.failed)
 
 
 def _abs_max(part: Tensor, dim: int) -> Tensor:
@@ -179,6 +204,8 @@ def _maxima(group: UnitGroup, pieces: Sequence[Piece], how: str | None, n: float
     zeros = torch.zeros(size, dtype=torch.float64, device=_device(pieces))
     masked = any(p.mask is not None for p in pieces)
     got = _Maxima(zeros if masked else None)
+    if how == "nuc":
+        got.nan, got.top, got.failed = zeros, zeros, zeros
     if how in ("sum", "max", "min"):
         got.nan = zeros
         got.inf = zeros if how == "sum" else None
@@ -197,6 +224,9 @@ def _maxima(group: UnitGroup, pieces: Sequence[Piece], how: str | None, n: float
                 flags = _to_units(every, first, size, w, "max")
             got.alive = torch.maximum(got.alive, flags)
         if got.nan is None or got.top is None:
+            continue
+        if how == "nuc":
+            _nuclear(got, part, d, first, size)
             continue
         if how == "sum" and not _fast(n):  # any other order: every term computed (rare orders, slower)
             v = _terms(part, n)
@@ -218,6 +248,20 @@ def _maxima(group: UnitGroup, pieces: Sequence[Piece], how: str | None, n: float
             largest, neutral = torch.where(nan, torch.full_like(largest, -math.inf), largest), -math.inf
         got.top = torch.maximum(got.top, _to_units(largest, first, size, w, "max", neutral))
     return got
+
+
+def _nuclear(got: _Maxima, part: Tensor, d: int, first: int, size: int) -> None:
+    """Each index's nuclear norm over the other dims (a matrix per unit), into ``got`` (its NaN flags apart)."""
+    assert got.nan is not None and got.top is not None and got.failed is not None
+    try:
+        norms = torch.norm(part, p="nuc", dim=[i for i in range(part.dim()) if i != d]).to(torch.float64)
+    except RuntimeError as e:  # an SVD of non-finite values: every process raises, after the maximum
+        got.error = e
+        got.failed = torch.ones_like(got.failed)
+        return
+    nan = norms.isnan()
+    got.nan = torch.maximum(got.nan, _to_units(nan.to(torch.float64), first, size, 1, "max"))
+    got.top = torch.maximum(got.top, _to_units(torch.where(nan, torch.zeros_like(norms), norms), first, size, 1, "max"))
 
 
 def _quanta(group: UnitGroup, pieces: Sequence[Piece], top: Tensor) -> Tensor:
@@ -304,25 +348,37 @@ def _counts(group: UnitGroup, pieces: Sequence[Piece]) -> Tensor:
 
 
 def unit_keys(
-    groups: Sequence[tuple[UnitGroup, Sequence[Piece]]], n: float | None, reduce: Reduce
+    groups: Sequence[tuple[UnitGroup, Sequence[Piece]]], n: Order, reduce: Reduce
 ) -> list[tuple[Tensor, Tensor | None]]:
     """Each group's unit keys and the units an earlier mask left (``None``: no member has a mask).
 
     Keys are float64 ``n``-norms of all of a unit's entries (zeros where ``n``
-    is ``None``: units drawn at random). ``reduce`` is called at most twice:
+    is ``None``: units drawn at random; nuclear norms for ``"nuc"``, of
+    units one index of one member). ``reduce`` is called at most twice:
     once with ``"max"``, once with ``"sum"``, each over one vector of a few
     numbers per unit of every group.
+
+    Raises:
+        RuntimeError: this process's own error computing a nuclear norm
+            (an SVD of non-finite values), or :class:`FailedElsewhere` where
+            another process's failed: on every process alike.
     """
     how = None if n is None else _order(n)
-    maxima = [_maxima(group, pieces, how, 0.0 if n is None else n) for group, pieces in groups]
+    power = 0.0 if n is None or n == "nuc" else n
+    maxima = [_maxima(group, pieces, how, power) for group, pieces in groups]
     flat = [t for got in maxima for t in got.parts()]
     if flat:
         reduced = iter(torch.split(reduce(torch.cat(flat, -1), "max"), [t.shape[-1] for t in flat], -1))
         maxima = [got.replaced([next(reduced) for _ in got.parts()]) for got in maxima]
+    for got in maxima:
+        if got.error is not None:
+            raise got.error
+    if any(got.failed is not None and bool((got.failed > 0).any()) for got in maxima):
+        raise FailedElsewhere("another process of the mesh failed to compute its units' norms")
     sums: list[Tensor] = []
     for (group, pieces), got in zip(groups, maxima, strict=True):
-        if how == "sum" and got.top is not None and n is not None:
-            sums.append(_rounded_sums(group, pieces, n, got.top))
+        if how == "sum" and got.top is not None:
+            sums.append(_rounded_sums(group, pieces, power, got.top))
         elif how == "count":
             sums.append(_counts(group, pieces))
     summed = iter(torch.split(reduce(torch.cat(sums, -1), "sum"), [t.shape[-1] for t in sums], -1)) if sums else iter(())
@@ -334,12 +390,14 @@ def unit_keys(
         elif how == "count":
             keys = next(summed)
         else:
-            assert got.nan is not None and got.top is not None and n is not None
+            assert got.nan is not None and got.top is not None
             if how == "sum":
                 assert got.inf is not None
                 total = next(summed)
                 total = torch.where(got.inf > 0, torch.full_like(total, math.inf), total)
-                keys = total if n == 1 else total.pow(1 / n)
+                keys = total if power == 1 else total.pow(1 / power)
+            elif how == "nuc":
+                keys = got.top
             else:
                 keys = got.top if how == "max" else -got.top
             keys = torch.where(got.nan > 0, torch.full_like(keys, math.nan), keys)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar, final
+from typing import NamedTuple, TypeVar, final
 
 import torch
 
@@ -23,12 +23,22 @@ from ._kernels import as_bool
 from ._spec import Spec, checked_mask
 from ._torch_specs import Identity
 
-__all__ = ["Chain", "ScoresOf", "Step", "chain", "fold"]
+__all__ = ["Chain", "RuleItem", "ScoresOf", "Step", "chain", "fold"]
 
 #: Scores for step ``i`` given the mask the steps before it left.
 ScoresOf = Callable[[int, Mask], Tensor]
 #: One step's mask from its spec, scores, the mask so far and the generator (:func:`checked_mask`'s signature).
 Step = Callable[[Spec, Tensor, Mask, "torch.Generator | None"], Tensor]
+
+
+class RuleItem(NamedTuple):
+    """One parameter a plan's rule folds its specs on: its name, the parameter, its scores for each step
+    (:data:`ScoresOf`), its earlier mask. Plain or DTensor alike (``funcprune._dtensor`` folds the latter)."""
+
+    name: str
+    param: Tensor
+    scores_of: ScoresOf
+    mask: Mask
 
 #: What a step scores, and the mask it leaves: a tensor and its mask (or, for a group of DTensor
 #: blocks, the blocks and their masks).

@@ -1,27 +1,27 @@
-"""Channels of several tensors ranked together: the one-process kernel of ``global_structured``.
+"""Units ranked together: one exact selection over the keys of units of several groups (``keep_units``).
 
-Each tensor is scored per channel (:func:`channel_keys`: the L``n`` norm of
-each slice along ``dim``, optionally normalized per tensor; zeros for the
-random spec), the channel scores of all tensors are ranked as one vector by
-one exact selection (:func:`keep_channels`: ``L1Unstructured`` on the norms,
-which are non-negative, or ``RandomUnstructured``), and the kept channels
-are expanded back to each tensor's shape on top of its earlier mask.
-``funcprune._dtensor`` ranks DTensors' channels across processes with the
-same checks, normalization and expansion.
+The plans over units (``funcprune._plans``: ``structured``, and
+``global_structured``, whose units are the channels of each tensor) key
+every unit by a norm (or draw it at random), optionally scale each group's
+keys (:func:`normalized`, how :data:`NORMALIZE` says), and rank all keys
+as one vector here: ``L1Unstructured`` on the norms, which are
+non-negative, or ``RandomUnstructured``, with each group keeping its
+``least`` units where asked. :func:`check_channels` holds torch's checks of
+one tensor whose channels are ranked.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal, NamedTuple, Optional, Union
+from typing import Literal, Optional, Union, get_args
 
 import torch
 
 from .._select import keep, resolve_count
-from .._types import Count, Mask, Tensor
+from .._types import Count, Tensor
 from .._validate import validate_dim_range, validate_structured
-from ._kernels import _rand, check_matrix_norm, unpruned_count, unpruned_units
+from ._kernels import _rand, check_matrix_norm, unpruned_count
 from ._spec import Spec, checked_mask
 from ._torch_specs import (
     L1Unstructured,
@@ -30,29 +30,43 @@ from ._torch_specs import (
     RandomUnstructured,
 )
 
-__all__ = [
-    "ChannelKeys", "Normalize", "StructuredSpec", "channel_keys", "check_channels", "expand_channels",
-    "keep_channels", "keep_units", "normalized",
-]  # fmt: skip
+__all__ = ["NORMALIZE", "Normalize", "StructuredSpec", "check_channels", "check_normalize", "keep_units", "normalized"]
 
-#: How each tensor's channel norms are scaled before they compete (``None``: raw).
+#: How each group's unit norms are scaled before they compete (``None``: raw).
 Normalize = Optional[Literal["mean", "max"]]
-#: The specs whose channels can be ranked across tensors.
+#: Every value ``normalize`` takes.
+NORMALIZE: tuple[Normalize, ...] = (None, *get_args(get_args(Normalize)[0]))
+#: The specs whose units can be ranked across groups.
 StructuredSpec = Union[LnStructured, RandomStructured]
 
 
-class ChannelKeys(NamedTuple):
-    """One tensor of the group, seen channel by channel."""
+def check_normalize(fn: str, normalize: object, spec: StructuredSpec, units: str = "units") -> None:
+    """Refuse a ``normalize`` that is not one of :data:`NORMALIZE`, or any with a random spec.
 
-    keys: Tensor  # one score per channel (zeros for RandomStructured)
-    eligible: Mask  # the channels not entirely pruned earlier; None: all
-    dim: int  # the channels' dim, non-negative
-    shape: torch.Size  # the tensor's shape
-    mask: Mask  # its earlier mask
+    Raises:
+        TypeError: if ``normalize`` is neither ``None`` nor a string.
+        ValueError: if it is another string, or given with ``RandomStructured``
+            (which draws its ``units`` without norms).
+    """
+    if normalize is not None and not isinstance(normalize, str):
+        raise TypeError(
+            f"{fn}: normalize must be None, 'mean' or 'max', got {normalize!r} of type {type(normalize).__name__}"
+        )
+    if normalize not in NORMALIZE:
+        raise ValueError(f"{fn}: normalize must be None, 'mean' or 'max', got {normalize!r}")
+    if normalize is not None and isinstance(spec, RandomStructured):
+        raise ValueError(
+            f"{fn}: normalize={normalize!r} scales {units[:-1]} norms, but {spec!r} draws {units} "
+            "at random without norms; leave normalize=None"
+        )
 
 
 def check_channels(spec: StructuredSpec, scores: Tensor) -> None:
-    """One tensor's checks (torch's first): floating scores, 2 dims or more, ``dim`` in range, the norm."""
+    """One tensor's checks (torch's first): floating scores, 2 dims or more, ``dim`` in range, the norm.
+
+    A tensor of no entries is normed as torch norms it, for torch's errors
+    (an ``inf`` norm over an empty dim has no identity).
+    """
     if not scores.is_floating_point():
         raise TypeError(
             f"scores must be a floating-point tensor, got dtype {scores.dtype}; convert them with .float()"
@@ -61,25 +75,16 @@ def check_channels(spec: StructuredSpec, scores: Tensor) -> None:
     validate_dim_range(scores, spec.dim)
     if isinstance(spec, LnStructured):
         check_matrix_norm(spec.n, scores)
+        if math.prod(scores.shape) == 0:
+            d = spec.dim % scores.dim()
+            empty = torch.zeros(scores.shape, dtype=scores.dtype)
+            torch.norm(empty, p=spec.n, dim=[i for i in range(scores.dim()) if i != d])
 
 
-def channel_keys(spec: StructuredSpec, scores: Tensor, mask: Mask, normalize: Normalize) -> ChannelKeys:
-    """The channel scores of one tensor and its still-unpruned channels (torch's checks first)."""
-    check_channels(spec, scores)
-    d = spec.dim % scores.dim()
-    eligible = None if mask is None else unpruned_units("structured", mask, d)
-    if isinstance(spec, RandomStructured):
-        keys = torch.zeros(scores.shape[d], device=scores.device)
-    else:
-        others = [i for i in range(scores.dim()) if i != d]
-        keys = normalized(torch.norm(scores, p=spec.n, dim=others), eligible, normalize)
-    return ChannelKeys(keys, eligible, d, scores.shape, mask)
+def normalized(norms: Tensor, eligible: Tensor | None, normalize: Normalize) -> Tensor:
+    """``norms`` divided by the mean or max of the finite ones of unpruned units.
 
-
-def normalized(norms: Tensor, eligible: Mask, normalize: Normalize) -> Tensor:
-    """``norms`` divided by the mean or max of the finite ones of unpruned channels.
-
-    Where that is not positive (all zero, or no such channel) they stay as they are.
+    Where that is not positive (all zero, or no such unit) they stay as they are.
     """
     if normalize is None or norms.numel() == 0:
         return norms
@@ -105,9 +110,9 @@ def keep_units(
     many of the units it has left, or all of them where it has fewer
     (:func:`_keep_leaving`).
     """
-    if least is not None:
+    if least is not None and any(least):
         return _keep_leaving(spec, keys, eligible, generator, least)
-    joined = torch.cat(list(keys))
+    joined = torch.cat(list(keys)) if keys else torch.zeros(0, dtype=torch.float64)
     alive = None
     if any(e is not None for e in eligible):
         alive = torch.cat([
@@ -115,8 +120,9 @@ def keep_units(
             for k, e in zip(keys, eligible, strict=True)
         ])  # fmt: skip
     flat: Spec
-    if isinstance(spec, RandomStructured):
+    if isinstance(spec, RandomStructured):  # one draw per unit left, of torch's default dtype, as torch draws
         flat = RandomUnstructured(spec.amount, sparsity=spec.sparsity)
+        joined = torch.zeros(joined.shape, device=joined.device)
     else:
         flat = L1Unstructured(spec.amount, sparsity=spec.sparsity)
     return checked_mask(flat, joined.detach(), alive, generator)
@@ -172,20 +178,3 @@ def _last_to_go(keys: Tensor, eligible: Tensor | None, count: int = 1) -> Tensor
     last = torch.sort(ranked, dim=-1, stable=True).indices.narrow(-1, n - min(count, n), min(count, n))
     flags = (torch.arange(n, device=keys.device).unsqueeze(-1) == last.unsqueeze(-2)).any(-1)
     return flags if eligible is None else flags & eligible
-
-
-def keep_channels(
-    spec: StructuredSpec, parts: Sequence[ChannelKeys], generator: torch.Generator | None
-) -> list[Tensor]:
-    """One exact selection over the group's channel vector, expanded back per tensor."""
-    kept = keep_units(spec, [part.keys for part in parts], [part.eligible for part in parts], generator)
-    pieces = torch.split(kept, [part.keys.shape[0] for part in parts])
-    return [expand_channels(piece, part) for piece, part in zip(pieces, parts, strict=True)]
-
-
-def expand_channels(kept: Tensor, part: ChannelKeys) -> Tensor:
-    """Kept channels as a mask of the tensor's shape, on top of its earlier mask."""
-    shape = [1] * len(part.shape)
-    shape[part.dim] = part.shape[part.dim]
-    full = kept.reshape(shape).expand(part.shape)
-    return full.contiguous() if part.mask is None else full & part.mask

@@ -5,7 +5,7 @@ one KV group...) that can go is a *unit*; its *footprint* is the parameter
 indices that belong to it alone (those shared with other units, such as a
 per-head-dim norm shared by every head, go only when all of them go and
 belong to none). Units with the same kind and the same parameters form a
-:class:`~._units.UnitGroup`, whose members are read off the footprints:
+:class:`~funcprune.UnitGroup`, whose members are read off the footprints:
 each unit's indices along a parameter's dim must be runs of one width, one
 run per member, unit after unit.
 """
@@ -20,11 +20,11 @@ from typing import final
 from torch import nn
 
 from .. import _graph as graph
-from .._dtensor import refuse_in
 from .._names import check_not_hooked
 from .._payoff import removable
 from .._targets import output_parameters
-from ._units import Kind, Member, Structure, UnitGroup
+from .._units import Kind, Member, Structure, UnitGroup
+from .._validate import refuse_in
 
 __all__ = ["UnitsLeftOutWarning", "structure", "units_of"]
 

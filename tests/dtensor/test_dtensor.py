@@ -322,6 +322,8 @@ def test_payoff_refuses_dtensors_rather_than_rebuild_one_block(mesh: DeviceMesh)
     for fn in (fp.shrink, fp.propagate):
         with pytest.raises(NotImplementedError, match=f"^{fn.__name__}: " + expected.format("parameter", fn.__name__)):
             fn(model, plain, torch.randn(1, 4))
+    with pytest.raises(NotImplementedError, match="^structure: " + expected.format("parameter", "structure")):
+        fp.structure(model, torch.randn(1, 4))
 
 
 def test_masks_apply_to_dtensors_block_by_block(mesh: DeviceMesh) -> None:

@@ -276,6 +276,26 @@ def test_global_structured_refuses_what_a_group_of_dtensors_cannot_be(mesh: Devi
         fp.global_structured(["w", "v"], fp.LnStructured(1, n=2, dim=2))({"w": cube, "v": w})  # one process's error
 
 
+def test_global_structured_over_dtensors_is_the_units_plan_of_one_process(mesh: DeviceMesh) -> None:
+    """Channels are units (issue 37): on a mesh, ``RandomStructured`` keeps what one process draws from the
+    same generator (the channels' old code drew its own keys), and the float64 keys see what float32 ties."""
+    g = torch.Generator().manual_seed(2)
+    whole = {"a": torch.randn(6, 5, generator=g), "b": torch.randn(4, 3, 2, generator=g)}
+    earlier = {"a": torch.rand(6, 5, generator=g) < 0.7}
+    spec = fp.RandomStructured(sparsity=0.5, dim=0)
+    for placements in ((Shard(0), Shard(1)), (Shard(1), Replicate())):
+        params = {n: distribute(t, mesh, p) for (n, t), p in zip(whole.items(), placements, strict=True)}
+        masks = {"a": distribute(earlier["a"], mesh, placements[0])}
+        for seed in range(3):
+            plan = fp.global_structured(["a", "b"], spec)
+            got = plan(params, masks, generator=torch.Generator().manual_seed(seed))
+            expected = plan(whole, earlier, generator=torch.Generator().manual_seed(seed))
+            assert all(torch.equal(dt(got[n]).full_tensor(), m) for n, m in expected.items())
+    tied = torch.tensor([[1.0, 2.0**-20], [1.0, 0.0], [3.0, 0.0]])  # channels 0 and 1: 1.0 in float32
+    got = fp.global_structured(["w"], fp.LnStructured(1, n=2, dim=0))({"w": distribute(tied, mesh, Shard(1))})
+    assert dt(got["w"]).full_tensor().all(1).tolist() == [True, False, True]
+
+
 # --- worlds of 2 and 4 processes ---------------------------------------------------------
 
 
@@ -677,7 +697,7 @@ def test_global_random_structured_is_the_same_for_every_world_size_and_placement
     assert all(torch.equal(again["masks"][n], masks[n]) for n in masks)
 
 
-def test_global_structured_sends_a_few_all_reduces_of_fixed_size(world2: World) -> None:
+def test_global_structured_sends_two_all_reduces_of_a_few_numbers_per_channel(world2: World) -> None:
     g = torch.Generator().manual_seed(0)
     sent: dict[str | None, set[int]] = {}
     for width in (12, 120):  # 10x along the dims other than the channels
@@ -689,9 +709,10 @@ def test_global_structured_sends_a_few_all_reduces_of_fixed_size(world2: World) 
             answers = world2.run(_global_on_ranks, members, fp.LnStructured(0.5, n=2, dim=0), normalize, 0)
             assert all(a["collectives"] == {"c10d.allreduce_"} for a in answers)
             sent.setdefault(normalize, set()).update(a["bytes"] for a in answers)
-    # the select's 3 rounds of float32 keys (the first's sum is the unpruned count); the maxima
-    # (2 float64) or sums and counts (4)
-    assert sent == {None: {_ROUNDS32}, "max": {16 + _ROUNDS32}, "mean": {32 + _ROUNDS32}}
+    # the units' two all-reduces, in float64, whatever normalize (every process then holds every key):
+    # the maximum of each channel's NaN and inf flags and largest term, and of the masked tensor's "left"
+    # flags (3 * 14 + 6), then the sum of each channel's rounded squares (14): fixed as the width grows
+    assert sent == dict.fromkeys((None, "max", "mean"), {8 * (3 * 14 + 6 + 14)})
 
 
 # --- communication -----------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch
 from _hf import Tiny, tiny
 
 import funcprune as fp
-from funcprune._structure import Kind
+from funcprune._units import Kind
 
 Tensor = torch.Tensor
 Record = dict[str, Any]

@@ -161,6 +161,64 @@ def test_inputs_are_left_untouched_and_other_masks_pass_through() -> None:
     assert list(masks) == ["conv.weight", "fc.weight", "seq.weight", "bias"]
 
 
+# --- channels are units (issue 37) -------------------------------------------------
+
+
+def one_member_groups(params: dict[str, Tensor], dim: int) -> fp.Structure:
+    """Each tensor's channels along ``dim`` as one unit group: what global_structured ranks."""
+    return fp.Structure({
+        name: fp.UnitGroup("channels", p.shape[dim], (fp.Member(name, dim % p.dim(), 1),)) for name, p in params.items()
+    })  # fmt: skip
+
+
+def test_channels_are_ranked_by_float64_norms_as_units_are() -> None:
+    # Both channels' float32 norms are 1.0 (1 + 2**-40 rounds to 1): float32 keys tie and the lower
+    # channel would go; the units' float64 keys see channel 1 as the smaller, and it goes.
+    params = {"w": torch.tensor([[1.0, 2.0**-20], [1.0, 0.0], [3.0, 0.0]])}
+    assert torch.norm(params["w"][0]) == torch.norm(params["w"][1])  # tied in float32
+    spec = fp.LnStructured(1, n=2, dim=0)
+    masks = global_structured(["w"], spec)(params)
+    assert channels_of(masks) == [[True, False, True]]
+    assert same_masks(masks, fp.structured(one_member_groups(params, 0), spec)(params))
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("normalize", [None, "mean", "max"])
+@pytest.mark.parametrize("n", [1, 2, 0.5, math.inf, "fro"])
+def test_equals_structured_over_one_member_channel_groups(seed: int, normalize: Normalize, n: fp.NormOrder) -> None:
+    g = torch.Generator().manual_seed(seed)
+    params = {"a": torch.randn(6, 4, generator=g), "b": torch.randn(5, 3, 2, generator=g), "c": torch.randn(4, 7, generator=g)}
+    earlier = {"b": torch.rand(5, 3, 2, generator=g) > 0.2, "c": torch.rand(4, 7, generator=g) > 0.5}
+    spec = fp.LnStructured(sparsity=0.3, n=n, dim=0)
+    masks = global_structured(list(params), spec, normalize=normalize)(params, earlier)
+    assert all(kept_channels(m, 0).any() for m in masks.values())  # structured would keep one of each group
+    units = fp.structured(one_member_groups(params, 0), spec, normalize=normalize)(params, earlier)
+    assert same_masks(masks, units)
+
+
+def test_a_nuclear_norm_ranks_each_channels_matrix() -> None:
+    g = torch.Generator().manual_seed(13)
+    params = {"a": torch.randn(5, 3, 4, generator=g), "b": torch.randn(3, 2, 6, generator=g) * 2}
+    masks = global_structured(["a", "b"], fp.LnStructured(3, n="nuc", dim=0))(params)
+    norms = torch.cat([torch.linalg.matrix_norm(p, ord="nuc") for p in params.values()])
+    gone = set(torch.argsort(norms, stable=True)[:3].tolist())
+    assert sum(channels_of(masks), []) == [i not in gone for i in range(8)]
+    inf = dict(params, a=params["a"].clone())
+    inf["a"][0, 0, 0] = math.inf  # its SVD gives NaN: ranked last, as a NaN norm
+    masks = global_structured(["a", "b"], fp.LnStructured(7, n="nuc", dim=0))(inf)
+    assert sum(channels_of(masks), []) == [True] + [False] * 7
+
+
+def test_a_tensor_without_channels_keeps_its_earlier_mask() -> None:
+    params = {"a": torch.randn(0, 3), "b": torch.randn(4, 3)}
+    earlier = {"a": torch.ones(0, 3, dtype=torch.bool)}
+    masks = global_structured(["a", "b"], fp.LnStructured(2, n=2, dim=0))(params, earlier)
+    assert masks["a"].shape == (0, 3) and masks["a"].dtype == torch.bool and masks["a"] is not earlier["a"]
+    assert pruned_channel_count({"b": masks["b"]}, 0) == 2
+    with pytest.raises(RuntimeError, match="cannot compute the inf norm on the dimension 1"):
+        global_structured(["b", "e"], fp.LnStructured(1, n=math.inf, dim=0))({"b": params["b"], "e": torch.ones(3, 0)})
+
+
 # --- earlier masks, sparsity= ------------------------------------------------------
 
 

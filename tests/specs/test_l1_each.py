@@ -30,7 +30,7 @@ from torch.func import vmap
 
 import funcprune as fp
 from funcprune import _native
-from funcprune._plans import _plan
+from funcprune._plans import _rules
 from funcprune._select import (
     KeyPart,
     _choose,
@@ -125,7 +125,7 @@ def test_a_per_tensor_rule_equals_each_tensor_alone(
     with mode(native, threads):
         got = outcome(lambda: plan(params, masks))
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(_plan, "_l1_at_once", lambda steps, items: None)  # today's fold, tensor by tensor
+            mp.setattr(_rules, "_l1_at_once", lambda steps, items: None)  # today's fold, tensor by tensor
             today = outcome(lambda: plan(params, masks))
         alone = outcome(lambda: {n: fp.compute_mask(spec, p, masks.get(n)) for n, p in params.items()})
     assert equal(got, today), (got, today)
@@ -255,7 +255,7 @@ def test_a_chain_and_swapped_weights_equal_todays_fold(native: bool) -> None:
     with mode(native, 2):
         got = plan(params, masks, scores)
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(_plan, "_l1_at_once", lambda steps, items: None)
+            mp.setattr(_rules, "_l1_at_once", lambda steps, items: None)
             today = plan(params, masks, scores)
     assert equal(got, today)
 

@@ -280,9 +280,9 @@ def caught_by_the_fuzzer(seeds: range) -> bool:
 def test_the_fuzzer_fails_a_plan_that_breaks_either_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """A plan that counts a unit pruned in the members with an earlier mask as dead (item 1), and one
     that lets a group lose every unit (item 3), both fail the comparison."""
-    from funcprune._structure import _keys, _plan
+    from funcprune._plans import _rank_units, _unit_keys
 
-    maxima = _keys._maxima
+    maxima = _unit_keys._maxima
 
     def only_masked_members(group: fp.UnitGroup, pieces: Sequence[Any], how: Any, n: float) -> Any:
         got = maxima(group, pieces, how, n)
@@ -291,12 +291,12 @@ def test_the_fuzzer_fails_a_plan_that_breaks_either_rule(monkeypatch: pytest.Mon
             got.alive = maxima(group, masked, None, n).alive
         return got
 
-    from funcprune._specs import _channels
+    from funcprune._specs import _keep_units
 
     with one_thread():
         with monkeypatch.context() as m:
-            m.setattr(_keys, "_maxima", only_masked_members)
+            m.setattr(_unit_keys, "_maxima", only_masked_members)
             assert caught_by_the_fuzzer(range(6))
         with monkeypatch.context() as m:
-            m.setattr(_plan, "keep_units", lambda *a, **k: _channels.keep_units(*a))
+            m.setattr(_rank_units, "keep_units", lambda *a, **k: _keep_units.keep_units(*a))
             assert caught_by_the_fuzzer(range(6))

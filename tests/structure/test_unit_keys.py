@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import funcprune as fp
-from funcprune._structure._keys import Piece, unit_keys
+from funcprune._plans._unit_keys import Piece, unit_keys
 
 Tensor = torch.Tensor
 
