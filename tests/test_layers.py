@@ -40,7 +40,7 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._types": frozenset(),
     "funcprune._validate": frozenset({"funcprune._torch_private", "funcprune._types"}),
     "funcprune._names": frozenset({"funcprune._types", "funcprune._validate"}),
-    "funcprune._experts": frozenset({"funcprune._types"}),
+    "funcprune._experts": frozenset({"funcprune._types", "funcprune._families"}),
     "funcprune._families": frozenset(),
     "funcprune._native": BASE,
     "funcprune._select": BASE | {"funcprune._native"},
