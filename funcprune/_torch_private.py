@@ -1,7 +1,8 @@
 """The private parts of torch that funcprune relies on, in one place.
 
 Each is guarded where torch may lack it; a torch upgrade that moves one
-touches this file only.
+touches this file only. No other module of funcprune reaches into torch's
+private names (``tests/test_torch_private.py`` checks).
 """
 
 from __future__ import annotations
@@ -9,11 +10,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
 
 import torch
 from torch._C import _functorch
 
-__all__ = ["is_batched", "is_functorch_wrapped", "plain_dispatch"]
+if TYPE_CHECKING:
+    from torch.distributed.tensor.placement_types import Placement
+
+__all__ = ["is_batched", "is_functorch_wrapped", "plain_dispatch", "strided_shard", "strided_split_factor"]
 
 
 def is_functorch_wrapped(t: torch.Tensor) -> bool:
@@ -30,3 +35,22 @@ def is_batched(t: torch.Tensor) -> bool:
 plain_dispatch: Callable[[], AbstractContextManager[object]] = getattr(
     torch._C, "_DisableFuncTorch", contextlib.nullcontext
 )
+
+
+def strided_split_factor(placement: object) -> int | None:
+    """The split factor of FSDP2's ``_StridedShard`` placement; ``None`` for any other placement.
+
+    ``None`` too where torch has no ``_StridedShard`` (no DTensor can hold one there).
+    """
+    try:
+        from torch.distributed.tensor.placement_types import _StridedShard
+    except ImportError:
+        return None
+    return int(placement.split_factor) if isinstance(placement, _StridedShard) else None
+
+
+def strided_shard(dim: int, split_factor: int) -> Placement:
+    """FSDP2's placement ``_StridedShard(dim, split_factor=split_factor)``."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    return _StridedShard(dim, split_factor=split_factor)

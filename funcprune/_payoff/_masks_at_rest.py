@@ -31,6 +31,7 @@ import torch
 
 from .._dtensor import Layout, box, cut_dim, layout_of, strided, wrap
 from .._names import check_binary
+from .._torch_private import strided_shard
 from .._types import Tensor, is_dtensor
 from .._validate import is_concrete
 
@@ -129,7 +130,6 @@ def _placement_name(placement: Placement, ndim: int) -> str:
 def _placement(name: object, ndim: int) -> Placement:
     """The placement a record names (see :func:`_placement_name`), for a mask of ``ndim`` dims."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.placement_types import _StridedShard
 
     match = _PLACEMENT.fullmatch(name) if isinstance(name, str) else None
     if match is None:
@@ -139,7 +139,7 @@ def _placement(name: object, ndim: int) -> Placement:
     dim = int(match[1] or match[2])
     if dim >= ndim:
         _bad(f"the placement {name!r} cuts dim {dim} of a mask of {ndim} dims")
-    return Shard(dim) if match[1] is not None else _StridedShard(dim, split_factor=int(match[3]))
+    return Shard(dim) if match[1] is not None else strided_shard(dim, int(match[3]))
 
 
 def _placements(sharding: _Sharding) -> tuple[Placement, ...]:
