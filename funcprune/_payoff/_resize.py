@@ -21,6 +21,7 @@ from torch import nn
 
 from .._families import CONFIG_HEADS, EXPERT_COUNTS, KV_HEADS, PER_KV_HEAD, QUERY_HEADS, QUERY_WIDTH
 from .._graph import Analysis, Experts
+from .._torch_private import ConvNd, NormBase
 
 __all__ = ["SIZE_ATTRIBUTES", "get_size", "resize_modules", "set_size_"]
 
@@ -126,9 +127,9 @@ def _resize(module: nn.Module, old: Mapping[str, tuple[int, ...]]) -> None:
     weight = getattr(module, "weight", None)
     if isinstance(module, nn.Linear) and weight is not None:
         module.out_features, module.in_features = weight.shape
-    elif isinstance(module, nn.modules.conv._ConvNd) and weight is not None:
+    elif isinstance(module, ConvNd) and weight is not None:
         _resize_conv(module, old.get("weight", tuple(weight.shape)))
-    elif isinstance(module, (nn.modules.batchnorm._NormBase,)):
+    elif isinstance(module, (NormBase,)):
         tensor = weight if weight is not None else getattr(module, "running_mean", None)
         if tensor is not None:
             module.num_features = tensor.shape[0]
@@ -142,7 +143,7 @@ def _resize(module: nn.Module, old: Mapping[str, tuple[int, ...]]) -> None:
         module.nx, module.nf = weight.shape
 
 
-def _resize_conv(module: nn.modules.conv._ConvNd, old_shape: tuple[int, ...]) -> None:
+def _resize_conv(module: ConvNd, old_shape: tuple[int, ...]) -> None:
     weight = module.weight
     old_in = module.in_channels
     depthwise = module.groups == old_in and module.groups > 1 and not module.transposed

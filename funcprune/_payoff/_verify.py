@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .._graph import Analysis, Inputs, run
+from .._torch_private import tree_leaves
 from .._types import Tensor
 
 __all__ = ["Failure", "differ_in_eval", "mismatch", "search", "shape_changes"]
@@ -140,8 +141,8 @@ def _differ(outputs: Any, reference: Any) -> str | None:
     floating outputs to ``rtol=1e-4`` and ``atol=1e-5`` times their largest
     magnitude (at least 1).
     """
-    got, _ = torch.utils._pytree.tree_flatten(outputs)
-    want, _ = torch.utils._pytree.tree_flatten(reference)
+    got = tree_leaves(outputs)
+    want = tree_leaves(reference)
     if len(got) != len(want):
         return f"{len(got)} outputs against {len(want)}"
     for a, b in zip(got, want, strict=True):
