@@ -24,7 +24,7 @@ from .._plans import Plan
 from .._specs import NM, L1Unstructured, PerSlice, Spec
 from .._targets import input_dims, prunable
 from .._types import Tensor, is_conv1d
-from ._blocks import Blocks, Capture, find_blocks, hidden_of
+from ._layers import Capture, RepeatedLayers, find_layers, hidden_of
 
 __all__ = ["oneshot"]
 
@@ -148,7 +148,7 @@ def oneshot(
                         f"got {type(spec).__name__}")  # fmt: skip
     if method == "sparsegpt":
         sparsegpt({}, {}, spec, blocksize=blocksize, percdamp=percdamp)  # checks them, on nothing
-    blocks = find_blocks(fn, model)
+    blocks = find_layers(fn, model)
     params: dict[str, Tensor] = dict(model.named_parameters())
     chosen = _names(fn, model, blocks, names, params, method)
     specs = _specs(fn, spec, chosen, allocation)
@@ -233,7 +233,7 @@ def _check_shapes(fn: str, specs: dict[str, Spec], params: dict[str, Tensor], di
 
 
 def _names(
-    fn: str, model: nn.Module, blocks: Blocks, names: Iterable[str] | None, params: Mapping[str, Tensor], method: str
+    fn: str, model: nn.Module, blocks: RepeatedLayers, names: Iterable[str] | None, params: Mapping[str, Tensor], method: str
 ) -> list[str]:
     """The weights to prune, checked: by default :func:`prunable`'s inside the blocks."""
     if names is None:
@@ -302,7 +302,7 @@ def _at(spec: Spec, sparsity: float) -> Spec:
     return PerSlice(at, dim=spec.dim) if isinstance(spec, PerSlice) else at
 
 
-def _owl(fn: str, spec: Spec, params: dict[str, Tensor], norms: dict[str, Tensor], blocks: Blocks) -> dict[str, Spec]:
+def _owl(fn: str, spec: Spec, params: dict[str, Tensor], norms: dict[str, Tensor], blocks: RepeatedLayers) -> dict[str, Spec]:
     """OWL's spec per weight, averaging the spec's fraction over the blocks."""
     fraction = _fraction(fn, spec)
     count = len(blocks.modules)
