@@ -18,6 +18,12 @@ functions, usable under ``torch.func.vmap``, ``grad`` and ``torch.compile``:
   subclass) give ``schedule(step)``, the target sparsity at a training step.
 - **Scores**: ``saliency`` and ``taylor`` (from gradients), ``wanda`` (from the
   ``input_norms`` of calibration batches) give a plan's ``scores=``.
+- **One-shot**: ``oneshot(model, batches, method=..., spec=...)`` prunes a
+  model block by block on calibration batches; its methods are values,
+  ``Magnitude()``, ``Wanda()``, ``SparseGPT(blocksize=128, percdamp=0.01)``
+  (or the strings ``"magnitude"``, ``"wanda"``, ``"sparsegpt"``), and your
+  own is a frozen dataclass subclassing ``Method`` (the statistic to collect
+  per weight, a pure ``prune``).
 - **Masks**: ``compute_mask(spec, scores, default_mask)`` returns a
   ``torch.bool`` mask (``True`` = kept), ``compute_joint_masks`` ranks several
   tensors together, ``prune`` returns the pruned tensor.
@@ -111,6 +117,10 @@ from ._plans import global_structured as global_structured
 from ._plans import global_unstructured as global_unstructured
 from ._plans import prune as prune
 from ._plans import structured as structured
+from ._runner import Magnitude as Magnitude
+from ._runner import Method as Method
+from ._runner import SparseGPT as SparseGPT
+from ._runner import Wanda as Wanda
 from ._runner import oneshot as oneshot
 from ._specs import NM as NM
 from ._specs import Block as Block
@@ -163,8 +173,10 @@ __all__ = [
     "KeptChannelsWarning",
     "L1Unstructured",
     "LnStructured",
+    "Magnitude",
     "Masks",
     "Member",
+    "Method",
     "Multipliers",
     "NM",
     "NativeStatus",
@@ -182,6 +194,7 @@ __all__ = [
     "Scores",
     "ShrunkConfigWarning",
     "SlowSparseWarning",
+    "SparseGPT",
     "SparsityReport",
     "SparsityRow",
     "Spec",
@@ -191,6 +204,7 @@ __all__ = [
     "UnitsLeftOutWarning",
     "UnknownNameError",
     "UnreachedWarning",
+    "Wanda",
     "apply_masks",
     "apply_masks_",
     "bake",

@@ -27,14 +27,11 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ._families import EXPERT_COUNTS, TOP_K
 from ._types import Tensor
 
-__all__ = ["EXPERT_COUNTS", "Router", "never_routed", "removed_experts", "routers"]
+__all__ = ["Router", "never_routed", "removed_experts", "routers"]
 
-#: Attributes that count a MoE layer's experts (on its experts module, its router, the block holding them).
-EXPERT_COUNTS = ("num_experts", "num_local_experts")
-#: Attributes that say how many experts each token goes to (on the router, or the block holding it).
-_TOP_K = ("top_k", "num_experts_per_tok")
 
 
 @final
@@ -101,7 +98,7 @@ def routers(model: nn.Module) -> tuple[Router, ...]:
         if len(candidates) != 1:
             continue
         name, router = candidates[0]
-        top_k = _int_attr(router, _TOP_K) or _int_attr(parent, _TOP_K)
+        top_k = _int_attr(router, TOP_K) or _int_attr(parent, TOP_K)
         if top_k is None or not 1 <= top_k <= count:
             continue
         prefix = f"{parent_path}." if parent_path else ""

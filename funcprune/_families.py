@@ -1,9 +1,24 @@
-"""What funcprune knows of model families it did not write: how their ``forward`` and configs say things.
+"""What funcprune knows of model families it did not write: the names their modules and configs use.
 
-Knowledge of one kind of model lives here, not in the rooms that use it,
-so that a new family is one edit: :func:`takes_use_cache` (whether a
-model's ``forward`` takes a ``use_cache`` flag, by name or through
-``**kwargs`` as GraniteMoE's does).
+Knowledge of how one kind of model spells things lives here, not in the
+rooms that use it, so that a new family is one edit in one place:
+
+- mixture-of-experts layers: the attributes that count the experts
+  (:data:`EXPERT_COUNTS`) and say how many each token goes to
+  (:data:`TOP_K`), read by ``_experts.py``;
+- attention modules: the attributes that count query heads, key/value heads,
+  query widths and query heads per key/value head (:data:`QUERY_HEADS`,
+  :data:`KV_HEADS`, :data:`QUERY_WIDTH`, :data:`PER_KV_HEAD`), and the head
+  counts a config holds that an attention may read as it runs
+  (:data:`CONFIG_HEADS`), updated by the payoff's resize;
+- configs: the width attributes a shrink may change (:data:`CONFIG_WIDTHS`)
+  and those whose ``None`` means a multiple of another
+  (:data:`CONFIG_DEFAULTS`), solved for by the payoff's config;
+- ``forward``: whether it takes ``use_cache`` (:func:`takes_use_cache`).
+
+Each table was grown from models tried (the transformers matrix and the
+architectures of ``tests/structure``); what no table names is still
+handled where the analysis can see it (shapes, the graph), and checked.
 """
 
 from __future__ import annotations
@@ -12,7 +27,35 @@ import inspect
 
 from torch import nn
 
-__all__ = ["takes_use_cache"]
+__all__ = [
+    "CONFIG_DEFAULTS", "CONFIG_HEADS", "CONFIG_WIDTHS", "EXPERT_COUNTS", "KV_HEADS", "PER_KV_HEAD", "QUERY_HEADS",
+    "QUERY_WIDTH", "TOP_K", "takes_use_cache",
+]  # fmt: skip
+
+#: Attributes that count a MoE layer's experts (on its experts module, its router, the block holding them).
+EXPERT_COUNTS = ("num_experts", "num_local_experts")
+#: Attributes that say how many experts each token goes to (on the router, or the block holding it).
+TOP_K = ("top_k", "num_experts_per_tok")
+
+#: Attributes of an attention module that count its query heads.
+QUERY_HEADS = ("num_heads", "num_attention_heads", "n_head", "n_heads", "num_q_heads")
+#: Attributes of an attention module that count its key/value heads.
+KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads")
+#: Attributes of an attention module that hold its query width (heads times head size).
+QUERY_WIDTH = ("all_head_size", "split_size", "inner_dim")
+#: Attributes that count the query heads that read one key/value head (1 under multi-head attention).
+PER_KV_HEAD = ("num_key_value_groups", "num_queries_per_kv", "n_rep")
+#: Head counts of a config that an attention module may read as it runs (Phi-3: ``self.config.num_attention_heads``).
+CONFIG_HEADS = ("num_attention_heads", "num_key_value_heads")
+
+#: Config attributes that count widths a shrink may change.
+CONFIG_WIDTHS = (
+    "intermediate_size", "n_inner", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "ffn_hidden_size",
+    "moe_intermediate_size", "shared_expert_intermediate_size", "num_attention_heads", "n_head", "num_heads",
+    "num_key_value_heads", "num_local_experts", "num_experts", "n_routed_experts",
+)  # fmt: skip
+#: Width attributes whose ``None`` means a multiple of another attribute (GPT-2's ``n_inner``: ``4 * n_embd``).
+CONFIG_DEFAULTS = {"n_inner": ("n_embd", 4)}
 
 
 def takes_use_cache(module: nn.Module) -> bool:

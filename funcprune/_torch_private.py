@@ -1,7 +1,8 @@
 """The private parts of torch that funcprune relies on, in one place.
 
 Each is guarded where torch may lack it; a torch upgrade that moves one
-touches this file only.
+touches this file only. No other module of funcprune reaches into torch's
+private names (``tests/test_torch_private.py`` checks).
 """
 
 from __future__ import annotations
@@ -9,11 +10,33 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
 
 import torch
+import torch.utils._pytree as _pytree
 from torch._C import _functorch
+from torch.nn.modules.batchnorm import _NormBase
+from torch.nn.modules.conv import _ConvNd
 
-__all__ = ["is_batched", "is_functorch_wrapped", "plain_dispatch"]
+if TYPE_CHECKING:
+    from torch.distributed.tensor.placement_types import Placement
+
+__all__ = [
+    "ConvNd", "NormBase", "is_batched", "is_functorch_wrapped", "plain_dispatch", "strided_shard", "strided_split_factor",
+    "tree_leaves",
+]  # fmt: skip
+
+#: The base class of every convolution (``nn.Conv1d``/``2d``/``3d`` and the transposed ones).
+ConvNd = _ConvNd
+#: The base class of the batch and instance norms (their ``num_features`` and running statistics).
+NormBase = _NormBase
+
+
+def tree_leaves(tree: object) -> list[object]:
+    """The leaves of a nested structure of tuples, lists and dicts (and what torch registers), in order."""
+    leaves, _ = _pytree.tree_flatten(tree)
+    return leaves
+
 
 
 def is_functorch_wrapped(t: torch.Tensor) -> bool:
@@ -30,3 +53,22 @@ def is_batched(t: torch.Tensor) -> bool:
 plain_dispatch: Callable[[], AbstractContextManager[object]] = getattr(
     torch._C, "_DisableFuncTorch", contextlib.nullcontext
 )
+
+
+def strided_split_factor(placement: object) -> int | None:
+    """The split factor of FSDP2's ``_StridedShard`` placement; ``None`` for any other placement.
+
+    ``None`` too where torch has no ``_StridedShard`` (no DTensor can hold one there).
+    """
+    try:
+        from torch.distributed.tensor.placement_types import _StridedShard
+    except ImportError:
+        return None
+    return int(placement.split_factor) if isinstance(placement, _StridedShard) else None
+
+
+def strided_shard(dim: int, split_factor: int) -> Placement:
+    """FSDP2's placement ``_StridedShard(dim, split_factor=split_factor)``."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    return _StridedShard(dim, split_factor=split_factor)

@@ -40,7 +40,7 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._types": frozenset(),
     "funcprune._validate": frozenset({"funcprune._torch_private", "funcprune._types"}),
     "funcprune._names": frozenset({"funcprune._types", "funcprune._validate"}),
-    "funcprune._experts": frozenset({"funcprune._types"}),
+    "funcprune._experts": frozenset({"funcprune._types", "funcprune._families"}),
     "funcprune._families": frozenset(),
     "funcprune._units": frozenset(),
     "funcprune._native": BASE,
@@ -177,14 +177,6 @@ def test_imports_follow_the_declared_order_through_the_doors() -> None:
 
 #: Where one class name may stand in two modules: ``compat`` mirrors torch's method classes on purpose.
 MIRRORS = frozenset({"funcprune.compat"})
-#: The most lines a module may have (``compat``, the public drop-in, keeps a lower limit), and the
-#: modules still over it while their split is under way (issue 37, item 6, and two that grew past it
-#: since it was filed); each leaves this list when it is split.
-MAX_LINES = {"funcprune": 450, "funcprune.compat": 350}
-SPLITTING = frozenset({
-    "_payoff/_masks_at_rest.py", "_graph/_ops.py", "_criteria/_activations.py", "compat/_functions.py",
-    "_payoff/_shrink.py", "_payoff/_sparse.py",
-})  # fmt: skip
 
 
 def class_names(root: Path) -> dict[str, list[str]]:
@@ -204,16 +196,6 @@ def test_no_two_modules_define_a_class_of_one_name() -> None:
     member slices) were three things (issue 37, item 5)."""
     shared = {name: where for name, where in class_names(PACKAGE).items() if len(where) > 1}
     assert shared == {}
-
-
-def test_no_module_is_longer_than_one_reads() -> None:
-    over = {}
-    for name, path in modules(PACKAGE).items():
-        lines = len(path.read_text(encoding="utf-8").splitlines())
-        limit = MAX_LINES.get(room_of(name), MAX_LINES["funcprune"])
-        if lines > limit and path.relative_to(PACKAGE).as_posix() not in SPLITTING:
-            over[name] = lines
-    assert over == {}
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ DESIGN_NAMES = [
     "saliency", "taylor", "wanda", "input_norms", "NM", "Block", "PerSlice", "prunable", "input_dims",
     "global_structured", "bake", "propagate", "shrink", "to_sparse", "KeptChannelsWarning",
     "structure", "Structure", "UnitGroup", "Member", "structured", "load_shrunk",
-    "hessians", "sparsegpt", "oneshot", "owl_sparsity",
+    "hessians", "sparsegpt", "oneshot", "owl_sparsity", "Magnitude", "Wanda", "SparseGPT",
     "pack_masks", "unpack_masks", "save_masks", "load_masks",
 ]  # fmt: skip
 DESIGN_SIGNATURES = {
@@ -53,8 +53,10 @@ DESIGN_SIGNATURES = {
     # issue 25's, with keyword-only extras
     fp.hessians: "(module, batches, names, *, across=None)",
     fp.sparsegpt: "(params, hessians, spec, *, blocksize=128, percdamp=0.01, input_dims=None)",
-    fp.oneshot: "(model, batches, *, method, spec, names=None, allocation=None, device=None, blocksize=128, "
-    "percdamp=0.01)",
+    fp.oneshot: "(model, batches, *, method, spec, names=None, allocation=None, device=None)",  # issue 37's
+    fp.Magnitude: "()",
+    fp.Wanda: "()",
+    fp.SparseGPT: "(blocksize=128, percdamp=0.01)",  # issue 37's: SparseGPT's knobs live in its value only
     fp.owl_sparsity: "(params, input_norms, sparsity, *, lam=0.08, m=5, blocks=None)",
     # masks at rest
     fp.pack_masks: "(masks)",

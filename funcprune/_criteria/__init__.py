@@ -2,17 +2,21 @@
 
 ``_scores.py`` turns parameters and gradients (``saliency``, ``taylor``) or
 input norms (``wanda``) into a plan's ``scores=``; ``_activations.py``
-gathers the input norms of calibration batches (``input_norms``), summed
-across processes where asked.
+gathers the input norms of calibration batches (``input_norms``) and
+``_hessians.py`` their ``XᵀX`` (``hessians``), both through one engine,
+``collect`` (``_collect.py``: the calls of ``_calls.py``, the hooks of
+``_hooks.py``), summed across processes where asked; ``_sparsegpt.py``
+and ``_owl.py`` prune and allocate from them.
 """
 
 from ._activations import NORMS as NORMS
-from ._activations import Call as Call
-from ._activations import calls as calls
-from ._activations import collect as collect
 from ._activations import input_norms as input_norms
+from ._calls import Call as Call
+from ._calls import calls as calls
+from ._collect import collect as collect
 from ._hessians import GRAMS as GRAMS
 from ._hessians import hessians as hessians
+from ._hooks import Statistic as Statistic
 from ._owl import owl_sparsity as owl_sparsity
 from ._scores import saliency as saliency
 from ._scores import taylor as taylor

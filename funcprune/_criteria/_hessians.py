@@ -18,7 +18,9 @@ import torch
 from torch import nn
 
 from .._types import Tensor
-from ._activations import Statistic, calls, collect
+from ._calls import calls
+from ._collect import collect
+from ._hooks import Statistic
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

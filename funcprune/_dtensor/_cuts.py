@@ -12,6 +12,8 @@ import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from .._torch_private import strided_shard, strided_split_factor
+
 if TYPE_CHECKING:
     from torch.distributed.tensor.placement_types import Placement
 
@@ -34,11 +36,7 @@ def chunk(n: int, pieces: int, index: int) -> tuple[int, int]:
 
 def strided(placement: object) -> int | None:
     """A ``_StridedShard``'s split factor; ``None`` for any other placement."""
-    try:
-        from torch.distributed.tensor.placement_types import _StridedShard
-    except ImportError:  # older torch: no DTensor can hold one
-        return None
-    return int(placement.split_factor) if isinstance(placement, _StridedShard) else None
+    return strided_split_factor(placement)
 
 
 def cut_dim(placement: Placement, ndim: int) -> int | None:
@@ -53,10 +51,9 @@ def cut_dim(placement: Placement, ndim: int) -> int | None:
 def moved(placement: Placement, dim: int) -> Placement:
     """The cutting ``placement`` (``Shard`` or ``_StridedShard``) along ``dim`` instead."""
     from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.placement_types import _StridedShard
 
     factor = strided(placement)
-    return Shard(dim) if factor is None else _StridedShard(dim, split_factor=factor)
+    return Shard(dim) if factor is None else strided_shard(dim, factor)
 
 
 def _taken(ranges: _Ranges, offset: int, length: int, ends: list[int] | None = None) -> _Ranges:

@@ -22,6 +22,7 @@ import torch
 from torch import fx, nn
 
 from .._families import takes_use_cache
+from .._torch_private import tree_leaves
 from .._types import Tensor
 
 __all__ = ["Exported", "Inputs", "as_inputs", "copy_module", "export_model", "run"]
@@ -177,8 +178,7 @@ def _exported(model: nn.Module, program: torch.export.ExportedProgram, inputs: I
 
 def _flat_user_inputs(program: torch.export.ExportedProgram, inputs: Inputs) -> list[Any]:
     """The user inputs in the order of the graph's user-input placeholders (export flattens ``(args, kwargs)``)."""
-    leaves, _ = torch.utils._pytree.tree_flatten((tuple(inputs.args), dict(inputs.kwargs)))
-    return leaves
+    return tree_leaves((tuple(inputs.args), dict(inputs.kwargs)))
 
 
 def _first_names(model: nn.Module) -> dict[int, str]:

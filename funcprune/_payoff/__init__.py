@@ -2,25 +2,30 @@
 
 ``_bake.py`` zeroes pruned weights in a copy of a module; ``_shrink.py``
 removes the channels the masks prune entirely, following the channel
-analysis of ``funcprune._graph``; ``_sparse.py`` turns masked Linear weights
-into CSR, BSR or 2:4 sparse tensors; ``_checks.py`` holds the checks they
-share; ``_masks_at_rest.py`` bit-packs masks, in memory and in
-safetensors files. ``README.md`` has the design.
+analysis of ``funcprune._graph``, building smaller copies (``_smaller.py``)
+and verifying them against the masked model (``_verify.py``);
+``_sparse.py`` turns masked Linear weights into CSR, BSR or 2:4 sparse
+tensors, below the measured break-even sparsity (``_break_even.py``) with a
+warning; ``_checks.py`` holds the argument checks they share; the
+``_masks_*.py`` modules keep masks at rest, bit-packed: ``_masks_packed.py``
+in memory, ``_masks_files.py`` in safetensors files (over the bits, DTensor
+blocks' records, laying out, merging and the checks of untrusted records).
+``README.md`` has the design.
 """
 
 from ._bake import bake as bake
+from ._break_even import BSR_BREAK_EVEN as BSR_BREAK_EVEN
+from ._break_even import CSR_BREAK_EVEN as CSR_BREAK_EVEN
+from ._break_even import BreakEven as BreakEven
+from ._break_even import SlowSparseWarning as SlowSparseWarning
 from ._config import ShrunkConfigWarning as ShrunkConfigWarning
-from ._masks_at_rest import load_masks as load_masks
-from ._masks_at_rest import pack_masks as pack_masks
-from ._masks_at_rest import save_masks as save_masks
-from ._masks_at_rest import unpack_masks as unpack_masks
+from ._masks_files import load_masks as load_masks
+from ._masks_files import save_masks as save_masks
+from ._masks_packed import pack_masks as pack_masks
+from ._masks_packed import unpack_masks as unpack_masks
 from ._reload import load_shrunk as load_shrunk
 from ._shrink import KeptChannelsWarning as KeptChannelsWarning
 from ._shrink import propagate as propagate
 from ._shrink import removable as removable
 from ._shrink import shrink as shrink
-from ._sparse import BSR_BREAK_EVEN as BSR_BREAK_EVEN
-from ._sparse import CSR_BREAK_EVEN as CSR_BREAK_EVEN
-from ._sparse import BreakEven as BreakEven
-from ._sparse import SlowSparseWarning as SlowSparseWarning
 from ._sparse import to_sparse as to_sparse

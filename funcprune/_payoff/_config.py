@@ -29,19 +29,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._families import CONFIG_DEFAULTS, CONFIG_WIDTHS
+
 __all__ = ["RECORD", "Record", "ShrunkConfigWarning", "describe_", "is_transformers_model", "record_", "shapes_of"]
 
 #: The config attribute that holds a shrunk model's record.
 RECORD = "funcprune_shrunk"
-#: Config attributes that count widths a shrink may change.
-_WIDTHS = (
-    "intermediate_size", "n_inner", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "ffn_hidden_size",
-    "moe_intermediate_size",
-    "shared_expert_intermediate_size", "num_attention_heads", "n_head", "num_heads", "num_key_value_heads",
-    "num_local_experts", "num_experts",
-)  # fmt: skip
-#: Width attributes whose ``None`` means a multiple of another attribute (GPT-2's ``n_inner``: ``4 * n_embd``).
-_DEFAULTS = {"n_inner": ("n_embd", 4)}
 #: What the record says: tensor shapes by name, and module attributes by module path.
 Record = dict[str, dict[str, Any]]
 
@@ -89,8 +82,8 @@ def _is_count(value: object) -> bool:
 
 def _value(config: Any, attr: str) -> int | None:
     value = getattr(config, attr, None)
-    if value is None and attr in _DEFAULTS:
-        other, times = _DEFAULTS[attr]
+    if value is None and attr in CONFIG_DEFAULTS:
+        other, times = CONFIG_DEFAULTS[attr]
         base = getattr(config, other, None)
         value = base * times if isinstance(base, int) else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
@@ -108,7 +101,7 @@ def _solved(
     Attributes no shape depends on keep their values; ``{}`` where no
     solution fits (the caller checks the shapes the result builds anyway).
     """
-    values = {attr: value for attr in _WIDTHS if (value := _value(config, attr)) is not None}
+    values = {attr: value for attr in CONFIG_WIDTHS if (value := _value(config, attr)) is not None}
     slopes: dict[str, dict[tuple[str, int], float]] = {}
     for attr, value in values.items():
         trial = copy.deepcopy(config)
@@ -164,11 +157,11 @@ def describe_(model: nn.Module, original: Mapping[str, tuple[int, ...]], attribu
                 setattr(updated, attr, value)
         refused = _refused_by_class(updated)
         if refused is None and _built_shapes(cls, updated) == target:
-            for attr in ("head_dim", *_WIDTHS):
+            for attr in ("head_dim", *CONFIG_WIDTHS):
                 if getattr(updated, attr, None) != getattr(config, attr, None):
                     setattr(config, attr, getattr(updated, attr))
             return
-        if refused is not None and any(getattr(updated, a, None) != getattr(pinned, a, None) for a in _WIDTHS):
+        if refused is not None and any(getattr(updated, a, None) != getattr(pinned, a, None) for a in CONFIG_WIDTHS):
             warnings.warn(
                 f"shrink: the shrunk model's widths are the same in every layer, but its config class refuses them "
                 f"({refused}); the config keeps its values and gets a record ({RECORD!r}): reload the saved model "

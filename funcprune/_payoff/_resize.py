@@ -19,20 +19,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._experts import EXPERT_COUNTS
+from .._families import CONFIG_HEADS, EXPERT_COUNTS, KV_HEADS, PER_KV_HEAD, QUERY_HEADS, QUERY_WIDTH
 from .._graph import Analysis, Experts
+from .._torch_private import ConvNd, NormBase
 
-__all__ = ["CONFIG_HEADS", "SIZE_ATTRIBUTES", "get_size", "resize_modules", "set_size_"]
+__all__ = ["SIZE_ATTRIBUTES", "get_size", "resize_modules", "set_size_"]
 
-#: Attributes of an attention module that count its query heads, its KV heads, or its query width.
-_QUERY_HEADS = ("num_heads", "num_attention_heads", "n_head", "n_heads", "num_q_heads")
-_KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads")
-_QUERY_WIDTH = ("all_head_size", "split_size", "inner_dim")
-#: Head counts of a config that an attention module may read as it runs (Phi-3: ``self.config.num_attention_heads``);
-#: an attention that loses heads gets its own copy of the config, with its own counts (``config.<name>`` in a record).
-CONFIG_HEADS = ("num_attention_heads", "num_key_value_heads")
-#: Attributes that count the query heads that read one key/value head (1 under multi-head attention).
-_PER_KV_HEAD = ("num_key_value_groups", "num_queries_per_kv", "n_rep")
 #: The size attributes a resize may change, and so the only ones a shrunk model's record holds: shrink records
 #: these when they change, and ``load_shrunk`` sets these and refuses any other. Add an attribute here when
 #: the resize learns to change it.
@@ -42,7 +34,7 @@ SIZE_ATTRIBUTES = frozenset({
     "num_features", "normalized_shape", "num_channels",  # BatchNorm, LayerNorm, GroupNorm
     "num_embeddings", "embedding_dim",  # Embedding
     "nf", "nx",  # transformers' Conv1D
-    *_QUERY_HEADS, *_KV_HEADS, *_QUERY_WIDTH, *_PER_KV_HEAD,  # attention
+    *QUERY_HEADS, *KV_HEADS, *QUERY_WIDTH, *PER_KV_HEAD,  # attention
     *(f"config.{name}" for name in CONFIG_HEADS),  # an attention's own copy of the config's head counts
     *EXPERT_COUNTS,  # a MoE layer's experts
 })  # fmt: skip
@@ -135,9 +127,9 @@ def _resize(module: nn.Module, old: Mapping[str, tuple[int, ...]]) -> None:
     weight = getattr(module, "weight", None)
     if isinstance(module, nn.Linear) and weight is not None:
         module.out_features, module.in_features = weight.shape
-    elif isinstance(module, nn.modules.conv._ConvNd) and weight is not None:
+    elif isinstance(module, ConvNd) and weight is not None:
         _resize_conv(module, old.get("weight", tuple(weight.shape)))
-    elif isinstance(module, (nn.modules.batchnorm._NormBase,)):
+    elif isinstance(module, (NormBase,)):
         tensor = weight if weight is not None else getattr(module, "running_mean", None)
         if tensor is not None:
             module.num_features = tensor.shape[0]
@@ -151,7 +143,7 @@ def _resize(module: nn.Module, old: Mapping[str, tuple[int, ...]]) -> None:
         module.nx, module.nf = weight.shape
 
 
-def _resize_conv(module: nn.modules.conv._ConvNd, old_shape: tuple[int, ...]) -> None:
+def _resize_conv(module: ConvNd, old_shape: tuple[int, ...]) -> None:
     weight = module.weight
     old_in = module.in_channels
     depthwise = module.groups == old_in and module.groups > 1 and not module.transposed
@@ -178,21 +170,21 @@ def _resize_attention(model: nn.Module, path: str, heads: tuple[int, ...], kv_he
         return
     per_group = len(heads) // max(kv_heads, 1)
     kept_kv = len(kept) // max(per_group, 1)
-    old_width = {attr: getattr(module, attr) for attr in _QUERY_WIDTH if isinstance(getattr(module, attr, None), int)}
-    old_kv = next((getattr(module, a) for a in _KV_HEADS if _is_int(getattr(module, a, None))), None)
-    for attr in _QUERY_HEADS:
+    old_width = {attr: getattr(module, attr) for attr in QUERY_WIDTH if isinstance(getattr(module, attr, None), int)}
+    old_kv = next((getattr(module, a) for a in KV_HEADS if _is_int(getattr(module, a, None))), None)
+    for attr in QUERY_HEADS:
         if getattr(module, attr, None) == len(heads):
             setattr(module, attr, len(kept))
-    for attr in _KV_HEADS:
+    for attr in KV_HEADS:
         if getattr(module, attr, None) == kv_heads:
             setattr(module, attr, kept_kv)
     for attr, width in old_width.items():
         if width % len(heads) == 0:
             setattr(module, attr, width // len(heads) * len(kept))
     _own_config_heads(module, len(heads), kv_heads, len(kept), kept_kv)
-    new_kv = next((getattr(module, a) for a in _KV_HEADS if _is_int(getattr(module, a, None))), None)
+    new_kv = next((getattr(module, a) for a in KV_HEADS if _is_int(getattr(module, a, None))), None)
     if old_kv and new_kv and len(heads) % old_kv == 0:  # shared key/value heads (multi-query): more heads per one
-        for attr in _PER_KV_HEAD:
+        for attr in PER_KV_HEAD:
             if getattr(module, attr, None) == len(heads) // old_kv:
                 setattr(module, attr, len(kept) // new_kv)
 

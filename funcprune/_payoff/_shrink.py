@@ -9,34 +9,22 @@ against the masked model on the example inputs (``README.md``).
 
 from __future__ import annotations
 
-import traceback
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, final
 
 import torch
 from torch import nn
 
-from .._experts import never_routed
-from .._graph import (
-    Analysis,
-    Inputs,
-    analyze,
-    as_inputs,
-    closure,
-    copy_module,
-    kept_indices,
-    plan_removal,
-    run,
-    warn_unreached,
-)
+from .._graph import Analysis, Inputs, analyze, as_inputs, plan_removal, warn_unreached
 from .._names import check_masks, check_not_hooked
 from .._types import Masks, Tensor
 from .._validate import refuse_in
+from ._verify import Failure, differ_in_eval, mismatch, search, shape_changes
 from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
 from ._config import Record, describe_, is_transformers_model, record_, shapes_of
-from ._resize import resize_modules
+from ._smaller import built, masked_outputs, removing, tensor_shapes
 
 __all__ = ["KeptChannelsWarning", "propagate", "removable", "shrink"]
 
@@ -258,15 +246,15 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, d
     inputs = as_inputs(fn, module, example_inputs)
     analysis = analyze(fn, module, inputs)
     warn_unreached(fn, analysis, stacklevel=3)
-    sizes = _sizes(module)
+    sizes = tensor_shapes(module)
     vetoed: dict[int, str] = {}
     while True:
         removal = plan_removal(fn, analysis, checked, sizes, vetoed=vetoed)
         removed = sorted(removal.removed)
-        keep, closed = _removing(analysis, checked, removed, sizes)
-        reference = _masked_outputs(analysis, closed)
-        small, attributes = _built(module, analysis, keep, closed, removed)
-        why = _differ_in_eval(small, analysis.inputs, reference)
+        keep, closed = removing(analysis, checked, removed, sizes)
+        reference = masked_outputs(analysis, closed)
+        small, attributes = built(module, analysis, keep, closed, removed)
+        why = differ_in_eval(small, analysis.inputs, reference)
         if why is None:
             break
         if not removed:  # the masked model itself: a model that runs otherwise each time
@@ -285,7 +273,7 @@ def _describe_checked(small: nn.Module, original: Mapping[str, tuple[int, ...]],
     config: Any = getattr(small, "config")
     saved = dict(vars(config))
     describe_(small, original, attributes)
-    why = _differ_in_eval(small, inputs, reference)
+    why = differ_in_eval(small, inputs, reference)
     if why is not None:  # a module that reads a width off the config as it runs: keep the old widths, recorded
         vars(config).clear()
         vars(config).update(saved)
@@ -303,213 +291,35 @@ def removable(module: nn.Module, analysis: Analysis, trial: Mapping[str, Sequenc
     each one's reason is what removing it alone gives (an error the copy
     raises, or how far its outputs are from the masked model's).
     """
-    sizes = _sizes(module)
+    sizes = tensor_shapes(module)
 
-    def fails(names: Sequence[str]) -> _Failure | None:
+    def fails(names: Sequence[str]) -> Failure | None:
         removed = sorted({g for name in names for g in trial[name]})
-        keep, closed = _removing(analysis, {}, removed, sizes)
-        small, _ = _built(module, analysis, keep, closed, removed, probe=True)
-        return _failure(small, analysis.inputs, _masked_outputs(analysis, closed))
+        keep, closed = removing(analysis, {}, removed, sizes)
+        small, _ = built(module, analysis, keep, closed, removed, probe=True)
+        return mismatch(small, analysis.inputs, masked_outputs(analysis, closed))
 
     names = list(trial)
     if not names or fails(names) is None:
         return {}
-    shapes = _shape_changes(analysis)
+    shapes = shape_changes(analysis)
     alike = {name: tuple(shapes.get(g, ()) for g in trial[name]) for name in names}
-    return {name: failure.why for name, failure in _search(names, alike.__getitem__, fails).items()}
-
-
-def _sizes(module: nn.Module) -> dict[str, tuple[int, ...]]:
-    tensors = [*module.named_parameters(), *module.named_buffers()]
-    return {name: tuple(t.shape) for name, t in tensors}
-
-
-def _removing(
-    analysis: Analysis, masks: Mapping[str, Tensor], removed: Sequence[int], sizes: Mapping[str, tuple[int, ...]]
-) -> tuple[dict[str, dict[int, list[int]]], Masks]:
-    """What each tensor keeps once ``removed`` go, and the closure of ``masks`` that says it."""
-    keep = kept_indices(analysis, removed, sizes)
-    return keep, closure(masks, keep, dict(analysis.model.named_parameters()))
-
-
-def _masked_outputs(analysis: Analysis, closed: Masks) -> Any:
-    """What the masked model (``closed``, a closure) computes on the example inputs."""
-    model = analysis.model
-    params = dict(model.named_parameters())
-    baked = {name: params[name].masked_fill(~mask, 0.0) for name, mask in closed.items()}
-    layers = [layer.router for layer in analysis.experts]
-    with torch.no_grad(), never_routed(model, closed, layers):  # pruned entries +0.0, as the shrunk model holds them
-        return torch.func.functional_call(model, baked, tuple(analysis.inputs.args), dict(analysis.inputs.kwargs))
-
-
-def _differ_in_eval(small: nn.Module, inputs: Inputs, reference: Any) -> str | None:
-    """Why ``small``, run in eval mode on ``inputs``, computes something else than ``reference`` (or ``None``)."""
-    failure = _failure(small, inputs, reference)
-    return None if failure is None else failure.why
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class _Failure:
-    """Why a smaller model fails the check, and where it raised (``None``: it ran, and computes something else)."""
-
-    why: str
-    where: str | None = None
-
-
-def _failure(small: nn.Module, inputs: Inputs, reference: Any) -> _Failure | None:
-    """How ``small``, run in eval mode on ``inputs``, fails to compute ``reference`` (or ``None``).
-
-    Each submodule's training flag is restored afterwards.
-    """
-    modes = [(m, m.training) for m in small.modules()]
-    small.eval()
-    try:
-        outputs = run(small, inputs)
-    except Exception as e:  # a size spelled out in the code no longer fits
-        frames = traceback.extract_tb(e.__traceback__)
-        where = f"{type(e).__name__} at {frames[-1].filename}:{frames[-1].lineno}" if frames else type(e).__name__
-        return _Failure(f"{type(e).__name__}: {e}", where)
-    finally:
-        for m, mode in modes:
-            m.training = mode
-    why = _differ(outputs, reference)
-    return None if why is None else _Failure(why)
+    return {name: failure.why for name, failure in search(names, alike.__getitem__, fails).items()}
 
 
 def _breaking(
     module: nn.Module, analysis: Analysis, masks: Mapping[str, Tensor], removed: Sequence[int],
     sizes: Mapping[str, tuple[int, ...]],
 ) -> list[int]:  # fmt: skip
-    """The groups of ``removed`` whose removal changes the outputs (:func:`_search`), the rest removable."""
+    """The groups of ``removed`` whose removal changes the outputs (:func:`search`), the rest removable."""
 
-    def fails(groups: Sequence[int]) -> _Failure | None:
-        keep, closed = _removing(analysis, masks, sorted(groups), sizes)
-        small, _ = _built(module, analysis, keep, closed, sorted(groups), probe=True)
-        return _failure(small, analysis.inputs, _masked_outputs(analysis, closed))
+    def fails(groups: Sequence[int]) -> Failure | None:
+        keep, closed = removing(analysis, masks, sorted(groups), sizes)
+        small, _ = built(module, analysis, keep, closed, sorted(groups), probe=True)
+        return mismatch(small, analysis.inputs, masked_outputs(analysis, closed))
 
-    shapes = _shape_changes(analysis)
-    return sorted(_search(list(removed), lambda g: shapes.get(g, ()), fails))
-
-
-_T = TypeVar("_T")
-
-
-def _search(items: Sequence[_T], shape_of: Callable[[_T], object], fails: Callable[[Sequence[_T]], _Failure | None]) -> dict[_T, _Failure]:
-    """The items whose removal fails the check, each with its failure; the others pass, removed together.
-
-    A probe removes the items found good so far and a part of the others.
-    Items that change the same shapes by the same counts (``shape_of``: the
-    channels of one layer, alike) go first as one part each, halved over such
-    classes, so that a few probes clear every layer that is fine. In a class
-    that fails, where removing its first item alone raises an error, removing
-    any other alone raises too (shapes are all the error can depend on: a size
-    the code spells out), and the whole class fails; otherwise its items are
-    halved one by one.
-    """
-    classes: dict[object, list[_T]] = {}
-    for item in items:
-        classes.setdefault(shape_of(item), []).append(item)
-    good: list[_T] = []
-    bad: dict[_T, _Failure] = {}
-    todo: list[list[list[_T]]] = [list(classes.values())]
-    while todo:
-        parts = todo.pop()
-        failed = fails(good + [item for part in parts for item in part])
-        if failed is None:
-            good.extend(item for part in parts for item in part)
-        elif len(parts) > 1:
-            todo.extend([parts[len(parts) // 2 :], parts[: len(parts) // 2]])
-        else:
-            bad.update(_search_alike(parts[0], failed, good, fails))
-    return bad
-
-
-def _search_alike(
-    alike: list[_T], failed: _Failure, good: list[_T], fails: Callable[[Sequence[_T]], _Failure | None]
-) -> dict[_T, _Failure]:
-    """The items of one class whose removal fails (on top of ``good``, extended with those that pass)."""
-    alone = fails(good + alike[:1]) if len(alike) > 1 else failed
-    if alone is not None and (len(alike) == 1 or alone.where is not None):
-        return dict.fromkeys(alike, alone)
-    bad: dict[_T, _Failure] = {}
-    todo: list[list[_T]] = [alike]
-    while todo:
-        part = todo.pop()
-        failure = fails(good + part)
-        if failure is None:
-            good.extend(part)
-        elif len(part) == 1:
-            bad[part[0]] = failure
-        else:
-            todo.extend([part[len(part) // 2 :], part[: len(part) // 2]])
-    return bad
-
-
-def _shape_changes(analysis: Analysis) -> dict[int, tuple[tuple[str, int, int], ...]]:
-    """For each group, the shapes its removal alone changes: (tensor, dim, how many indices) each, sorted."""
-    changes: dict[int, dict[tuple[str, int], int]] = {}
-    for tensor, dims in analysis.related.items():
-        for dim, by_index in dims.items():
-            for groups in by_index.values():
-                if len(groups) == 1:
-                    (group,) = groups
-                    counts = changes.setdefault(group, {})
-                    counts[(tensor, dim)] = counts.get((tensor, dim), 0) + 1
-    return {g: tuple(sorted((t, d, n) for (t, d), n in counts.items())) for g, counts in changes.items()}
-
-
-#: (rtol, atol relative to the output's largest magnitude) of the check in float64: far above its rounding
-#: (a shrunk ShuffleNet differs by 4e-16), far below a channel read in the wrong place (2e-4 there).
-_FLOAT64_TOLERANCE = (1e-9, 1e-9)
-
-
-def _differ(outputs: Any, reference: Any) -> str | None:
-    """Why two model outputs differ beyond rounding, or ``None``.
-
-    Float64 outputs are compared to :data:`_FLOAT64_TOLERANCE`, other
-    floating outputs to ``rtol=1e-4`` and ``atol=1e-5`` times their largest
-    magnitude (at least 1).
-    """
-    got, _ = torch.utils._pytree.tree_flatten(outputs)
-    want, _ = torch.utils._pytree.tree_flatten(reference)
-    if len(got) != len(want):
-        return f"{len(got)} outputs against {len(want)}"
-    for a, b in zip(got, want, strict=True):
-        if not isinstance(a, Tensor) or not isinstance(b, Tensor):
-            continue
-        if a.shape != b.shape:
-            return f"an output of shape {tuple(a.shape)} against {tuple(b.shape)}"
-        if a.is_floating_point():
-            scale = float(b.abs().nan_to_num(posinf=0, neginf=0).max()) if b.numel() else 0.0
-            if b.dtype == torch.float64:
-                rtol, atol = _FLOAT64_TOLERANCE[0], _FLOAT64_TOLERANCE[1] * scale
-            else:
-                rtol, atol = 1e-4, 1e-5 * max(1.0, scale)
-            if a.dtype != b.dtype or not torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
-                return f"outputs differ by up to {float((a.double() - b.double()).abs().nan_to_num().max()):.3g}"
-        elif not torch.equal(a, b):
-            return "integer outputs differ"
-    return None
-
-
-def _built(
-    module: nn.Module, analysis: Analysis, keep: Mapping[str, Mapping[int, list[int]]], closed: Masks,
-    removed: Sequence[int], *, probe: bool = False,
-) -> tuple[nn.Module, Record]:  # fmt: skip
-    """A copy of ``module`` without ``removed`` (``keep``), the closure applied; and the size attributes that changed.
-
-    A ``probe`` (a copy only run and thrown away) shares ``module``'s
-    parameters and buffers instead of copying them, and gets new tensors
-    where the masks zero entries: a 1B model's trial costs what it changes.
-    """
-    sharing = [*module.parameters(), *module.buffers()] if probe else []
-    result = copy_module("shrink", module, sharing=sharing)
-    if probe:
-        _zeroed(result, closed)
-    else:
-        _zero_pruned_(result, closed)
-    return result, resize_modules(result, keep, analysis, set(removed))
+    shapes = shape_changes(analysis)
+    return sorted(search(list(removed), lambda g: shapes.get(g, ()), fails))
 
 
 def _warn_kept(fn: str, kept: Mapping[str, Mapping[str, int]]) -> None:
@@ -532,28 +342,3 @@ def _warn_kept(fn: str, kept: Mapping[str, Mapping[str, int]]) -> None:
     )
 
 
-@torch.no_grad()
-def _zeroed(module: nn.Module, masks: Masks) -> None:
-    """:func:`_zero_pruned_` without writing into the tensors: each masked parameter of ``module`` (every name
-    of a tied one) is replaced by a new one, so that tensors ``module`` shares with another are left as they are."""
-    params = dict(module.named_parameters(remove_duplicate=False))
-    aliases: dict[int, list[str]] = {}
-    for name, param in params.items():
-        aliases.setdefault(id(param), []).append(name)
-    for name, mask in masks.items():
-        old = params[name]
-        new = nn.Parameter(old.masked_fill(~mask, 0.0), old.requires_grad)
-        for alias in aliases[id(old)]:
-            owner, _, attr = alias.rpartition(".")
-            setattr(module.get_submodule(owner), attr, new)
-
-
-@torch.no_grad()
-def _zero_pruned_(module: nn.Module, masks: Masks) -> None:
-    """Write ``+0.0`` into the pruned entries of ``module`` (a copy: nobody else holds it).
-
-    As :func:`~funcprune.bake` does: ``+0.0`` even where a weight is ``nan`` or ``inf``.
-    """
-    params = dict(module.named_parameters())
-    for name, mask in masks.items():
-        params[name].masked_fill_(~mask, 0.0)

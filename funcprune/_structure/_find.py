@@ -23,6 +23,7 @@ from .. import _graph as graph
 from .._names import check_not_hooked
 from .._payoff import removable
 from .._targets import output_parameters
+from .._torch_private import ConvNd
 from .._units import Kind, Member, Structure, UnitGroup
 from .._validate import refuse_in
 
@@ -271,7 +272,7 @@ class UnitsLeftOutWarning(UserWarning):
 def _repeated_blocks(model: nn.Module) -> list[str]:
     """The paths of the repeated blocks of ``model``: children of a ``ModuleList`` or ``Sequential`` of a class
     that two of them share at least (no layer itself), each holding a Linear or a Conv (a transformer's layers)."""
-    layers = (nn.Linear, nn.modules.conv._ConvNd)
+    layers = (nn.Linear, ConvNd)
     found: list[str] = []
     for path, module in model.named_modules():
         if not isinstance(module, (nn.ModuleList, nn.Sequential)):

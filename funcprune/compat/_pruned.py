@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._torch_private import is_functorch_wrapped
 from ._state import TorchBase
 
 __all__ = ["PrunedDeepcopy", "set_pruned"]
@@ -106,9 +107,7 @@ def _attach_deepcopy(
         and isinstance(mask, torch.Tensor)
     ):
         return
-    if not torch.compiler.is_compiling() and torch._C._functorch.is_functorch_wrapped_tensor(
-        pruned
-    ):
+    if not torch.compiler.is_compiling() and is_functorch_wrapped(pruned):
         return
     pruned.__deepcopy__ = PrunedDeepcopy(method, orig, mask)  # type: ignore[method-assign]
     pruned.__getstate__ = _PlainState(pruned)  # type: ignore[attr-defined]

@@ -294,17 +294,17 @@ def test_under_inference_mode_an_input_changed_in_place_is_summed_again(fn: Call
 
 def test_an_unchanged_input_is_summed_once_a_changed_one_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sharing of q, k and v stays: rows are made once per distinct state of the input, not per layer."""
-    from funcprune._criteria import _activations
+    from funcprune._criteria import _hooks
 
     made: list[int] = []
-    rows = _activations._rows
+    rows = _hooks._rows
 
     def counted(*args: Any) -> Tensor:
         made.append(1)
         out: Tensor = rows(*args)
         return out
 
-    monkeypatch.setattr(_activations, "_rows", counted)
+    monkeypatch.setattr(_hooks, "_rows", counted)
     torch.manual_seed(0)
     fp.input_norms(InPlace("add_").eval(), [randn(3, 4, seed=11)], IN_PLACE_NAMES)
     assert len(made) == 3  # fc1; fc2 and fc3 after the change (shared); fc4 after the second change

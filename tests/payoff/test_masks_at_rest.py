@@ -1,4 +1,4 @@
-"""Masks at rest (funcprune._payoff._masks_at_rest): bit packing, safetensors files, damage refused."""
+"""Masks at rest (funcprune._payoff._masks_*.py): bit packing, safetensors files, damage refused."""
 
 from __future__ import annotations
 

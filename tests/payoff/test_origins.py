@@ -1,7 +1,7 @@
 """The walk's origins: a view of a parameter read as strides gives what its index tensor gives.
 
 ``Origin.axis_dim`` (strides only, no index tensor) must agree with the
-general reading of the materialized indices (``_ops._axis_dim`` on an
+general reading of the materialized indices (``_layers._axis_dim`` on an
 origin that holds them) wherever it answers, for any chain of views.
 """
 
@@ -13,7 +13,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from funcprune._graph import _ops
+from funcprune._graph import _layers
 from funcprune._graph._atoms import pairs
 from funcprune._graph._walk import Origin, _row_major
 
@@ -51,10 +51,10 @@ def test_strided_origins_agree_with_their_indices(case: tuple[tuple[int, ...], T
     assert torch.equal(strided.flat, view)
     axis = data.draw(st.integers(0, view.dim() - 1))
     fast = strided.axis_dim(axis)
-    slow = _ops._axis_dim(materialized, axis)
+    slow = _layers._axis_dim(materialized, axis)
     if fast is not None:
         assert slow is not None and fast[0] == slow[0] and torch.equal(fast[1], slow[1])
-    assert _ops._axis_dim(strided, axis) is not None or slow is None
+    assert _layers._axis_dim(strided, axis) is not None or slow is None
 
 
 def test_a_strided_parameter_origin_needs_no_index_tensor() -> None:

@@ -1115,16 +1115,16 @@ class SpelledWide(nn.Module):
 def test_a_size_spelled_out_for_many_channels_costs_a_few_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     model = seeded(SpelledWide())
     masks = half_channels(model, ["conv.weight", "side.weight"])
-    from funcprune._payoff import _shrink
+    from funcprune._payoff import _shrink, _smaller
 
     builds: list[int] = []
-    built = _shrink._built
+    built = _smaller.built
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         builds.append(1)
         return built(*args, **kwargs)
 
-    monkeypatch.setattr(_shrink, "_built", counted)
+    monkeypatch.setattr(_shrink, "built", counted)  # as shrink calls it
     small: Any = check_equal_outputs(model, masks, torch.randn(2, 3, 8, 8), kept=r"'conv' keeps 256 \(removing them changes")
     assert (small.conv.out_channels, small.side.out_channels) == (512, 32)
     assert len(builds) <= 16  # propagate and shrink: a check and a few probes each (it was 500 builds and more each)

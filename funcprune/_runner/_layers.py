@@ -1,8 +1,9 @@
-"""A model's repeated blocks, and what reaches the first of them.
+"""A model's repeated layers, and what reaches the first of them.
 
-:func:`find_blocks` finds the blocks a one-shot runner walks (the decoder
-layers of a transformers model, or any run of modules of one class in a
-``ModuleList``). a :class:`Capture` runs the model once per calibration batch
+:func:`find_layers` finds the blocks a one-shot runner walks, as
+:class:`RepeatedLayers` (the decoder or encoder layers of a transformers
+model, or any run of modules of one class in a ``ModuleList``; each of them
+is a *block* of the runner). A :class:`Capture` runs the model once per calibration batch
 and records each block's arguments: the first block's hidden states, and,
 for every block, the rest of its positional and keyword arguments (an
 attention mask, position ids or rotary embeddings), which transformers
@@ -23,13 +24,13 @@ from .._criteria import Call
 from .._families import takes_use_cache
 from .._types import Tensor
 
-__all__ = ["Blocks", "Capture", "Captured", "find_blocks", "hidden_of"]
+__all__ = ["Capture", "Captured", "RepeatedLayers", "find_layers", "hidden_of"]
 
 
 @final
 @dataclass(frozen=True, slots=True)
-class Blocks:
-    """The repeated blocks of a model: the ``ModuleList``'s path and its modules."""
+class RepeatedLayers:
+    """The repeated layers of a model (its decoder or encoder layers): the ``ModuleList``'s path and its modules."""
 
     path: str
     modules: tuple[nn.Module, ...]
@@ -39,7 +40,7 @@ class Blocks:
         return f"{self.path}.{i}." if self.path else f"{i}."
 
 
-def find_blocks(fn: str, model: nn.Module) -> Blocks:
+def find_layers(fn: str, model: nn.Module) -> RepeatedLayers:
     """The ``ModuleList`` holding the most parameters (the first such, on ties), refused unless of one class.
 
     A largest list of mixed classes (a hybrid model's attention and
@@ -65,7 +66,7 @@ def find_blocks(fn: str, model: nn.Module) -> Blocks:
             "torch.nn.ModuleList of layers of one class holding parameters (a transformers model's "
             "decoder or encoder layers)"
         )
-    return Blocks(best[1], tuple(best[2]))
+    return RepeatedLayers(best[1], tuple(best[2]))
 
 
 @final
@@ -117,7 +118,7 @@ class Capture:
     is refused.
     """
 
-    def __init__(self, fn: str, model: nn.Module, blocks: Blocks, *, whole: bool) -> None:
+    def __init__(self, fn: str, model: nn.Module, blocks: RepeatedLayers, *, whole: bool) -> None:
         self.fn, self.model, self.blocks, self.whole = fn, model, blocks, whole
         self.captured = Captured(rest=[[] for _ in blocks.modules])
         self._handles: list[torch.utils.hooks.RemovableHandle] = []

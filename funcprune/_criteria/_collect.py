@@ -1,0 +1,196 @@
+"""The collection engine: run calls of a module with hooks on some weights and sum a statistic of their inputs.
+
+:func:`collect` is the one engine behind :func:`~funcprune.input_norms`,
+:func:`~funcprune.hessians` and the one-shot runner: hooks from
+:mod:`._hooks` on the weights' modules, the calls made without autograd,
+the hooks removed in a ``finally``, and, with ``across=``, the sums of
+every process of a group added by one ``all_reduce``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from .._types import Tensor
+from ._calls import Call
+from ._hooks import Running, Statistic, Target, check_names, collector, holder, target_of
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+__all__ = ["collect"]
+
+
+def collect(
+    fn: str,
+    module: nn.Module,
+    calls: Iterable[Call],
+    names: Iterable[str],
+    statistic: Statistic,
+    *,
+    across: ProcessGroup | None = None,
+    run: Callable[[Call], object] | None = None,
+) -> dict[str, Tensor]:
+    """Sum ``statistic`` over every token reaching each named weight's module, in ``calls`` of ``module``.
+
+    The engine of :func:`~funcprune.input_norms` and :func:`~funcprune.hessians` (and
+    of the one-shot runner, which calls a block on captured arguments):
+    forward pre-hooks, removed before returning, that sum in ``float64`` for
+    inputs narrower than ``float32``, in the input's dtype otherwise;
+    ``across`` sums over a process group in one ``all_reduce``. Everything
+    but the calls themselves is checked before the first one runs. Returns
+    the sums by name, in the order of ``names``: ``float64`` where an input
+    was ``float64`` or narrower than ``float32``, ``float32`` otherwise.
+    ``run`` makes each call (``module(*call.args, **call.kwargs)`` if
+    ``None``): the runner calls a block through ``functional_call``.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
+    targets = [target_of(fn, module, name, statistic) for name in dict.fromkeys(check_names(fn, names))]
+    _check_across(fn, across)
+    if not targets:
+        return {}
+    sums: dict[str, Tensor] = {}  # by weight name
+    wide: set[str] = set()  # the weights that received a float64 input
+    current = Running()  # the call running: its real tokens, its last input seen
+    handles = []
+    try:
+        for target in targets:
+            hook = collector(fn, target, sums, wide, statistic, current)
+            handles.append(target.owner.register_forward_pre_hook(hook, with_kwargs=True))
+        if across is not None:  # every process's calls: fail together, count together
+            return _across(fn, run or _caller(module), calls, targets, sums, wide, statistic, current, across)
+        ran = _run(run or _caller(module), calls, current)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return _totals(fn, ran, targets, sums, wide, statistic)
+
+
+def _totals(
+    fn: str, ran: int, targets: list[Target], sums: dict[str, Tensor], wide: set[str], statistic: Statistic
+) -> dict[str, Tensor]:
+    """The sums, once the calls ran and every target was called, in their result dtype and shape."""
+    if not ran:
+        raise ValueError(
+            f"{fn}: no batches: batches was empty; pass at least one calibration batch"
+        )
+    never = [target for target in targets if target.name not in sums]
+    if never:
+        raise ValueError(
+            f"{fn}: {holder(never[0].path)}, holding {never[0].name!r}, was never called by "
+            "any batch, so its inputs have no statistics; leave it out of names (a layer whose "
+            "parent uses its weight without calling it, like MultiheadAttention's out_proj, "
+            "is never called)"
+        )
+    out: dict[str, Tensor] = {}
+    storages: set[int] = set()
+    for t in targets:
+        total = sums[t.name]
+        wider = t.name in wide or (statistic.narrow_in_float64 and total.dtype == torch.float64)
+        if statistic.finish is not None:
+            total = statistic.finish(total)
+        total = total.to(torch.float64 if wider else torch.float32)
+        if total.untyped_storage().data_ptr() in storages:  # shared with another weight's (the same input)
+            total = total.clone()
+        storages.add(total.untyped_storage().data_ptr())
+        out[t.name] = total.reshape(t.shape) if total.dim() == 1 else total
+    return out
+
+
+def _check_across(fn: str, across: object) -> None:
+    """Refuse, before any batch runs, an ``across`` that is no process group of an initialized ``torch.distributed``."""
+    if across is None:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_available() or not isinstance(across, dist.ProcessGroup):
+        raise TypeError(
+            f"{fn}: across must be a torch.distributed process group (dist.group.WORLD, or one from "
+            f"dist.new_group) or None, got {across!r} of type {type(across).__name__}"
+        )
+    if not dist.is_initialized():
+        raise ValueError(f"{fn}: across is a process group, but torch.distributed is not initialized")
+
+
+def _across(
+    fn: str,
+    run: Callable[[Call], object],
+    calls: Iterable[Call],
+    targets: list[Target],
+    sums: dict[str, Tensor],
+    wide: set[str],
+    statistic: Statistic,
+    current: Running,
+    group: ProcessGroup,
+) -> dict[str, Tensor]:
+    """:func:`collect` over every process of ``group``, each with its own calls.
+
+    One ``all_reduce`` (``float64``) carries whether each process failed,
+    how many calls it ran, and per target whether it was called, had a
+    ``float64`` input, summed in ``float64`` (an input narrower than
+    ``float32``), and its sums (zeros where it was not called here): so
+    every process decides from the same numbers, and a failure on one (a
+    bad batch) fails all instead of leaving them waiting.
+    """
+    import torch.distributed as dist
+
+    failure: Exception | None = None
+    ran = 0
+    try:
+        ran = _run(run, calls, current)
+    except Exception as e:  # noqa: BLE001 (raised below, on every process)
+        failure = e
+    shapes = [statistic.shape(t.features) for t in targets]
+    sizes = [math.prod(shape) for shape in shapes]
+    k = len(targets)
+    head = [float(failure is not None), float(ran)] + [float(t.name in sums) for t in targets]
+    head += [float(t.name in wide) for t in targets]
+    head += [float(t.name in sums and sums[t.name].dtype == torch.float64) for t in targets]
+    weight = targets[0].owner.weight
+    assert isinstance(weight, torch.Tensor)  # a Linear's, Conv1D's or Conv's
+    device = weight.device  # the same on every process, batches run or not (a CUDA group's)
+    parts = [torch.tensor(head, dtype=torch.float64, device=device)]
+    for t, n in zip(targets, sizes, strict=True):
+        mine = sums[t.name].to(torch.float64).flatten() if t.name in sums else None
+        parts.append(mine if mine is not None else torch.zeros(n, dtype=torch.float64, device=device))
+    flat = torch.cat(parts)
+    dist.all_reduce(flat, group=group)
+    if failure is not None:
+        raise failure
+    if flat[0]:
+        raise ValueError(f"{fn}: another process of the group failed on its batches (its own error says why)")
+    called, widened, narrow = flat[2 : 2 + k], flat[2 + k : 2 + 2 * k], flat[2 + 2 * k : 2 + 3 * k]
+    total: dict[str, Tensor] = {}
+    start = 2 + 3 * k
+    for i, (t, n, shape) in enumerate(zip(targets, sizes, shapes, strict=True)):
+        if called[i]:
+            dtype = torch.float64 if widened[i] or narrow[i] else torch.float32
+            total[t.name] = flat[start : start + n].reshape(shape).to(dtype)
+        start += n
+    return _totals(fn, int(flat[1]), targets, total, {t.name for i, t in enumerate(targets) if widened[i]}, statistic)
+
+
+def _caller(module: nn.Module) -> Callable[[Call], object]:
+    return lambda call: module(*call.args, **call.kwargs)
+
+
+def _run(run: Callable[[Call], object], calls: Iterable[Call], current: Running) -> int:
+    """Make every call, without autograd; return how many ran."""
+    ran = 0
+    with torch.no_grad():
+        try:
+            for call in calls:
+                current.tokens = call.tokens
+                run(call)
+                current.forget()
+                ran += 1
+        finally:
+            current.tokens = None
+            current.forget()
+    return ran

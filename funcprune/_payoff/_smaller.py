@@ -1,0 +1,95 @@
+"""Building a smaller copy of a model: what each tensor keeps once groups go, the masked model's outputs, the copy.
+
+:func:`removing` turns the groups that go into the indices each tensor keeps
+and the closure of the masks; :func:`masked_outputs` is what the masked
+model computes on the example inputs (pruned entries ``+0.0``, removed
+experts never routed to); :func:`built` makes the copy, the closure applied
+and the tensors cut, and says which size attributes changed. A probe's copy
+(run once and thrown away) shares the model's tensors instead of copying
+them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._experts import never_routed
+from .._graph import Analysis, closure, copy_module, kept_indices
+from .._types import Masks, Tensor
+from ._config import Record
+from ._resize import resize_modules
+
+__all__ = ["built", "masked_outputs", "removing", "tensor_shapes", "zero_pruned_"]
+
+
+def tensor_shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
+    tensors = [*module.named_parameters(), *module.named_buffers()]
+    return {name: tuple(t.shape) for name, t in tensors}
+
+
+def removing(
+    analysis: Analysis, masks: Mapping[str, Tensor], removed: Sequence[int], sizes: Mapping[str, tuple[int, ...]]
+) -> tuple[dict[str, dict[int, list[int]]], Masks]:
+    """What each tensor keeps once ``removed`` go, and the closure of ``masks`` that says it."""
+    keep = kept_indices(analysis, removed, sizes)
+    return keep, closure(masks, keep, dict(analysis.model.named_parameters()))
+
+
+def masked_outputs(analysis: Analysis, closed: Masks) -> Any:
+    """What the masked model (``closed``, a closure) computes on the example inputs."""
+    model = analysis.model
+    params = dict(model.named_parameters())
+    baked = {name: params[name].masked_fill(~mask, 0.0) for name, mask in closed.items()}
+    layers = [layer.router for layer in analysis.experts]
+    with torch.no_grad(), never_routed(model, closed, layers):  # pruned entries +0.0, as the shrunk model holds them
+        return torch.func.functional_call(model, baked, tuple(analysis.inputs.args), dict(analysis.inputs.kwargs))
+
+
+def built(
+    module: nn.Module, analysis: Analysis, keep: Mapping[str, Mapping[int, list[int]]], closed: Masks,
+    removed: Sequence[int], *, probe: bool = False,
+) -> tuple[nn.Module, Record]:  # fmt: skip
+    """A copy of ``module`` without ``removed`` (``keep``), the closure applied; and the size attributes that changed.
+
+    A ``probe`` (a copy only run and thrown away) shares ``module``'s
+    parameters and buffers instead of copying them, and gets new tensors
+    where the masks zero entries: a 1B model's trial costs what it changes.
+    """
+    sharing = [*module.parameters(), *module.buffers()] if probe else []
+    result = copy_module("shrink", module, sharing=sharing)
+    if probe:
+        _zeroed(result, closed)
+    else:
+        zero_pruned_(result, closed)
+    return result, resize_modules(result, keep, analysis, set(removed))
+
+
+@torch.no_grad()
+def _zeroed(module: nn.Module, masks: Masks) -> None:
+    """:func:`zero_pruned_` without writing into the tensors: each masked parameter of ``module`` (every name
+    of a tied one) is replaced by a new one, so that tensors ``module`` shares with another are left as they are."""
+    params = dict(module.named_parameters(remove_duplicate=False))
+    aliases: dict[int, list[str]] = {}
+    for name, param in params.items():
+        aliases.setdefault(id(param), []).append(name)
+    for name, mask in masks.items():
+        old = params[name]
+        new = nn.Parameter(old.masked_fill(~mask, 0.0), old.requires_grad)
+        for alias in aliases[id(old)]:
+            owner, _, attr = alias.rpartition(".")
+            setattr(module.get_submodule(owner), attr, new)
+
+
+@torch.no_grad()
+def zero_pruned_(module: nn.Module, masks: Masks) -> None:
+    """Write ``+0.0`` into the pruned entries of ``module`` (a copy: nobody else holds it).
+
+    As :func:`~funcprune.bake` does: ``+0.0`` even where a weight is ``nan`` or ``inf``.
+    """
+    params = dict(module.named_parameters())
+    for name, mask in masks.items():
+        params[name].masked_fill_(~mask, 0.0)

@@ -1,0 +1,163 @@
+"""Checking a smaller model against the masked one, and finding what breaks it.
+
+:func:`mismatch` runs a smaller copy in eval mode on the example inputs and
+says how it fails to compute what the masked model computes (an error it
+raises, and where; or how far its outputs are): float64 outputs to 1e-9 of
+their largest magnitude, others to ``rtol=1e-4``. :func:`search` finds the
+items (groups of channels, unit groups) whose removal makes that check
+fail, in a few probes: items that change the same shapes alike
+(:func:`shape_changes`: the channels of one layer) go as one part first,
+and where removing one of a failing class alone raises, all of them do.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, final
+
+import torch
+from torch import nn
+
+from .._graph import Analysis, Inputs, run
+from .._torch_private import tree_leaves
+from .._types import Tensor
+
+__all__ = ["Failure", "differ_in_eval", "mismatch", "search", "shape_changes"]
+
+
+def differ_in_eval(small: nn.Module, inputs: Inputs, reference: Any) -> str | None:
+    """Why ``small``, run in eval mode on ``inputs``, computes something else than ``reference`` (or ``None``)."""
+    found = mismatch(small, inputs, reference)
+    return None if found is None else found.why
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why a smaller model fails the check, and where it raised (``None``: it ran, and computes something else)."""
+
+    why: str
+    where: str | None = None
+
+
+def mismatch(small: nn.Module, inputs: Inputs, reference: Any) -> Failure | None:
+    """How ``small``, run in eval mode on ``inputs``, fails to compute ``reference`` (or ``None``).
+
+    Each submodule's training flag is restored afterwards.
+    """
+    modes = [(m, m.training) for m in small.modules()]
+    small.eval()
+    try:
+        outputs = run(small, inputs)
+    except Exception as e:  # a size spelled out in the code no longer fits
+        frames = traceback.extract_tb(e.__traceback__)
+        where = f"{type(e).__name__} at {frames[-1].filename}:{frames[-1].lineno}" if frames else type(e).__name__
+        return Failure(f"{type(e).__name__}: {e}", where)
+    finally:
+        for m, mode in modes:
+            m.training = mode
+    why = _differ(outputs, reference)
+    return None if why is None else Failure(why)
+
+
+_T = TypeVar("_T")
+
+
+def search(items: Sequence[_T], shape_of: Callable[[_T], object], fails: Callable[[Sequence[_T]], Failure | None]) -> dict[_T, Failure]:
+    """The items whose removal fails the check, each with its failure; the others pass, removed together.
+
+    A probe removes the items found good so far and a part of the others.
+    Items that change the same shapes by the same counts (``shape_of``: the
+    channels of one layer, alike) go first as one part each, halved over such
+    classes, so that a few probes clear every layer that is fine. In a class
+    that fails, where removing its first item alone raises an error, removing
+    any other alone raises too (shapes are all the error can depend on: a size
+    the code spells out), and the whole class fails; otherwise its items are
+    halved one by one.
+    """
+    classes: dict[object, list[_T]] = {}
+    for item in items:
+        classes.setdefault(shape_of(item), []).append(item)
+    good: list[_T] = []
+    bad: dict[_T, Failure] = {}
+    todo: list[list[list[_T]]] = [list(classes.values())]
+    while todo:
+        parts = todo.pop()
+        failed = fails(good + [item for part in parts for item in part])
+        if failed is None:
+            good.extend(item for part in parts for item in part)
+        elif len(parts) > 1:
+            todo.extend([parts[len(parts) // 2 :], parts[: len(parts) // 2]])
+        else:
+            bad.update(_search_alike(parts[0], failed, good, fails))
+    return bad
+
+
+def _search_alike(
+    alike: list[_T], failed: Failure, good: list[_T], fails: Callable[[Sequence[_T]], Failure | None]
+) -> dict[_T, Failure]:
+    """The items of one class whose removal fails (on top of ``good``, extended with those that pass)."""
+    alone = fails(good + alike[:1]) if len(alike) > 1 else failed
+    if alone is not None and (len(alike) == 1 or alone.where is not None):
+        return dict.fromkeys(alike, alone)
+    bad: dict[_T, Failure] = {}
+    todo: list[list[_T]] = [alike]
+    while todo:
+        part = todo.pop()
+        failure = fails(good + part)
+        if failure is None:
+            good.extend(part)
+        elif len(part) == 1:
+            bad[part[0]] = failure
+        else:
+            todo.extend([part[len(part) // 2 :], part[: len(part) // 2]])
+    return bad
+
+
+def shape_changes(analysis: Analysis) -> dict[int, tuple[tuple[str, int, int], ...]]:
+    """For each group, the shapes its removal alone changes: (tensor, dim, how many indices) each, sorted."""
+    changes: dict[int, dict[tuple[str, int], int]] = {}
+    for tensor, dims in analysis.related.items():
+        for dim, by_index in dims.items():
+            for groups in by_index.values():
+                if len(groups) == 1:
+                    (group,) = groups
+                    counts = changes.setdefault(group, {})
+                    counts[(tensor, dim)] = counts.get((tensor, dim), 0) + 1
+    return {g: tuple(sorted((t, d, n) for (t, d), n in counts.items())) for g, counts in changes.items()}
+
+
+#: (rtol, atol relative to the output's largest magnitude) of the check in float64: far above its rounding
+#: (a shrunk ShuffleNet differs by 4e-16), far below a channel read in the wrong place (2e-4 there).
+_FLOAT64_TOLERANCE = (1e-9, 1e-9)
+
+
+def _differ(outputs: Any, reference: Any) -> str | None:
+    """Why two model outputs differ beyond rounding, or ``None``.
+
+    Float64 outputs are compared to :data:`_FLOAT64_TOLERANCE`, other
+    floating outputs to ``rtol=1e-4`` and ``atol=1e-5`` times their largest
+    magnitude (at least 1).
+    """
+    got = tree_leaves(outputs)
+    want = tree_leaves(reference)
+    if len(got) != len(want):
+        return f"{len(got)} outputs against {len(want)}"
+    for a, b in zip(got, want, strict=True):
+        if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+            continue
+        if a.shape != b.shape:
+            return f"an output of shape {tuple(a.shape)} against {tuple(b.shape)}"
+        if a.is_floating_point():
+            scale = float(b.abs().nan_to_num(posinf=0, neginf=0).max()) if b.numel() else 0.0
+            if b.dtype == torch.float64:
+                rtol, atol = _FLOAT64_TOLERANCE[0], _FLOAT64_TOLERANCE[1] * scale
+            else:
+                rtol, atol = 1e-4, 1e-5 * max(1.0, scale)
+            if a.dtype != b.dtype or not torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
+                return f"outputs differ by up to {float((a.double() - b.double()).abs().nan_to_num().max()):.3g}"
+        elif not torch.equal(a, b):
+            return "integer outputs differ"
+    return None
