@@ -12,7 +12,6 @@ from ._cuts import box as box
 from ._cuts import cut_dim as cut_dim
 from ._cuts import strided as strided
 from ._dispatch import check_group as check_group
-from ._dispatch import check_supported as check_supported
 from ._dispatch import compute_joint_masks as compute_joint_masks
 from ._dispatch import compute_mask as compute_mask
 from ._dispatch import described as described

@@ -251,7 +251,8 @@ def check_slice_spec(fn: str, what: str, spec: PerSlice) -> None:
 
 def check_group(fn: str, names: Sequence[str], tensors: Sequence[Tensor], spec: Spec) -> None:
     """Refuse a group ranked jointly unless all are DTensors of supported layouts on one mesh,
-    and ``spec`` is supported.
+    and ``spec`` is supported, on each tensor's layout too (a nuclear norm of channels cut
+    across processes, say).
 
     Raises:
         TypeError: if the group mixes DTensors and plain tensors.
@@ -262,6 +263,7 @@ def check_group(fn: str, names: Sequence[str], tensors: Sequence[Tensor], spec: 
     head = tensors[first]
     assert is_dtensor(head)
     mesh = head.device_mesh
+    layouts = []
     for name, t in zip(names, tensors, strict=True):
         if not is_dtensor(t):
             raise TypeError(
@@ -273,8 +275,10 @@ def check_group(fn: str, names: Sequence[str], tensors: Sequence[Tensor], spec: 
                 f"{fn}: {name} is on {t.device_mesh} but {names[first]} on {mesh}; a group ranked "
                 "jointly must share one device mesh"
             )
-        layout_of(fn, name, t)
+        layouts.append(layout_of(fn, name, t))
     check_supported(fn, names[first], spec)
+    for name, layout in zip(names, layouts, strict=True):
+        check_supported(fn, name, spec, layout)
 
 
 

@@ -119,16 +119,11 @@ class GlobalStructuredPlan(AbstractPlan):
         if any(is_dtensor(params[name]) for name in selected):  # a group ranked jointly: one mesh, all DTensors
             labels = [f"the parameter {name!r}" for name in selected]
             dtensor.check_group(fn, labels, [params[name] for name in selected], spec)
-            for name, label in zip(selected, labels, strict=True):
-                param = params[name]
-                assert is_dtensor(param)  # checked by check_group
-                dtensor.check_supported(fn, label, spec, dtensor.layout_of(fn, label, param))
         groups: dict[str, UnitGroup] = {}
         none: dict[str, Tensor] = {}
         for name in selected:
-            ranked = scores.get(name, params[name])
-            if is_dtensor(ranked):  # one process's checks, on the whole shape
-                ranked = torch.empty(ranked.shape, dtype=ranked.dtype, device="meta")
+            given = scores.get(name, params[name])
+            ranked = torch.empty(given.shape, dtype=given.dtype, device="meta")  # one process's checks, on the shape
             with naming(fn, repr(name), spec):
                 check_channels(spec, ranked)
             d = spec.dim % ranked.dim()
