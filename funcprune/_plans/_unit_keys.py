@@ -47,6 +47,7 @@ import torch
 
 from .._types import Tensor
 from .._units import Member, UnitGroup
+from .._validate import is_concrete
 
 __all__ = ["FailedElsewhere", "Order", "Piece", "Reduce", "unit_keys"]
 
@@ -279,7 +280,7 @@ def _quanta(group: UnitGroup, pieces: Sequence[Piece], top: Tensor) -> Tensor:
 
 
 #: Entries per chunk of the rounded sums: float64 temporaries that stay in cache.
-CHUNK = 1 << 15
+CHUNK = 1 << 17
 
 
 def _rounded_part(part: Tensor, d: int, big: Tensor, n: float) -> Tensor:
@@ -296,13 +297,15 @@ def _rounded_part(part: Tensor, d: int, big: Tensor, n: float) -> Tensor:
     step = max(1, CHUNK // max(1, part.numel() // max(1, rows)))
     if torch.compiler.is_compiling():
         step = max(1, rows)  # one step: the compiler fuses the terms into the sum, and a loop would unroll
+    eager = is_concrete(part) and is_concrete(big)  # in place: not under a transform (a batched quantum)
     out: list[Tensor] = []
     total: Tensor | None = None
     for s in range(0, rows, step):
         count = min(step, rows - s)
-        v = _terms(part.narrow(0, s, count), n)
+        v = _terms(part.narrow(0, s, count), n)  # a new tensor: rounded in place, where eager
         here = m.narrow(0, s, count) if d == 0 else m
-        per_index = _per_index((v + here) - here, d, "sum")
+        rounded = v.add_(here).sub_(here) if eager else (v + here) - here
+        per_index = _per_index(rounded, d, "sum")
         if d == 0:
             out.append(per_index)
         else:
