@@ -7,7 +7,8 @@ Two profiles, both derandomized (the same examples every run):
 - ``ci``: 300 examples per property, selected when the environment variable
   ``CI`` is set (CI runs with ``CI=true``) or ``FUNCPRUNE_PROFILE=ci``; the
   tests marked ``@pytest.mark.ci`` (slow ones: every architecture through
-  every plan, the vision models) run under it only.
+  every plan, the vision models) and those that use a world of 4
+  processes (``world4``) run under it only.
 
 ``FUNCPRUNE_EXAMPLES=N`` overrides the number of examples of either.
 
@@ -65,8 +66,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if PROFILE == "ci":
         return
     skip = pytest.mark.skip(reason="slow: runs under the ci profile (CI=true or FUNCPRUNE_PROFILE=ci)")
-    for item in items:
-        if item.get_closest_marker("ci") is not None:
+    for item in items:  # and the worlds of 4 processes: the default run keeps those of 2
+        if item.get_closest_marker("ci") is not None or "world4" in getattr(item, "fixturenames", ()):
             item.add_marker(skip)
 
 

@@ -182,8 +182,11 @@ def test_a_long_part_with_several_threads_is_bracketed_alone() -> None:
 LENGTHS = [1023, 1024, 32767, 32768, 65536 + 5, 262144 + 3, 1048576 + 7]
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    ("dtype", "threads"),
+    [(torch.float32, 1), *(pytest.param(d, t, marks=pytest.mark.ci) for d, t in
+                           [(torch.float32, 2), (torch.float64, 1), (torch.float64, 2)])],
+)  # fmt: skip
 def test_the_kernel_on_long_rows_from_both_builds(portable: ctypes.CDLL, dtype: torch.dtype, threads: int) -> None:
     """Every length at once (each row one thread's), each with its own count and earlier mask."""
     if not _native.status().available:
