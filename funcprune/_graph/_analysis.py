@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import final
 
-import torch
 from torch import nn
 
 from .._experts import Router, routers

@@ -25,6 +25,7 @@ from ._walk import Walk, describe
 
 __all__: list[str] = []
 
+
 def _contracted(walk: Walk, node: fx.Node, a: object, b: object) -> Tensor:
     """Two activations multiplied as matrices (``a @ b`` over their last two dims, the others batched).
 
@@ -101,6 +102,8 @@ def _baddbmm(walk: Walk, node: fx.Node) -> Any:
         return torch.where(inner >= 0, inner, ids)
     _meet(walk, node, inner, base)
     return inner
+
+
 def _attention(walk: Walk, node: fx.Node) -> Any:
     """``scaled_dot_product_attention(q, k, v, attn_mask, ...)``: a head goes whole (:func:`_per_head`).
 

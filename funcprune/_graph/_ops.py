@@ -64,7 +64,7 @@ def stands_for(target: Any) -> tuple[object, bool]:
     packet = getattr(target, "overloadpacket", None)
     if schema is None or packet is None or not schema.arguments or not schema.returns:
         return target, False
-    first, result = schema.arguments[0].alias_info, schema.returns[0].alias_info
+    first = schema.arguments[0].alias_info
     if first is not None and first.is_write and schema.is_mutable:
         name = packet.__name__
         functional = getattr(aten, name[:-1], None) if name.endswith("_") else None
@@ -90,7 +90,6 @@ def _keys_of(target: Any) -> tuple[object, ...]:
     packet = getattr(target, "overloadpacket", None)
     name = getattr(packet, "_qualified_op_name", None)
     return tuple(k for k in (target, packet, name) if k is not None)
-
 
 
 def _handler_table() -> dict[object, Handler]:

@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, final
 
-import torch
 from torch import nn
 
 from .._graph import Analysis, Inputs, analyze, as_inputs, plan_removal, warn_unreached
@@ -224,6 +223,8 @@ def shrink(module: _M, masks: Mapping[str, Tensor], example_inputs: object) -> _
 
 @final
 @dataclass(frozen=True, slots=True)
+
+
 class _Shrunk:
     """The closure of the masks, and the model shrunk to it (checked against the masked model)."""
 

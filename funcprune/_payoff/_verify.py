@@ -35,6 +35,8 @@ def differ_in_eval(small: nn.Module, inputs: Inputs, reference: Any) -> str | No
 
 @final
 @dataclass(frozen=True, slots=True)
+
+
 class Failure:
     """Why a smaller model fails the check, and where it raised (``None``: it ran, and computes something else)."""
 

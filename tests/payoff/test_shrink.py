@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import operator
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
