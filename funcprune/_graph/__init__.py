@@ -17,4 +17,5 @@ from ._export import run as run
 from ._removal import Removal as Removal
 from ._removal import closure as closure
 from ._removal import kept_indices as kept_indices
+from ._removal import own_indices as own_indices
 from ._removal import plan_removal as plan_removal

@@ -33,7 +33,7 @@ from ._layers import (
     _per_channel_op,
 )
 from ._moves import CHECKS, CONVERSIONS, VIEWS, _conversion, _copy, _nothing, _view, view_ids
-from ._pointwise import ELEMENTWISE, _along_last, _elementwise, _reduction
+from ._pointwise import ELEMENTWISE, _along_last, _elementwise, _reduction, functional_form
 from ._walk import Handler, Ops
 
 __all__ = ["ELEMENTWISE", "HANDLERS", "LAYER_SLOTS", "OPS", "PRODUCERS", "VIEWS", "is_alias", "stands_for", "view_ids"]
@@ -61,13 +61,11 @@ def stands_for(target: Any) -> tuple[object, bool]:
     if any(key in HANDLERS for key in _keys_of(target)):
         return target, False
     schema = getattr(target, "_schema", None)
-    packet = getattr(target, "overloadpacket", None)
-    if schema is None or packet is None or not schema.arguments or not schema.returns:
+    if schema is None or getattr(target, "overloadpacket", None) is None or not schema.arguments or not schema.returns:
         return target, False
     first = schema.arguments[0].alias_info
     if first is not None and first.is_write and schema.is_mutable:
-        name = packet.__name__
-        functional = getattr(aten, name[:-1], None) if name.endswith("_") else None
+        functional = functional_form(target)
         if functional is not None and functional in HANDLERS and functional not in VIEWS:
             return functional, True
         return target, False

@@ -24,7 +24,7 @@ from torch import fx
 from .._types import Tensor
 from ._walk import Origin, Walk, describe
 
-__all__ = ["ELEMENTWISE"]
+__all__ = ["ELEMENTWISE", "functional_form"]
 
 aten = torch.ops.aten
 
@@ -95,13 +95,15 @@ def _meet(walk: Walk, node: fx.Node, out: Tensor, arg: object) -> None:
             walk.atoms.couple_along(out, varying, f"{describe(node)} meets them with a tensor of its own entries along them")
 
 
+def functional_form(target: Any) -> Any:
+    """The packet of the functional form of an in-place op (``hardswish_``: ``aten.hardswish``), or ``None``."""
+    name = getattr(getattr(target, "overloadpacket", target), "__name__", "")
+    return getattr(aten, name[:-1], None) if name.endswith("_") else None
+
+
 def _functional_packet(target: Any) -> Any:
     """The packet of ``target``'s functional form (``hardswish_``: ``hardswish``), as the tables name it."""
-    packet = getattr(target, "overloadpacket", target)
-    name = getattr(packet, "__name__", "")
-    if name.endswith("_") and not name.startswith("_"):
-        return getattr(aten, name[:-1], packet)
-    return packet
+    return functional_form(target) or getattr(target, "overloadpacket", target)
 
 
 def _tensor_operands(node: fx.Node) -> list[fx.Node]:

@@ -23,7 +23,7 @@ from .._types import Tensor
 from ._analysis import Analysis
 from ._atoms import Slice
 
-__all__ = ["Removal", "kept_indices", "plan_removal"]
+__all__ = ["Removal", "kept_indices", "own_indices", "plan_removal"]
 
 
 @final
@@ -152,6 +152,25 @@ def _kept(analysis: Analysis, pruned: set[Slice], removed: set[int], why: Mappin
                 reason = why.get(group, "kept")
                 counts[reason] = counts.get(reason, 0) + 1
     return kept
+
+
+def own_indices(analysis: Analysis) -> dict[int, dict[tuple[str, int], list[int]]]:
+    """For each group, the indices of each tensor's dims that belong to it alone, ascending.
+
+    Those go when the group goes by itself (an index shared by several
+    groups, a per-head-dim norm's weight, goes only when all of them go).
+    """
+    out: dict[int, dict[tuple[str, int], list[int]]] = {}
+    for tensor, dims in analysis.related.items():
+        for dim, by_index in dims.items():
+            for index, groups in by_index.items():
+                if len(groups) == 1:
+                    (group,) = groups
+                    out.setdefault(group, {}).setdefault((tensor, dim), []).append(index)
+    for feet in out.values():
+        for indices in feet.values():
+            indices.sort()
+    return out
 
 
 def kept_indices(analysis: Analysis, removed: Iterable[int], sizes: Mapping[str, tuple[int, ...]]) -> dict[str, dict[int, list[int]]]:

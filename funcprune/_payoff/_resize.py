@@ -91,11 +91,9 @@ def _sizes(model: nn.Module, path: str) -> dict[str, Any]:
         for k, v in vars(module).items()
         if k in SIZE_ATTRIBUTES and (_is_int(v) or isinstance(v, tuple) and all(map(_is_int, v)))
     }
-    config = getattr(module, "config", None)
-    for attr in CONFIG_HEADS if config is not None else ():
-        value = getattr(config, attr, None)
-        if _is_int(value):
-            sizes[f"config.{attr}"] = value
+    for attr in (f"config.{name}" for name in CONFIG_HEADS):  # an attention's config's head counts, where it has one
+        if _is_int(value := get_size(module, attr)):
+            sizes[attr] = value
     return sizes
 
 
@@ -196,14 +194,12 @@ def _own_config_heads(module: nn.Module, heads: int, kv_heads: int, kept: int, k
     module alone lets layers keep different counts. Only counts equal to the
     module's old ones change.
     """
-    config = getattr(module, "config", None)
-    changes = {
-        attr: new
-        for attr, old, new in (("num_attention_heads", heads, kept), ("num_key_value_heads", kv_heads, kept_kv))
-        if config is not None and getattr(config, attr, None) == old and old != new
-    }
-    for attr, value in changes.items():
-        set_size_(module, f"config.{attr}", value)
+    if getattr(module, "config", None) is None:
+        return
+    query, kv = CONFIG_HEADS
+    for attr, old, new in ((query, heads, kept), (kv, kv_heads, kept_kv)):
+        if get_size(module, f"config.{attr}") == old and old != new:
+            set_size_(module, f"config.{attr}", new)
 
 
 def _moe_paths(layer: Experts) -> tuple[str, ...]:

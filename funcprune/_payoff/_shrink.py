@@ -10,7 +10,7 @@ against the masked model on the example inputs (``README.md``).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, final
 
@@ -295,10 +295,7 @@ def removable(module: nn.Module, analysis: Analysis, trial: Mapping[str, Sequenc
     sizes = tensor_shapes(module)
 
     def fails(names: Sequence[str]) -> Failure | None:
-        removed = sorted({g for name in names for g in trial[name]})
-        keep, closed = removing(analysis, {}, removed, sizes)
-        small, _ = built(module, analysis, keep, closed, removed, probe=True)
-        return mismatch(small, analysis.inputs, masked_outputs(analysis, closed))
+        return _probe(module, analysis, {}, {g for name in names for g in trial[name]}, sizes)
 
     names = list(trial)
     if not names or fails(names) is None:
@@ -315,12 +312,21 @@ def _breaking(
     """The groups of ``removed`` whose removal changes the outputs (:func:`search`), the rest removable."""
 
     def fails(groups: Sequence[int]) -> Failure | None:
-        keep, closed = removing(analysis, masks, sorted(groups), sizes)
-        small, _ = built(module, analysis, keep, closed, sorted(groups), probe=True)
-        return mismatch(small, analysis.inputs, masked_outputs(analysis, closed))
+        return _probe(module, analysis, masks, groups, sizes)
 
     shapes = shape_changes(analysis)
     return sorted(search(list(removed), lambda g: shapes.get(g, ()), fails))
+
+
+def _probe(
+    module: nn.Module, analysis: Analysis, masks: Mapping[str, Tensor], groups: Iterable[int],
+    sizes: Mapping[str, tuple[int, ...]],
+) -> Failure | None:  # fmt: skip
+    """How a probe's copy of ``module`` without ``groups`` (``masks`` closed over them) fails the check, or ``None``."""
+    removed = sorted(set(groups))
+    keep, closed = removing(analysis, masks, removed, sizes)
+    small, _ = built(module, analysis, keep, closed, removed, probe=True)
+    return mismatch(small, analysis.inputs, masked_outputs(analysis, closed))
 
 
 def _warn_kept(fn: str, kept: Mapping[str, Mapping[str, int]]) -> None:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar, final
 import torch
 from torch import nn
 
-from .._graph import Analysis, Inputs, run
+from .._graph import Analysis, Inputs, own_indices, run
 from .._torch_private import tree_leaves
 from .._types import Tensor
 
@@ -120,15 +120,10 @@ def _search_alike(
 
 def shape_changes(analysis: Analysis) -> dict[int, tuple[tuple[str, int, int], ...]]:
     """For each group, the shapes its removal alone changes: (tensor, dim, how many indices) each, sorted."""
-    changes: dict[int, dict[tuple[str, int], int]] = {}
-    for tensor, dims in analysis.related.items():
-        for dim, by_index in dims.items():
-            for groups in by_index.values():
-                if len(groups) == 1:
-                    (group,) = groups
-                    counts = changes.setdefault(group, {})
-                    counts[(tensor, dim)] = counts.get((tensor, dim), 0) + 1
-    return {g: tuple(sorted((t, d, n) for (t, d), n in counts.items())) for g, counts in changes.items()}
+    return {
+        group: tuple(sorted((tensor, dim, len(indices)) for (tensor, dim), indices in feet.items()))
+        for group, feet in own_indices(analysis).items()
+    }
 
 
 #: (rtol, atol relative to the output's largest magnitude) of the check in float64: far above its rounding

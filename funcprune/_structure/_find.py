@@ -231,11 +231,10 @@ def _warn_left_out(
     """
     lines = [f"{name!r} ({found.groups[name][0].kind}): {why}" for name, why in left.items()]
     units = {u for name in listed for u in found.groups[name][1]}
+    failed = {u for name in left for u in found.groups[name][1]}  # said already, as their group
     for attention in analysis.attention:
         heads = [g for g in attention.heads if g >= 0]
-        if heads and not any(g in units for g in heads) and not any(
-            g in found.groups[name][1] for name in left for g in heads
-        ):
+        if heads and not any(g in units or g in failed for g in heads):
             why = next((found.left_out[g] for g in heads if g in found.left_out), "they are no unit")
             lines.append(f"the heads of {attention.module or 'the model'!r}: {why}")
     for block in _repeated_blocks(model):
@@ -290,18 +289,13 @@ def _repeated_blocks(model: nn.Module) -> list[str]:
 
 
 def _footprints(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]]) -> _Footprints:
+    """Each group's own indices (:func:`~funcprune._graph.own_indices`) of parameters: buffers (shrink cuts them,
+    plans do not mask them) left out."""
     out: _Footprints = {}
-    for name, dims in analysis.related.items():
-        if name not in shapes:
-            continue  # a buffer: shrink cuts it, plans do not mask it
-        for dim, by_index in dims.items():
-            for index, groups in by_index.items():
-                if len(groups) == 1:
-                    (group,) = groups
-                    out.setdefault(group, {}).setdefault((name, dim), []).append(index)
-    for feet in out.values():
-        for indices in feet.values():
-            indices.sort()
+    for group, feet in graph.own_indices(analysis).items():
+        kept = {(name, dim): indices for (name, dim), indices in feet.items() if name in shapes}
+        if kept:
+            out[group] = kept
     return out
 
 
