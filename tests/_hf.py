@@ -10,6 +10,7 @@ transformers is not installed (the ``hf`` extra installs it).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,9 @@ from torch import nn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the hub: configs are built here
 transformers = pytest.importorskip("transformers")
+
+import funcprune as fp  # noqa: E402
+from funcprune._payoff._shrink import _shrunk  # noqa: E402
 
 #: The families of the matrix, and whether each repeats one decoder or encoder layer.
 MATRIX = ("gpt2", "llama", "qwen3", "mistral", "opt", "bert", "vit", "mixtral")
@@ -167,3 +171,27 @@ def logits(model: nn.Module, x: Any) -> torch.Tensor:
         out = model(**x) if isinstance(x, dict) else model(x)
     result: torch.Tensor = out.logits
     return result
+
+
+def masked_logits(model: nn.Module, masks: fp.Masks, x: Any) -> torch.Tensor:
+    """``model``'s logits on ``x`` masked by ``masks`` (``fp.functional_call_masked``), without gradients."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        out = fp.functional_call_masked(model, params, masks, (), x) if isinstance(x, dict) else (
+            fp.functional_call_masked(model, params, masks, x))  # fmt: skip
+    result: torch.Tensor = out.logits
+    return result
+
+
+def shrunk_exactly(model: nn.Module, masks: fp.Masks, x: Any) -> Any:
+    """``fp.shrink``'s model, asserting that exactly what ``masks`` prune goes: no channel kept (no
+    ``KeptChannelsWarning``), ``fp.propagate``'s closure (from the same analysis) adds nothing, the parameters
+    removed are the pruned entries, and the shrunk model computes the masked one."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fp.KeptChannelsWarning)
+        both = _shrunk("shrink", model, masks, x)
+    assert both.closure.keys() == masks.keys() and all(torch.equal(both.closure[k], masks[k]) for k in masks)
+    removed = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in both.model.parameters())
+    assert removed == sum(int((~m).sum()) for m in masks.values())
+    torch.testing.assert_close(logits(both.model, x), masked_logits(model, masks, x), atol=1e-5, rtol=1e-5)
+    return both.model

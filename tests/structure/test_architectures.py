@@ -18,11 +18,10 @@ from typing import Any, Literal
 
 import pytest
 import torch
-from _hf import ARCHITECTURES, MATRIX, Tiny, inputs, logits, tiny
+from _hf import ARCHITECTURES, MATRIX, Tiny, inputs, logits, shrunk_exactly, tiny
 
 import funcprune as fp
 from funcprune._experts import never_routed
-from funcprune._payoff._shrink import _shrunk
 
 Tensor = torch.Tensor
 
@@ -69,21 +68,8 @@ def model_and_structure(name: str) -> tuple[Tiny, fp.Structure, tuple[str, ...]]
 
 
 def shrunk(t: Tiny, masks: fp.Masks) -> Any:
-    """The shrunk model; every unit the masks prune goes (no channel kept, the closure adds nothing), and it
-    computes what the masked model computes."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", fp.KeptChannelsWarning)
-        both = _shrunk("shrink", t.model, masks, inputs(t))
-    assert both.closure.keys() == masks.keys() and all(torch.equal(both.closure[k], masks[k]) for k in masks)
-    removed = sum(p.numel() for p in t.model.parameters()) - sum(p.numel() for p in both.model.parameters())
-    assert removed == sum(int((~m).sum()) for m in masks.values())
-    params = dict(t.model.named_parameters())
-    x = inputs(t)
-    with torch.no_grad():
-        masked = fp.functional_call_masked(t.model, params, masks, (), x) if isinstance(x, dict) else (
-            fp.functional_call_masked(t.model, params, masks, x))  # fmt: skip
-    torch.testing.assert_close(logits(both.model, x), masked.logits, atol=1e-5, rtol=1e-5)
-    return both.model
+    """The shrunk model; every unit the masks prune goes, exactly, and it computes the masked model."""
+    return shrunk_exactly(t.model, masks, inputs(t))
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)

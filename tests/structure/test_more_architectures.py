@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 import torch
-from _hf import logits
+from _hf import shrunk_exactly
 
 import funcprune as fp
-from funcprune._payoff._shrink import _shrunk
 
 transformers = pytest.importorskip("transformers")
 t = transformers
@@ -78,13 +77,5 @@ def test_every_unit_listed_goes_and_the_shrunk_model_is_the_masked_one(name: str
     said = [str(w.message) for w in caught if issubclass(w.category, (fp.UnitsLeftOutWarning, fp.UnreachedWarning))]
     assert said == [] if name not in LEFT_OUT else (len(said) == 1 and LEFT_OUT[name] in said[0]), said
     assert s and all(g.kind in {"channels", "heads", "kv_groups", "experts"} for g in s.values())
-    params = dict(model.named_parameters())
-    masks = fp.structured(s, fp.LnStructured(1, n=2), scope="group")(params)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", fp.KeptChannelsWarning)
-        both = _shrunk("shrink", model, masks, x)
-    assert both.closure.keys() == masks.keys() and all(torch.equal(both.closure[k], masks[k]) for k in masks)
-    with torch.no_grad():
-        masked = fp.functional_call_masked(model, params, masks, (), x) if isinstance(x, dict) else (
-            fp.functional_call_masked(model, params, masks, x))  # fmt: skip
-    torch.testing.assert_close(logits(both.model, x), masked.logits, atol=1e-5, rtol=1e-5)
+    masks = fp.structured(s, fp.LnStructured(1, n=2), scope="group")(dict(model.named_parameters()))
+    shrunk_exactly(model, masks, x)

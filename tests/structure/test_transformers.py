@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import functools
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from _hf import MATRIX, Tiny, inputs, logits, tiny
+from _hf import MATRIX, Tiny, inputs, logits, shrunk_exactly, tiny
 
 import funcprune as fp
-from funcprune._payoff._shrink import _shrunk
 
 Tensor = torch.Tensor
 
@@ -40,25 +38,9 @@ def model_and_structure(name: str) -> tuple[Tiny, fp.Structure]:
     return t, fp.structure(t.model, inputs(t))
 
 
-def masked_logits(t: Tiny, masks: fp.Masks) -> Tensor:
-    x = inputs(t)
-    params = dict(t.model.named_parameters())
-    with torch.no_grad():
-        out = fp.functional_call_masked(t.model, params, masks, (), x) if isinstance(x, dict) else (
-            fp.functional_call_masked(t.model, params, masks, x))  # fmt: skip
-    result: Tensor = out.logits
-    return result
-
-
 def shrunk(t: Tiny, masks: fp.Masks) -> Any:
-    """``fp.shrink``'s model and ``fp.propagate``'s closure from one analysis (both are this call)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", fp.KeptChannelsWarning)  # every unit the plan prunes goes
-        both = _shrunk("shrink", t.model, masks, inputs(t))
-    closure, small = both.closure, both.model
-    assert closure.keys() == masks.keys() and all(torch.equal(closure[k], masks[k]) for k in masks)
-    torch.testing.assert_close(logits(small, inputs(t)), masked_logits(t, masks), atol=1e-5, rtol=1e-5)
-    return small
+    """``fp.shrink``'s model: exactly what the masks prune goes (:func:`_hf.shrunk_exactly`)."""
+    return shrunk_exactly(t.model, masks, inputs(t))
 
 
 @pytest.mark.parametrize("name", MATRIX)
