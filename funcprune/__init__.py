@@ -121,6 +121,8 @@ from ._runner import Magnitude as Magnitude
 from ._runner import Method as Method
 from ._runner import SparseGPT as SparseGPT
 from ._runner import Wanda as Wanda
+from ._runner import hidden_scores as hidden_scores
+from ._runner import layer_scores as layer_scores
 from ._runner import oneshot as oneshot
 from ._specs import NM as NM
 from ._specs import Block as Block
@@ -150,6 +152,8 @@ from ._types import NormOrder as NormOrder
 from ._types import Params as Params
 from ._types import PruningType as PruningType
 from ._types import Scores as Scores
+from ._units import KINDS as KINDS
+from ._units import Kind as Kind
 from ._units import Member as Member
 from ._units import Structure as Structure
 from ._units import UnitGroup as UnitGroup
@@ -170,7 +174,9 @@ __all__ = [
     "GlobalStructuredPlan",
     "Identity",
     "Iterative",
+    "KINDS",
     "KeptChannelsWarning",
+    "Kind",
     "L1Unstructured",
     "LnStructured",
     "Magnitude",
@@ -217,8 +223,10 @@ __all__ = [
     "global_structured",
     "global_unstructured",
     "hessians",
+    "hidden_scores",
     "input_dims",
     "input_norms",
+    "layer_scores",
     "load_masks",
     "load_shrunk",
     "mask_gradients",

@@ -14,6 +14,10 @@ rooms that use it, so that a new family is one edit in one place:
 - configs: the width attributes a shrink may change (:data:`CONFIG_WIDTHS`)
   and those whose ``None`` means a multiple of another
   (:data:`CONFIG_DEFAULTS`), solved for by the payoff's config;
+- depth: the config's thresholds counted in layers (:data:`DEPTH_THRESHOLDS`),
+  its lists of layer indices (:data:`DEPTH_INDEX_LISTS`) and the attribute
+  a layer's modules keep their index in (:data:`LAYER_INDEX`), updated by
+  the payoff's removal of whole blocks;
 - ``forward``: whether it takes ``use_cache`` (:func:`takes_use_cache`).
 
 Each table was grown from models tried (the transformers matrix and the
@@ -28,8 +32,8 @@ import inspect
 from torch import nn
 
 __all__ = [
-    "CONFIG_DEFAULTS", "CONFIG_HEADS", "CONFIG_WIDTHS", "EXPERT_COUNTS", "KV_HEADS", "PER_KV_HEAD", "QUERY_HEADS",
-    "QUERY_WIDTH", "TOP_K", "takes_use_cache",
+    "CONFIG_DEFAULTS", "CONFIG_HEADS", "CONFIG_WIDTHS", "DEPTH_INDEX_LISTS", "DEPTH_THRESHOLDS", "EXPERT_COUNTS",
+    "KV_HEADS", "LAYER_INDEX", "NORM_EPS", "PER_KV_HEAD", "QUERY_HEADS", "QUERY_WIDTH", "TOP_K", "takes_use_cache",
 ]  # fmt: skip
 
 #: Attributes that count a MoE layer's experts (on its experts module, its router, the block holding them).
@@ -56,6 +60,16 @@ CONFIG_WIDTHS = (
 )  # fmt: skip
 #: Width attributes whose ``None`` means a multiple of another attribute (GPT-2's ``n_inner``: ``4 * n_embd``).
 CONFIG_DEFAULTS = {"n_inner": ("n_embd", 4)}
+
+#: Config ints that count the first layers of a kind (Qwen2's sliding-window layers, DeepSeek's dense ones): each
+#: becomes the number of kept layers below it.
+DEPTH_THRESHOLDS = ("max_window_layers", "first_k_dense_replace")
+#: Config lists of layer indices (Qwen2-MoE's dense layers): renumbered, removed layers dropped.
+DEPTH_INDEX_LISTS = ("mlp_only_layers",)
+#: Attributes in which a norm keeps its epsilon.
+NORM_EPS = ("variance_epsilon", "eps", "epsilon")
+#: Attributes in which a layer's modules keep its index (the key-value cache's slot of an attention).
+LAYER_INDEX = ("layer_idx", "layer_id")
 
 
 def takes_use_cache(module: nn.Module) -> bool:

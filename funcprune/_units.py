@@ -2,11 +2,13 @@
 
 A *unit* is what a structured plan prunes and ``shrink`` removes whole: an
 MLP channel, an attention head, a KV group (a key/value head with the query
-heads that read it), an expert. Units come in groups (the units of one
+heads that read it), an expert, a whole block of a model's repeated layers,
+a channel of its hidden size. Units come in groups (the units of one
 layer, alike); each :class:`Member` of a group says which slice of one
 parameter each unit spans: unit ``u`` spans indices ``start + u * width``
-up to ``start + (u + 1) * width`` of dim ``dim``. A unit is all of its
-members' slices.
+up to ``start + (u + 1) * width`` of dim ``dim``, or, for a member of one
+unit only (a parameter of one block), ``start`` up to ``start + width``.
+A unit is all of its members' slices.
 
 Plain values that import nothing of funcprune: ``funcprune._structure``
 reads them off a model, ``funcprune._plans`` ranks them (``structured``,
@@ -20,11 +22,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal, final, get_args
 
-__all__ = ["KINDS", "Kind", "Member", "Structure", "UnitGroup"]
+__all__ = ["KINDS", "WIDTH_KINDS", "Kind", "Member", "Structure", "UnitGroup"]
 
 #: The kinds of units.
-Kind = Literal["channels", "heads", "kv_groups", "experts"]
+Kind = Literal["channels", "heads", "kv_groups", "experts", "layers", "hidden"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
+#: The kinds of widths inside a model's blocks: what a structured plan prunes unless told other kinds.
+WIDTH_KINDS: tuple[Kind, ...] = ("channels", "heads", "kv_groups", "experts")
 
 
 def _int(fn: str, name: str, value: object, least: int) -> None:
@@ -47,16 +51,25 @@ class Member:
     ``c_attn`` holds queries, keys and values: three members, ``start`` 0,
     ``hidden`` and ``2 * hidden``).
 
+    A member with ``unit`` set belongs to that unit alone: it spans indices
+    ``start`` to ``start + width`` for unit ``unit`` and nothing for the
+    others. The units of a ``"layers"`` group are whole blocks, each the
+    only one to span its own parameters
+    (``Member("model.layers.2.mlp.up_proj.weight", 0, 64, unit=2)``).
+
     >>> import funcprune as fp
     >>> member = fp.Member("attn.q_proj.weight", 0, 8)
     >>> member.indices(2)
     range(16, 24)
+    >>> fp.Member("layers.1.up.weight", 0, 64, unit=1).indices(0)
+    range(0, 0)
     """
 
     name: str
     dim: int
     width: int
     start: int = 0
+    unit: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -64,11 +77,19 @@ class Member:
         _int("Member", "dim", self.dim, 0)
         _int("Member", "width", self.width, 1)
         _int("Member", "start", self.start, 0)
+        if self.unit is not None:
+            _int("Member", "unit", self.unit, 0)
 
     def indices(self, unit: int) -> range:
         """The indices along ``dim`` that unit ``unit`` spans."""
+        if self.unit is not None:
+            return range(self.start, self.start + self.width) if unit == self.unit else range(self.start, self.start)
         first = self.start + unit * self.width
         return range(first, first + self.width)
+
+    def end(self, size: int) -> int:
+        """Where the slices of ``size`` units end along ``dim`` (excluded)."""
+        return self.start + (self.width if self.unit is not None else size * self.width)
 
 
 @final
@@ -77,7 +98,9 @@ class UnitGroup:
     """``size`` units of one ``kind`` (the heads of one attention, the channels of one MLP...).
 
     Attributes:
-        kind: ``"channels"``, ``"heads"``, ``"kv_groups"`` or ``"experts"``.
+        kind: ``"channels"``, ``"heads"``, ``"kv_groups"``, ``"experts"``,
+            ``"layers"`` (whole blocks of repeated layers) or ``"hidden"``
+            (channels of the hidden size, the residual stream).
         size: how many units the group has.
         members: the parameter slices each unit spans (see :class:`Member`).
         least: how many units must stay (``shrink`` keeps them whatever the
@@ -101,6 +124,8 @@ class UnitGroup:
         for member in self.members:
             if not isinstance(member, Member):
                 raise TypeError(f"UnitGroup: members must be Member values, got {member!r}")
+            if member.unit is not None and member.unit >= self.size:
+                raise ValueError(f"UnitGroup: a member's unit must be below size ({self.size}), got {member!r}")
         _int("UnitGroup", "least", self.least, 1)
         if self.least > self.size:
             raise ValueError(f"UnitGroup: least must be at most size ({self.size}), got {self.least}")

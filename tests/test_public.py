@@ -17,7 +17,7 @@ DESIGN_NAMES = [
     "global_structured", "bake", "propagate", "shrink", "to_sparse", "KeptChannelsWarning",
     "structure", "Structure", "UnitGroup", "Member", "structured", "load_shrunk",
     "hessians", "sparsegpt", "oneshot", "owl_sparsity", "Magnitude", "Wanda", "SparseGPT",
-    "pack_masks", "unpack_masks", "save_masks", "load_masks",
+    "pack_masks", "unpack_masks", "save_masks", "load_masks", "layer_scores", "hidden_scores",
 ]  # fmt: skip
 DESIGN_SIGNATURES = {
     fp.compute_mask: "(spec, scores, default_mask=None, *, generator=None)",
@@ -48,7 +48,9 @@ DESIGN_SIGNATURES = {
     fp.structure: "(model, example_inputs, *, outputs=False)",  # DESIGN's, and prunable's outputs=
     fp.structured: "(structure, spec, *, kinds=None, scope='global', normalize=None)",
     fp.UnitGroup: "(kind, size, members, least=1)",
-    fp.Member: "(name, dim, width, start=0)",
+    fp.Member: "(name, dim, width, start=0, unit=None)",  # issue 38's: a member of one unit (a layer's block)
+    fp.layer_scores: "(model, batches, *, metric='bi', n=1)",  # issue 38's: n, a run of blocks (angular)
+    fp.hidden_scores: "(model, batches, *, final_norm=True)",  # final_norm=False: ModelOpt's set of norms
     fp.load_shrunk: "(path, **kwargs)",
     # issue 25's, with keyword-only extras
     fp.hessians: "(module, batches, names, *, across=None)",

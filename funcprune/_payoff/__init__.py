@@ -6,7 +6,7 @@ analysis of ``funcprune._graph``, building smaller copies (``_smaller.py``)
 and verifying them against the masked model (``_verify.py``);
 ``_sparse.py`` turns masked Linear weights into CSR, BSR or 2:4 sparse
 tensors, below the measured break-even sparsity (``_break_even.py``) with a
-warning; ``_checks.py`` holds the argument checks they share; the
+warning; ``_depth.py`` removes whole blocks the masks prune entirely (depth); ``_checks.py`` holds the argument checks they share; the
 ``_masks_*.py`` modules keep masks at rest, bit-packed: ``_masks_packed.py``
 in memory, ``_masks_files.py`` in safetensors files (over the bits, DTensor
 blocks' records, laying out, merging and the checks of untrusted records).
@@ -19,6 +19,10 @@ from ._break_even import CSR_BREAK_EVEN as CSR_BREAK_EVEN
 from ._break_even import BreakEven as BreakEven
 from ._break_even import SlowSparseWarning as SlowSparseWarning
 from ._config import ShrunkConfigWarning as ShrunkConfigWarning
+from ._depth import block_names as block_names
+from ._depth import blocks_of as blocks_of
+from ._depth import depthless as depthless
+from ._depth import stacks_of as stacks_of
 from ._masks_files import load_masks as load_masks
 from ._masks_files import save_masks as save_masks
 from ._masks_packed import pack_masks as pack_masks

@@ -22,7 +22,8 @@ from .._types import Masks, Tensor
 from .._validate import refuse_in
 from ._verify import Failure, differ_in_eval, mismatch, search, shape_changes
 from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
-from ._config import Record, describe_, is_transformers_model, record_, shapes_of
+from ._config import Record, ShrunkConfigWarning, describe_, is_transformers_model, record_, shapes_of
+from ._depth import depthless
 from ._smaller import built, masked_outputs, removing, tensor_shapes
 
 __all__ = ["KeptChannelsWarning", "propagate", "removable", "shrink"]
@@ -245,6 +246,8 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, d
     params = dict(module.named_parameters(remove_duplicate=False))
     checked = one_mask_per_parameter(fn, names, check_masks(fn, params, check_mask_dtypes(fn, masks)))
     inputs = as_inputs(fn, module, example_inputs)
+    given, depth = checked, depthless(fn, module, checked, inputs)
+    module, checked = depth.model, depth.masks
     analysis = analyze(fn, module, inputs)
     warn_unreached(fn, analysis, stacklevel=3)
     sizes = tensor_shapes(module)
@@ -263,9 +266,33 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, d
         bad = _breaking(module, analysis, checked, removed, sizes) or removed
         vetoed.update(dict.fromkeys(bad, _CHANGES_OUTPUTS))
     _warn_kept(fn, removal.kept)
-    if describe and removed and is_transformers_model(small):
+    _warn_blocks_kept(fn, depth.kept)
+    if describe and (removed or depth.removed) and is_transformers_model(small):
+        if depth.config is not None:
+            warnings.warn(
+                f"{fn}: the config cannot describe the model without the removed blocks ({depth.config}); the "
+                "shrunk model runs, but what save_pretrained writes will not reload",
+                ShrunkConfigWarning,
+                stacklevel=3,
+            )
         _describe_checked(small, shapes_of(module), attributes, analysis.inputs, reference)
+    if depth.removed:  # the closure by the original names, the removed blocks' masks as given
+        back = {depth.old_name(name): mask for name, mask in closed.items()}
+        closed = {name: back[name] if name in back else given[name] for name in dict.fromkeys(names.values())
+                  if name in back or name in given}  # fmt: skip
     return _Shrunk(closed, small)
+
+
+def _warn_blocks_kept(fn: str, kept: Mapping[str, str]) -> None:
+    """A :class:`KeptChannelsWarning` naming the blocks whose every parameter the masks prune, that stay."""
+    if kept:
+        blocks = ", ".join(repr(b) for b in list(kept)[:_LAYERS_SHOWN]) + (" ..." if len(kept) > _LAYERS_SHOWN else "")
+        warnings.warn(
+            f"{fn}: {len(kept)} block{'s' if len(kept) > 1 else ''} whose every parameter the masks prune "
+            f"stay{'s' if len(kept) == 1 else ''}, weights zero but compute paid: {blocks}: {next(iter(kept.values()))}",
+            KeptChannelsWarning,
+            stacklevel=4,
+        )
 
 
 def _describe_checked(small: nn.Module, original: Mapping[str, tuple[int, ...]], attributes: Record,

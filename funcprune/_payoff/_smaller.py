@@ -23,7 +23,7 @@ from .._types import Masks, Tensor
 from ._config import Record
 from ._resize import resize_modules
 
-__all__ = ["built", "masked_outputs", "removing", "tensor_shapes", "zero_pruned_"]
+__all__ = ["built", "masked_outputs", "removing", "tensor_shapes", "zero_pruned_", "zeroed_"]
 
 
 def tensor_shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
@@ -62,14 +62,14 @@ def built(
     sharing = [*module.parameters(), *module.buffers()] if probe else []
     result = copy_module("shrink", module, sharing=sharing)
     if probe:
-        _zeroed(result, closed)
+        zeroed_(result, closed)
     else:
         zero_pruned_(result, closed)
     return result, resize_modules(result, keep, analysis, set(removed))
 
 
 @torch.no_grad()
-def _zeroed(module: nn.Module, masks: Masks) -> None:
+def zeroed_(module: nn.Module, masks: Masks) -> None:
     """:func:`zero_pruned_` without writing into the tensors: each masked parameter of ``module`` (every name
     of a tied one) is replaced by a new one, so that tensors ``module`` shares with another are left as they are."""
     params = dict(module.named_parameters(remove_duplicate=False))

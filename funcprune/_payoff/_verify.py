@@ -44,10 +44,12 @@ class Failure:
     where: str | None = None
 
 
-def mismatch(small: nn.Module, inputs: Inputs, reference: Any) -> Failure | None:
+def mismatch(small: nn.Module, inputs: Inputs, reference: Any, *, float64: tuple[float, float] | None = None) -> Failure | None:
     """How ``small``, run in eval mode on ``inputs``, fails to compute ``reference`` (or ``None``).
 
-    Each submodule's training flag is restored afterwards.
+    Each submodule's training flag is restored afterwards. ``float64``: the
+    ``rtol`` and ``atol`` (times the largest magnitude) of float64 outputs,
+    if not :data:`_FLOAT64_TOLERANCE`.
     """
     modes = [(m, m.training) for m in small.modules()]
     small.eval()
@@ -60,7 +62,7 @@ def mismatch(small: nn.Module, inputs: Inputs, reference: Any) -> Failure | None
     finally:
         for m, mode in modes:
             m.training = mode
-    why = _differ(outputs, reference)
+    why = _differ(outputs, reference, float64 or _FLOAT64_TOLERANCE)
     return None if why is None else Failure(why)
 
 
@@ -131,7 +133,7 @@ def shape_changes(analysis: Analysis) -> dict[int, tuple[tuple[str, int, int], .
 _FLOAT64_TOLERANCE = (1e-9, 1e-9)
 
 
-def _differ(outputs: Any, reference: Any) -> str | None:
+def _differ(outputs: Any, reference: Any, float64: tuple[float, float]) -> str | None:
     """Why two model outputs differ beyond rounding, or ``None``.
 
     Float64 outputs are compared to :data:`_FLOAT64_TOLERANCE`, other
@@ -150,7 +152,7 @@ def _differ(outputs: Any, reference: Any) -> str | None:
         if a.is_floating_point():
             scale = float(b.abs().nan_to_num(posinf=0, neginf=0).max()) if b.numel() else 0.0
             if b.dtype == torch.float64:
-                rtol, atol = _FLOAT64_TOLERANCE[0], _FLOAT64_TOLERANCE[1] * scale
+                rtol, atol = float64[0], float64[1] * scale
             else:
                 rtol, atol = 1e-4, 1e-5 * max(1.0, scale)
             if a.dtype != b.dtype or not torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):

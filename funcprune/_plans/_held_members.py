@@ -48,9 +48,12 @@ def sharded_members(names: Sequence[str], params: Params) -> bool:
 
 def keep_along(member: Member, size: int, units: Tensor, length: int) -> Tensor:
     """The member's keep flags along its dim (``length`` indices): ``False`` on the slices of units not kept."""
-    inside = units.repeat_interleave(member.width, dim=-1)
+    if member.unit is None:
+        inside = units.repeat_interleave(member.width, dim=-1)
+    else:  # a member of one unit: its slice follows that unit
+        inside = units.narrow(-1, member.unit, 1).expand(*units.shape[:-1], member.width)
     before = torch.ones(member.start, dtype=torch.bool, device=units.device)
-    after = torch.ones(length - member.start - size * member.width, dtype=torch.bool, device=units.device)
+    after = torch.ones(length - member.end(size), dtype=torch.bool, device=units.device)
     if not (member.start or after.numel()):
         return inside
     return torch.cat([before, inside, after], -1)

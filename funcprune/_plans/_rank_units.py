@@ -39,7 +39,7 @@ SCOPES: tuple[Scope, ...] = ("global", "group")
 def rank_units(
     fn: str, spec: StructuredSpec, groups: Mapping[str, UnitGroup], params: Params, masks: Mapping[str, Tensor],
     scores: Scores, generator: torch.Generator | None, *, scope: Scope, normalize: Normalize, floors: bool,
-    units: str, what: str,
+    units: str, what: str, given: Mapping[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:  # fmt: skip
     """The new masks of the groups' members: ``spec`` over their units, on top of ``masks``.
 
@@ -54,6 +54,9 @@ def rank_units(
             what ``shrink`` keeps); ``False``: any unit may go.
         units: what the units are called in errors (``"units"``, ``"channels"``).
         what: the whole selection as errors name it (``"the 8 units of 2 groups jointly"``).
+        given: each named group's keys, one per unit (checked: float64, on the
+            members' device), which replace the norms; which units an earlier
+            mask left is read off the members all the same.
 
     Returns:
         Each member's mask by parameter name: a new ``torch.bool`` tensor,
@@ -71,6 +74,11 @@ def rank_units(
             f"{spec!r}: another process of the mesh failed to compute its {units}' norms (its own error says "
             "why); no process computed a mask"
         ) from None
+    if given:
+        keyed = [
+            (given[name].to(k.device), e) if name in given else (k, e)
+            for name, (k, e) in zip(groups, keyed, strict=True)
+        ]  # fmt: skip
     keys = [normalized(k, e, normalize) for k, e in keyed]
     eligible = [e for _, e in keyed]
     least = [g.least for g in groups.values()] if floors else None

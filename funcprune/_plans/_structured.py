@@ -8,15 +8,15 @@ does. ``README.md`` in this folder has the design.
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, final
 
 import torch
 
 from .._specs import LnStructured, Normalize, RandomStructured, StructuredSpec, check_normalize
 from .._types import Params, Scores, Tensor
-from .._units import KINDS, Kind, Structure, UnitGroup
+from .._units import KINDS, WIDTH_KINDS, Kind, Structure, UnitGroup
 from ._plan import AbstractPlan
 from ._rank_units import SCOPES, Scope, rank_units
 
@@ -34,9 +34,55 @@ class UnitPlan(AbstractPlan):
     _FN: ClassVar[str] = "structured"
     structure: Structure
     spec: StructuredSpec
-    kinds: tuple[Kind, ...] = KINDS
+    kinds: tuple[Kind, ...] = WIDTH_KINDS
     scope: Scope = "global"
     normalize: Normalize = None
+    #: One call's ``unit_scores``, checked (float64): set on a copy by ``__call__`` only.
+    given: Mapping[str, Tensor] = field(default_factory=dict, repr=False, compare=False)
+
+    def __call__(
+        self,
+        params: Params,
+        masks: Mapping[str, Tensor] | None = None,
+        scores: Scores | None = None,
+        generator: torch.Generator | None = None,
+        *,
+        unit_scores: Mapping[str, Tensor] | None = None,
+    ) -> dict[str, Tensor]:
+        """The masks, as every plan returns them (see :meth:`AbstractPlan.__call__`).
+
+        ``unit_scores`` maps group names to one score per unit (a 1-D real
+        tensor of the group's ``size``: layer scores, expert statistics, any
+        score a user computes); those groups' units are ranked by them (the
+        lowest go first, NaN last) instead of by norms, the spec giving the
+        amount only. Other groups are ranked by norms. Under sharding every
+        process must pass the same scores.
+        """
+        if unit_scores is None or (isinstance(unit_scores, Mapping) and not unit_scores):
+            return AbstractPlan.__call__(self, params, masks, scores, generator)
+        return AbstractPlan.__call__(replace(self, given=self._checked(unit_scores)), params, masks, scores, generator)
+
+    def _checked(self, unit_scores: object) -> dict[str, Tensor]:
+        fn, groups = self._FN, self.groups()
+        if not isinstance(unit_scores, Mapping):
+            raise TypeError(f"{fn}: unit_scores must be a mapping of group names to tensors, got {unit_scores!r}")
+        if isinstance(self.spec, RandomStructured):
+            raise ValueError(f"{fn}: unit_scores rank units, but {self.spec!r} draws them at random; use LnStructured")
+        out: dict[str, Tensor] = {}
+        for name, values in unit_scores.items():
+            if name not in groups:
+                raise KeyError(
+                    f"{fn}: unit_scores names {name!r}, which is no group this plan ranks; its groups: "
+                    f"{list(groups)[:8]}{' ...' if len(groups) > 8 else ''}"
+                )
+            size = groups[name].size
+            if not isinstance(values, torch.Tensor) or values.shape != (size,):
+                got = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
+                raise ValueError(f"{fn}: unit_scores[{name!r}] must be a 1-D tensor of {size} scores (one per unit), got {got}")
+            if values.is_complex() or values.dtype == torch.bool:
+                raise TypeError(f"{fn}: unit_scores[{name!r}] must be real numbers, got dtype {values.dtype}")
+            out[name] = values.detach().to(torch.float64)
+        return out
 
     def __post_init__(self) -> None:
         fn = self._FN
@@ -63,7 +109,7 @@ class UnitPlan(AbstractPlan):
             )
 
     def __repr__(self) -> str:
-        extra = "" if self.kinds == KINDS else f", kinds={list(self.kinds)!r}"
+        extra = "" if self.kinds == WIDTH_KINDS else f", kinds={list(self.kinds)!r}"
         extra += "" if self.scope == "global" else f", scope={self.scope!r}"
         extra += "" if self.normalize is None else f", normalize={self.normalize!r}"
         return f"structured({self.structure!r}, {self.spec!r}{extra})"
@@ -85,7 +131,7 @@ class UnitPlan(AbstractPlan):
         what = f"the {sum(g.size for g in groups.values())} units of {len(groups)} groups jointly"
         new = rank_units(
             fn, self.spec, groups, params, masks, scores, generator,
-            scope=self.scope, normalize=self.normalize, floors=True, units="units", what=what,
+            scope=self.scope, normalize=self.normalize, floors=True, units="units", what=what, given=self.given,
         )  # fmt: skip
         return {**masks, **new}
 
@@ -98,9 +144,10 @@ def _check_members(fn: str, name: str, group: UnitGroup, params: Params) -> None
                 f"{fn}: group {name!r} spans {member.name!r}, which params do not hold; pass the parameters "
                 "of the model the structure was read from"
             )
-        if member.dim >= param.dim() or member.start + group.size * member.width > param.shape[member.dim]:
+        if member.dim >= param.dim() or member.end(group.size) > param.shape[member.dim]:
+            units = f"{group.size} units" if member.unit is None else f"unit {member.unit}"
             raise ValueError(
-                f"{fn}: group {name!r} spans {group.size} units of {member.width} along dim {member.dim} "
+                f"{fn}: group {name!r} spans {units} of {member.width} along dim {member.dim} "
                 f"of {member.name!r} from {member.start}, but its shape is {tuple(param.shape)}"
             )
         if not param.is_floating_point():
@@ -160,7 +207,10 @@ def structured(
         structure: the model's structure (or any :class:`~funcprune.Structure`).
         spec: an ``LnStructured`` or ``RandomStructured`` spec.
         kinds: the kinds of units to prune (``"channels"``, ``"heads"``,
-            ``"kv_groups"``, ``"experts"``); ``None``: all.
+            ``"kv_groups"``, ``"experts"``, ``"layers"``, ``"hidden"``);
+            ``None``: the widths inside the blocks (channels, heads, KV
+            groups, experts). Whole layers and the hidden size are pruned
+            only where named: a block's norm is no match for a channel's.
         scope: ``"global"`` or ``"group"``.
         normalize: how each group's unit norms are scaled before they
             compete (``scope="global"``): ``None`` (raw), ``"mean"`` (the
@@ -200,7 +250,7 @@ def structured(
     [False, False, True, True, False, False, True, True]
     """
     if kinds is None:
-        chosen: tuple[Kind, ...] = KINDS
+        chosen: tuple[Kind, ...] = WIDTH_KINDS
     elif isinstance(kinds, str):
         chosen = (kinds,)
     elif isinstance(kinds, Collection):

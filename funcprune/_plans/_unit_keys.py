@@ -112,12 +112,12 @@ def _span(piece: Piece, size: int) -> tuple[Tensor, Tensor | None, int] | None:
     m = piece.member
     length = piece.values.shape[m.dim]
     lo = max(piece.offset, m.start)
-    hi = min(piece.offset + length, m.start + size * m.width)
+    hi = min(piece.offset + length, m.end(size))
     if lo >= hi or piece.values.numel() == 0:
         return None
     part = piece.values.narrow(m.dim, lo - piece.offset, hi - lo)
     kept = None if piece.mask is None else piece.mask.narrow(m.dim, lo - piece.offset, hi - lo)
-    return part, kept, lo - m.start
+    return part, kept, lo - m.start + (0 if m.unit is None else m.unit * m.width)  # a member of one unit: its run
 
 
 def _per_index(t: Tensor, dim: int, how: Literal["sum", "max", "min"]) -> Tensor:
@@ -269,12 +269,15 @@ def _quanta(group: UnitGroup, pieces: Sequence[Piece], top: Tensor) -> Tensor:
     """Each unit's ``M = 1.5 * 2**E``: its terms rounded to multiples of ``ulp(M)`` add up exactly.
 
     With every term at most ``2**e`` (``e = ceil(log2(largest))``) and at most
-    ``2**k`` terms, every partial sum is below ``2**(e + k)``; ``E = e + k + 2``
+    ``2**k`` terms (the unit's entries, counted from the whole shapes: alike on every process), every partial sum is below ``2**(e + k)``; ``E = e + k + 2``
     keeps it under ``2**(E + 1)``, where multiples of ``ulp(M) = 2**(E - 52)``
     are exact, and ``|term| < M / 2`` as the rounding by ``(v + M) - M`` needs.
     """
-    count = sum(p.member.width * p.entries for p in pieces)
-    k = math.ceil(math.log2(count + 1))
+    counts = [0] * group.size  # each unit's entries (a member of one unit counts for it alone)
+    for p in pieces:
+        for u in range(group.size) if p.member.unit is None else (p.member.unit,):
+            counts[u] += p.member.width * p.entries
+    k = torch.tensor([math.ceil(math.log2(c + 1)) for c in counts], dtype=top.dtype, device=top.device)
     e = torch.ceil(torch.log2(top.clamp(min=2.0**-1000)))
     return torch.ldexp(torch.full_like(top, 1.5), e + (k + 2))
 

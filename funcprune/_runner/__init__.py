@@ -6,9 +6,14 @@ what reaches them; ``_methods.py`` holds the one-shot methods as values
 ``Wanda``, ``SparseGPT``); ``_weights.py`` chooses the weights and each
 one's spec (uniform, a mapping, OWL's); ``_oneshot.py`` walks the blocks
 (``oneshot``): statistics from the criteria layer's engine, masks from the
-method, each block advanced through ``functional_call_masked``.
+method, each block advanced through ``functional_call_masked``;
+``_depth.py`` scores the blocks and the hidden channels on the same walk
+(``layer_scores``: ShortGPT's, Gromov et al.'s, Minitron's; ``hidden_scores``:
+Minitron's).
 """
 
+from ._depth import hidden_scores as hidden_scores
+from ._depth import layer_scores as layer_scores
 from ._methods import Magnitude as Magnitude
 from ._methods import Method as Method
 from ._methods import SparseGPT as SparseGPT

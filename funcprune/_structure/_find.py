@@ -26,6 +26,7 @@ from .._targets import output_parameters
 from .._torch_private import ConvNd
 from .._units import Kind, Member, Structure, UnitGroup
 from .._validate import refuse_in
+from ._layers import layer_groups
 
 __all__ = ["UnitsLeftOutWarning", "structure", "units_of"]
 
@@ -121,8 +122,9 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
     failed = removable(model, analysis, {name: units[:1] for name, (_, units) in found.groups.items()})
     left = {name: f"removing one changes what the model computes ({why})" for name, why in failed.items()}
     groups = {name: group for name, (group, _) in found.groups.items() if name not in failed}
-    _warn_left_out(fn, model, analysis, found, left, groups)
-    return Structure(groups)
+    layers, stacks_left = layer_groups(fn, model, analysis.inputs, excluded)
+    _warn_left_out(fn, model, analysis, found, left, groups, stacks_left)
+    return Structure({**groups, **{(f"{name}#layers" if name in groups else name): g for name, g in layers.items()}})
 
 
 def units_of(
@@ -221,7 +223,7 @@ def _not_a_unit(
 
 def _warn_left_out(
     fn: str, model: nn.Module, analysis: graph.Analysis, found: _Found, left: Mapping[str, str],
-    listed: Mapping[str, UnitGroup],
+    listed: Mapping[str, UnitGroup], stacks: Mapping[str, str],
 ) -> None:  # fmt: skip
     """One :class:`UnitsLeftOutWarning` naming what a user would look for and does not get, and why.
 
@@ -230,6 +232,7 @@ def _warn_left_out(
     of a ``ModuleList``) holding layers of which no unit was found.
     """
     lines = [f"{name!r} ({found.groups[name][0].kind}): {why}" for name, why in left.items()]
+    lines += [f"the blocks of {path!r} (layers): {why}" for path, why in stacks.items()]
     units = {u for name in listed for u in found.groups[name][1]}
     failed = {u for name in left for u in found.groups[name][1]}  # said already, as their group
     for attention in analysis.attention:

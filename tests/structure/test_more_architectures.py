@@ -76,6 +76,7 @@ def test_every_unit_listed_goes_and_the_shrunk_model_is_the_masked_one(name: str
         s = fp.structure(model, x)
     said = [str(w.message) for w in caught if issubclass(w.category, (fp.UnitsLeftOutWarning, fp.UnreachedWarning))]
     assert said == [] if name not in LEFT_OUT else (len(said) == 1 and LEFT_OUT[name] in said[0]), said
-    assert s and all(g.kind in {"channels", "heads", "kv_groups", "experts"} for g in s.values())
-    masks = fp.structured(s, fp.LnStructured(1, n=2), scope="group")(dict(model.named_parameters()))
+    assert s and all(g.kind in {"channels", "heads", "kv_groups", "experts", "layers"} for g in s.values())
+    kinds: tuple[fp.Kind, ...] = ("channels", "heads", "kv_groups", "experts", "layers")  # a block of each stack too
+    masks = fp.structured(s, fp.LnStructured(1, n=2), scope="group", kinds=kinds)(dict(model.named_parameters()))
     shrunk_exactly(model, masks, x)

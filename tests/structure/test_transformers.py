@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,8 @@ LAYER0: dict[str, dict[str, tuple[str, int]]] = {
     "vit": {"vit.layers.0.attention": ("heads", 4), "vit.layers.0.mlp": ("channels", 48)},
     "mixtral": {"model.layers.0.self_attn": ("kv_groups", 2), "model.layers.0.mlp": ("experts", 4)},
 }
+#: Where each model's stack of layers is, where it is no ``model.layers``.
+STACKS = {"gpt2": "transformer.h", "opt": "model.decoder.layers", "vit": "vit.layers"}
 #: The kinds each model's config can count when every layer keeps the same number (GPT-2, OPT, BERT and
 #: ViT derive the head size from the hidden size: fewer heads need the record).
 CONFIG_KINDS: dict[str, Any] = {name: ("channels",) for name in MATRIX} | {
@@ -32,10 +36,19 @@ CONFIG_KINDS: dict[str, Any] = {name: ("channels",) for name in MATRIX} | {
 } | {"mixtral": ("kv_groups", "experts")}
 
 
+#: BERT's layers are post-norm (``LayerNorm(x + f(x))``): a zeroed block is no identity, and structure says so.
+POST_NORM = "the blocks of 'bert.encoder.layer' (layers): removing the block changes what the model computes"
+
+
 @functools.cache
 def model_and_structure(name: str) -> tuple[Tiny, fp.Structure]:
     t = tiny(name)
-    return t, fp.structure(t.model, inputs(t))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", fp.UnitsLeftOutWarning)
+        s = fp.structure(t.model, inputs(t))
+    said = [str(w.message) for w in caught if issubclass(w.category, fp.UnitsLeftOutWarning)]
+    assert said == ([] if name != "bert" else [said[0]]) and (name != "bert" or POST_NORM in said[0]), said
+    return t, s
 
 
 def shrunk(t: Tiny, masks: fp.Masks) -> Any:
@@ -50,11 +63,14 @@ def test_structure_finds_the_units_of_every_layer(name: str) -> None:
         assert (s[group].kind, s[group].size) == (kind, size), group
         again = group.replace(".0", ".1", 1)
         assert (s[again].kind, s[again].size) == (kind, size), again
-    assert all(".0" in g or ".1" in g for g in s)  # the output layers (BERT's pooler) are left out
+    widths = {g for g, units in s.items() if units.kind != "layers"}
+    assert all(".0" in g or ".1" in g for g in widths)  # the output layers (BERT's pooler) are left out
+    layers = {g: units.size for g, units in s.items() if units.kind == "layers"}
+    assert layers == ({} if name == "bert" else {STACKS.get(name, "model.layers"): 2})  # pre-norm: blocks can go
     params = dict(t.model.named_parameters())
     for units in s.values():  # every member fits its parameter
         for m in units.members:
-            assert m.start + units.size * m.width <= params[m.name].shape[m.dim]
+            assert m.end(units.size) <= params[m.name].shape[m.dim]
 
 
 @pytest.mark.parametrize("name", MATRIX)
@@ -107,7 +123,8 @@ def test_heads_the_config_cannot_count_are_recorded(name: str, tmp_path: Path) -
 
 def test_output_layers_are_units_only_when_asked() -> None:
     t, s = model_and_structure("bert")
-    with_outputs = fp.structure(t.model, inputs(t), outputs=True)
+    with pytest.warns(fp.UnitsLeftOutWarning, match=re.escape(POST_NORM)):
+        with_outputs = fp.structure(t.model, inputs(t), outputs=True)
     assert set(with_outputs) - set(s) == {"bert.pooler.dense"}
     assert with_outputs["bert.pooler.dense"].names == ("bert.pooler.dense.weight", "bert.pooler.dense.bias", "classifier.weight")
 

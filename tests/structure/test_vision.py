@@ -66,9 +66,10 @@ def test_the_structure_path_removes_exactly_what_the_plan_prunes(name: str) -> N
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fp.UnitsLeftOutWarning)  # what cannot go (a channel shuffle's halves...)
         s = fp.structure(model, x)
-    assert s and all(g.kind in {"channels", "heads"} for g in s.values())
+    assert s and all(g.kind in {"channels", "heads", "layers"} for g in s.values())
     p = dict(model.named_parameters())
-    masks = fp.structured(s, fp.LnStructured(0.3, n=2), scope="group")(p)
+    kinds: tuple[fp.Kind, ...] = ("channels", "heads", "layers")  # whole residual blocks of a stage too, where they can go
+    masks = fp.structured(s, fp.LnStructured(0.3, n=2), scope="group", kinds=kinds)(p)
     with warnings.catch_warnings():
         warnings.simplefilter("error", fp.KeptChannelsWarning)  # every unit the plan prunes goes
         small = fp.shrink(model, masks, x)
@@ -111,4 +112,4 @@ def test_the_heads_of_multihead_attention_are_left_out_and_said_why() -> None:
     with pytest.warns(fp.UnitsLeftOutWarning, match=r"'encoder.layers.encoder_layer_0.self_attention' \(heads\): "
                       r"removing one changes what the model computes \(AssertionError: embed_dim 32 not divisible"):  # fmt: skip
         s = fp.structure(model, x)
-    assert {g.kind for g in s.values()} == {"channels"}
+    assert {g.kind for g in s.values()} == {"channels", "layers"}  # its pre-norm encoder blocks can go

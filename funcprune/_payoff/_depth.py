@@ -1,0 +1,316 @@
+"""Depth: whole blocks of a model's repeated layers, removed where the masks prune every parameter of them.
+
+A *stack* is a ``ModuleList`` (or ``Sequential``) of two blocks or more of
+one class, each holding parameters (a transformer's layers, a ResNet
+stage's blocks). A block whose every parameter the masks prune entirely
+computes, in a pre-norm residual block, the identity (its output
+projections are zero, so the residual stream goes through unchanged);
+removing it leaves what the masked model computes. :func:`pruned_blocks`
+finds such blocks, :func:`without_blocks` makes a copy without them: the
+stack renumbered, each kept block's modules told their new index
+(:data:`~funcprune._families.LAYER_INDEX`: the key-value cache's slot of an
+attention), and a transformers model's config made to describe the new
+depth (:func:`describe_depth_`): its count of layers, every per-layer list
+sliced (``layer_types``, sliding-window layouts), thresholds counted in
+layers (:data:`~funcprune._families.DEPTH_THRESHOLDS`) and lists of layer
+indices renumbered, checked by building the class from the new config on
+the meta device. Whether removing a block is exact (a post-norm block,
+``LayerNorm(x + f(x))``, is no identity when zeroed) is checked by the
+caller against the masked model.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, final
+
+import torch
+from torch import nn
+
+from .._families import DEPTH_INDEX_LISTS, DEPTH_THRESHOLDS, LAYER_INDEX
+from .._graph import Inputs, copy_module, run
+from .._torch_private import ConvNd
+from .._types import Tensor
+from ._config import _built_shapes, _refused_by_class, is_transformers_model, shapes_of
+from ._smaller import zeroed_
+from ._verify import mismatch
+
+__all__ = [
+    "Depthless", "block_names", "blocks_of", "depthless", "describe_depth_", "masked_run", "pruned_blocks", "renamed",
+    "stacks_of",
+    "without_blocks",
+]  # fmt: skip
+
+#: Why a block stays whose every parameter the masks prune.
+NOT_IDENTITY = "removing the block changes what the model computes (a zeroed post-norm block is no identity)"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Depthless:
+    """A model without the blocks the masks prune entirely, and what was done.
+
+    Attributes:
+        model: the copy without them (``module`` itself where none goes).
+        masks: the masks of its parameters, by their new names.
+        removed: the blocks removed, by stack path.
+        kept: the blocks the masks prune entirely that stay, each with why.
+        renames: name prefixes of kept blocks, old to new.
+        config: why the config cannot describe the new depth (``None``: it does, or there is none).
+    """
+
+    model: nn.Module
+    masks: dict[str, Tensor]
+    removed: dict[str, list[int]]
+    kept: dict[str, str]
+    renames: dict[str, str]
+    config: str | None = None
+
+    def old_name(self, name: str) -> str:
+        """The name a parameter of :attr:`model` has in the original model."""
+        for old, new in self.renames.items():
+            if name.startswith(new):
+                return old + name[len(new):]
+        return name
+
+
+def depthless(
+    fn: str, module: nn.Module, masks: Mapping[str, Tensor], inputs: Inputs,
+    blocks: Mapping[str, Sequence[int]] | None = None,
+) -> Depthless:  # fmt: skip
+    """``module`` without the blocks whose every parameter ``masks`` prune, where that is exact.
+
+    The copy without them (its config describing it) is checked against the
+    masked model on ``inputs``; where it fails, each block is tried alone,
+    and those whose removal fails stay (:data:`NOT_IDENTITY`). ``blocks``:
+    the blocks to try, by stack path (a trial: all of a stack's may go),
+    instead of those :func:`pruned_blocks` finds.
+    """
+    sizes = stacks_of(module)
+    removed = pruned_blocks(module, masks) if blocks is None else {p: list(b) for p, b in blocks.items() if b}
+    if not removed:
+        return Depthless(module, dict(masks), {}, {}, {})
+    reference = masked_run(fn, module, masks, inputs)
+    kept: dict[str, str] = {}
+    if _fails(fn, module, masks, inputs, removed, sizes, reference):
+        alone = [(path, i) for path, gone in removed.items() for i in gone]
+        owned = {(p, i): set(blocks_of(module, p)[i]) for p, i in alone}
+        good = []
+        for block in alone:  # the others' masks left out: a zeroed block that cannot go hides what follows it
+            others = {n for b, names in owned.items() if b != block for n in names}
+            mine = {n: m for n, m in masks.items() if n not in others}
+            if not _fails(fn, module, mine, inputs, {block[0]: [block[1]]}, sizes, masked_run(fn, module, mine, inputs)):
+                good.append(block)
+        kept = {block_names(module, p)[i]: NOT_IDENTITY for p, i in alone if (p, i) not in good}
+        removed = {}
+        for p, i in good:
+            removed.setdefault(p, []).append(i)
+        if removed and _fails(fn, module, masks, inputs, removed, sizes, reference):  # each goes alone, not all
+            kept.update({block_names(module, p)[i]: NOT_IDENTITY for p, i in good})
+            removed = {}
+    if not removed:
+        return Depthless(module, dict(masks), {}, kept, {})
+    model = without_blocks(fn, module, removed)
+    why = describe_depth_(model, removed, sizes)
+    renames = renamed(module, removed)
+    result = Depthless(model, {}, removed, kept, renames, why)
+    gone = {n for path, blocks in removed.items() for i, names in enumerate(blocks_of(module, path)) if i in blocks for n in names}
+    new = {result.old_name(n): n for n, _ in model.named_parameters()}
+    result.masks.update({new[n]: m for n, m in masks.items() if n not in gone})
+    return result
+
+
+def _fails(
+    fn: str, module: nn.Module, masks: Mapping[str, Tensor], inputs: Inputs, removed: Mapping[str, Sequence[int]],
+    sizes: Mapping[str, int], reference: Any,
+) -> bool:  # fmt: skip
+    probe = without_blocks(fn, module, removed, probe=True)
+    describe_depth_(probe, removed, sizes)
+    names = renamed(module, removed)
+    gone = {f"{block_names(module, p)[i]}." for p, blocks in removed.items() for i in blocks}
+    moved: dict[str, Tensor] = {}
+    for name, mask in masks.items():
+        if any(name.startswith(g) for g in gone):
+            continue
+        for old, new in names.items():
+            if name.startswith(old):
+                name = new + name[len(old):]
+                break
+        moved[name] = mask
+    zeroed_(probe, dict(moved))
+    return mismatch(probe, inputs, reference) is not None
+
+
+def masked_run(fn: str, module: nn.Module, masks: Mapping[str, Tensor], inputs: Inputs) -> Any:
+    """What ``module`` masked by ``masks`` (pruned entries ``+0.0``) computes on ``inputs``, in eval mode."""
+    model = copy_module(fn, module, sharing=[*module.parameters(), *module.buffers()])
+    zeroed_(model, dict(masks))
+    model.eval()
+    with torch.no_grad():
+        return run(model, inputs)
+
+
+def stacks_of(model: nn.Module) -> dict[str, int]:
+    """The stacks of ``model`` by path, each with its number of blocks (in the order of ``named_modules``).
+
+    A stack is a ``ModuleList`` or ``Sequential`` of two blocks or more of one
+    class, each holding a weight (a parameter of two dims or more: no list of
+    norms), and in no block of another stack (the outermost: a transformer's
+    layers, not the per-head norms inside them).
+    """
+    found: dict[str, int] = {}
+    for path, module in model.named_modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)):
+            continue
+        if any(path.startswith(f"{outer}.") for outer in found):
+            continue
+        children = list(module.children())
+        if len(children) < 2 or len({type(c) for c in children}) != 1 or isinstance(children[0], (nn.Linear, ConvNd)):
+            continue
+        if all(any(p.dim() >= 2 for p in c.parameters()) for c in children):
+            found[path] = len(children)
+    return found
+
+
+def block_names(model: nn.Module, path: str) -> list[str]:
+    """The names of the blocks of the stack at ``path``, as ``named_parameters`` prefixes them (``"model.layers.3"``)."""
+    stack = model.get_submodule(path)
+    return [f"{path}.{name}" if path else name for name, _ in stack.named_children()]
+
+
+def blocks_of(model: nn.Module, path: str) -> list[list[str]]:
+    """The parameter names (as ``named_parameters`` gives them) of each block of the stack at ``path``."""
+    stack = model.get_submodule(path)
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [[names[id(p)] for p in block.parameters() if id(p) in names] for block in stack.children()]
+
+
+def pruned_blocks(model: nn.Module, masks: Mapping[str, Tensor]) -> dict[str, list[int]]:
+    """For each stack, the blocks whose every parameter ``masks`` prune entirely (one block stays at least).
+
+    A block holding a parameter that another module also holds (tied) is
+    not one of them: removing it would not remove that parameter.
+    """
+    owners: dict[int, int] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    out: dict[str, list[int]] = {}
+    for path, size in stacks_of(model).items():
+        stack = model.get_submodule(path)
+        gone = []
+        for i, (block, names) in enumerate(zip(stack.children(), blocks_of(model, path), strict=True)):
+            own = all(owners[id(p)] == 1 for p in block.parameters())
+            if own and names and all(n in masks and not bool(masks[n].any()) for n in names):
+                gone.append(i)
+        if len(gone) == size:
+            gone = gone[:-1]  # the last block stays, zero
+        if gone:
+            out[path] = gone
+    return out
+
+
+def renamed(model: nn.Module, removed: Mapping[str, Sequence[int]]) -> dict[str, str]:
+    """Name prefixes of kept blocks, old to new (``"model.layers.3."`` to ``"model.layers.2."``): blocks named by
+    their index are numbered again, others keep their names."""
+    out: dict[str, str] = {}
+    for path, gone in removed.items():
+        names = block_names(model, path)
+        kept = [name for i, name in enumerate(names) if i not in set(gone)]
+        if not _numbered(model.get_submodule(path)):
+            continue
+        for new, old in enumerate(kept):
+            fresh = f"{path}.{new}" if path else str(new)
+            if fresh != old:
+                out[f"{old}."] = f"{fresh}."
+    return out
+
+
+def _numbered(stack: nn.Module) -> bool:
+    return all(name.isdigit() for name, _ in stack.named_children())
+
+
+def without_blocks(fn: str, module: nn.Module, removed: Mapping[str, Sequence[int]], *, probe: bool = False) -> nn.Module:
+    """A copy of ``module`` without the blocks ``removed`` names, each kept block told its new index.
+
+    A ``probe`` (a copy only run and thrown away) shares the tensors of
+    ``module``. The config of a transformers model is left to
+    :func:`describe_depth_`.
+    """
+    sharing = [*module.parameters(), *module.buffers()] if probe else []
+    result = copy_module(fn, module, sharing=sharing)
+    for path, gone in removed.items():
+        stack = result.get_submodule(path)
+        numbered = _numbered(stack)
+        kept = [(i, name, m) for i, (name, m) in enumerate(stack.named_children()) if i not in set(gone)]
+        for new, (old, _, block) in enumerate(kept):
+            for sub in block.modules():
+                for attr in LAYER_INDEX:
+                    value = getattr(sub, attr, None)
+                    if isinstance(value, int) and not isinstance(value, bool) and value == old:
+                        setattr(sub, attr, new)
+        stack._modules.clear()
+        for new, (_, name, block) in enumerate(kept):
+            stack._modules[str(new) if numbered else name] = block
+    return result
+
+
+def describe_depth_(model: nn.Module, removed: Mapping[str, Sequence[int]], sizes: Mapping[str, int]) -> str | None:
+    """Make a transformers ``model``'s config (without the ``removed`` blocks) describe its depth, in place.
+
+    Returns ``None`` when it does (or ``model`` has no config), else why not
+    (the config is then left as it was).
+    """
+    if not is_transformers_model(model):
+        return None
+    config: Any = getattr(model, "config")
+    updated = copy.deepcopy(config)
+    one = len(removed) == 1  # per-layer lists belong to the one stack (two of equal length: which one's?)
+    cls = type(model)
+    for path, gone in removed.items():
+        old = sizes[path]
+        kept = [i for i in range(old) if i not in set(gone)]
+        if one:
+            _sliced_lists_(updated, old, kept)
+        chosen = None
+        candidates = [a for a, v in vars(updated).items() if isinstance(v, int) and not isinstance(v, bool) and v == old]
+        for attr in sorted(candidates, key=lambda a: "layer" not in a):
+            trial = copy.deepcopy(updated)
+            setattr(trial, attr, len(kept))
+            if _stack_size(cls, trial, path) == len(kept):
+                chosen, updated = attr, trial
+                break
+        if chosen is None:
+            return f"no attribute of the config counts the {old} blocks of {path!r}"
+    refused = _refused_by_class(updated)
+    if refused is not None:
+        return f"its class refuses the new depth ({refused})"
+    if _built_shapes(cls, updated) != shapes_of(model):
+        return "the config with the new depth builds other tensors than the model has"
+    vars(config).clear()
+    vars(config).update(vars(updated))
+    return None
+
+
+def _sliced_lists_(config: Any, old: int, kept: Sequence[int]) -> None:
+    for attr, value in list(vars(config).items()):
+        if attr in DEPTH_INDEX_LISTS and isinstance(value, (list, tuple)):
+            setattr(config, attr, type(value)(kept.index(i) for i in value if i in kept))
+        elif isinstance(value, (list, tuple)) and len(value) == old:
+            setattr(config, attr, type(value)(value[i] for i in kept))
+    for attr in DEPTH_THRESHOLDS:
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            setattr(config, attr, sum(1 for i in kept if i < value))
+
+
+def _stack_size(cls: type[nn.Module], config: Any, path: str) -> int | None:
+    """How many blocks the stack at ``path`` has in ``cls(config)`` built on the meta device (``None``: none)."""
+    shapes = _built_shapes(cls, config)
+    if shapes is None:
+        return None
+    prefix = f"{path}."
+    indices = {n[len(prefix):].split(".", 1)[0] for n in shapes if n.startswith(prefix)}
+    return len(indices) if all(i.isdigit() for i in indices) else None
