@@ -18,7 +18,7 @@ and ``global_structured``'s one-member channel groups).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, final, get_args
 
@@ -155,6 +155,9 @@ class Structure(Mapping[str, UnitGroup]):
     """
 
     groups: Mapping[str, UnitGroup]
+    #: For a kind the model has no group of, why (``"hidden"``: a LayerNorm centres by the mean...), which a plan
+    #: asked for that kind says.
+    left_out: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.groups, Mapping):
@@ -162,11 +165,17 @@ class Structure(Mapping[str, UnitGroup]):
         for name, group in self.groups.items():
             if not isinstance(name, str) or not isinstance(group, UnitGroup):
                 raise TypeError(f"Structure: groups must map names (str) to UnitGroup, got {name!r}: {group!r}")
+        if not isinstance(self.left_out, Mapping) or any(
+            k not in KINDS or not isinstance(v, str) for k, v in self.left_out.items()
+        ):  # fmt: skip
+            raise TypeError(f"Structure: left_out must map kinds to why they are left out, got {self.left_out!r}")
         object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
+        object.__setattr__(self, "left_out", MappingProxyType(dict(self.left_out)))
 
-    def __reduce__(self) -> tuple[type[Structure], tuple[dict[str, UnitGroup]]]:
+    def __reduce__(self) -> tuple[type[Structure], tuple[dict[str, UnitGroup], dict[str, str]]]:
         """Pickled as its groups (so one process can read a structure and send it to the others)."""
-        return (Structure, (dict(self.groups),))
+        return (Structure, (dict(self.groups), dict(self.left_out)))
+
 
     def __getitem__(self, name: str) -> UnitGroup:
         return self.groups[name]
@@ -183,5 +192,7 @@ class Structure(Mapping[str, UnitGroup]):
         return f"Structure({', '.join(shown)}{more})"
 
     def of_kinds(self, *kinds: Kind) -> Structure:
-        """The groups of these kinds."""
-        return Structure({n: g for n, g in self.groups.items() if g.kind in kinds})
+        """The groups of these kinds (and why a kind among them is left out, where it is)."""
+        return Structure(
+            {n: g for n, g in self.groups.items() if g.kind in kinds}, {k: v for k, v in self.left_out.items() if k in kinds}
+        )

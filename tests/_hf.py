@@ -195,3 +195,13 @@ def shrunk_exactly(model: nn.Module, masks: fp.Masks, x: Any) -> Any:
     assert removed == sum(int((~m).sum()) for m in masks.values())
     torch.testing.assert_close(logits(both.model, x), masked_logits(model, masks, x), atol=1e-5, rtol=1e-5)
     return both.model
+
+
+def greedy_masked(model: nn.Module, masks: fp.Masks, ids: torch.Tensor, steps: int) -> torch.Tensor:
+    """Greedy decoding of ``model`` masked by ``masks``, without a cache: what a shrunk model must generate."""
+    params = dict(model.named_parameters())
+    for _ in range(steps):
+        with torch.no_grad():
+            out = fp.functional_call_masked(model, params, masks, (), {"input_ids": ids, "use_cache": False})
+        ids = torch.cat([ids, out.logits[:, -1:].argmax(-1)], dim=1)
+    return ids

@@ -22,7 +22,7 @@ DESIGN_NAMES = [
 DESIGN_SIGNATURES = {
     fp.compute_mask: "(spec, scores, default_mask=None, *, generator=None)",
     fp.prune: "(spec, t, default_mask=None, importance_scores=None, *, generator=None)",
-    fp.Plan.__call__: "(self, params, masks=None, scores=None, generator=None)",
+    fp.Plan.__call__: "(self, params, masks=None, scores=None, generator=None, *, unit_scores=None)",
     # the card's (amount, dim=-1) and (amount, n, dim=-1), with the card's
     # sparsity= instead of amount: amount may be left out, n is still required
     fp.RandomStructured: "(amount=None, dim=-1, *, sparsity=None)",

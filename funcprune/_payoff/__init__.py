@@ -23,6 +23,8 @@ from ._depth import block_names as block_names
 from ._depth import blocks_of as blocks_of
 from ._depth import depthless as depthless
 from ._depth import stacks_of as stacks_of
+from ._hidden import hidden_of as hidden_of
+from ._hidden import narrowed as narrowed
 from ._masks_files import load_masks as load_masks
 from ._masks_files import save_masks as save_masks
 from ._masks_packed import pack_masks as pack_masks

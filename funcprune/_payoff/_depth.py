@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, final
 
 import torch
@@ -58,7 +58,7 @@ class Depthless:
         removed: the blocks removed, by stack path.
         kept: the blocks the masks prune entirely that stay, each with why.
         renames: name prefixes of kept blocks, old to new.
-        config: why the config cannot describe the new depth (``None``: it does, or there is none).
+        config: why the config cannot describe the new depth, by stack (empty: it does, or there is none).
     """
 
     model: nn.Module
@@ -66,7 +66,7 @@ class Depthless:
     removed: dict[str, list[int]]
     kept: dict[str, str]
     renames: dict[str, str]
-    config: str | None = None
+    config: dict[str, str] = field(default_factory=dict)
 
     def old_name(self, name: str) -> str:
         """The name a parameter of :attr:`model` has in the original model."""
@@ -157,8 +157,10 @@ def stacks_of(model: nn.Module) -> dict[str, int]:
 
     A stack is a ``ModuleList`` or ``Sequential`` of two blocks or more of one
     class, each holding a weight (a parameter of two dims or more: no list of
-    norms), and in no block of another stack (the outermost: a transformer's
-    layers, not the per-head norms inside them).
+    norms), two of them alike at least (no list of stages of different
+    widths, ConvNeXt's, whose blocks are the stacks), and in no block of
+    another stack (the outermost: a transformer's layers, not the per-head
+    norms inside them).
     """
     found: dict[str, int] = {}
     for path, module in model.named_modules():
@@ -169,7 +171,10 @@ def stacks_of(model: nn.Module) -> dict[str, int]:
         children = list(module.children())
         if len(children) < 2 or len({type(c) for c in children}) != 1 or isinstance(children[0], (nn.Linear, ConvNd)):
             continue
-        if all(any(p.dim() >= 2 for p in c.parameters()) for c in children):
+        if not all(any(p.dim() >= 2 for p in c.parameters()) for c in children):
+            continue
+        kinds = [tuple((n, tuple(p.shape)) for n, p in c.named_parameters()) for c in children]
+        if len(set(kinds)) < len(kinds):  # two blocks alike at least: no list of stages of different widths
             found[path] = len(children)
     return found
 
@@ -257,14 +262,15 @@ def without_blocks(fn: str, module: nn.Module, removed: Mapping[str, Sequence[in
     return result
 
 
-def describe_depth_(model: nn.Module, removed: Mapping[str, Sequence[int]], sizes: Mapping[str, int]) -> str | None:
+def describe_depth_(model: nn.Module, removed: Mapping[str, Sequence[int]], sizes: Mapping[str, int]) -> dict[str, str]:
     """Make a transformers ``model``'s config (without the ``removed`` blocks) describe its depth, in place.
 
-    Returns ``None`` when it does (or ``model`` has no config), else why not
-    (the config is then left as it was).
+    Returns ``{}`` when it does (or ``model`` has no config), else why not,
+    by stack path (the config is then left as it was).
     """
     if not is_transformers_model(model):
-        return None
+        return {}
+    failed: dict[str, str] = {}
     config: Any = getattr(model, "config")
     updated = copy.deepcopy(config)
     one = len(removed) == 1  # per-layer lists belong to the one stack (two of equal length: which one's?)
@@ -283,15 +289,17 @@ def describe_depth_(model: nn.Module, removed: Mapping[str, Sequence[int]], size
                 chosen, updated = attr, trial
                 break
         if chosen is None:
-            return f"no attribute of the config counts the {old} blocks of {path!r}"
+            failed[path] = f"no attribute of the config counts the {old} blocks of {path!r}"
+    if failed:
+        return failed
     refused = _refused_by_class(updated)
     if refused is not None:
-        return f"its class refuses the new depth ({refused})"
+        return dict.fromkeys(removed, f"its class refuses the new depth ({refused})")
     if _built_shapes(cls, updated) != shapes_of(model):
-        return "the config with the new depth builds other tensors than the model has"
+        return dict.fromkeys(removed, "the config with the new depth builds other tensors than the model has")
     vars(config).clear()
     vars(config).update(vars(updated))
-    return None
+    return {}
 
 
 def _sliced_lists_(config: Any, old: int, kept: Sequence[int]) -> None:

@@ -131,7 +131,7 @@ def _resize(module: nn.Module, old: Mapping[str, tuple[int, ...]]) -> None:
         tensor = weight if weight is not None else getattr(module, "running_mean", None)
         if tensor is not None:
             module.num_features = tensor.shape[0]
-    elif isinstance(module, nn.LayerNorm) and weight is not None:
+    elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)) and weight is not None:
         module.normalized_shape = tuple(weight.shape)
     elif isinstance(module, nn.GroupNorm) and weight is not None:
         module.num_channels = weight.shape[0]

@@ -24,6 +24,7 @@ from ._verify import Failure, differ_in_eval, mismatch, search, shape_changes
 from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
 from ._config import Record, ShrunkConfigWarning, describe_, is_transformers_model, record_, shapes_of
 from ._depth import depthless
+from ._hidden import narrowed
 from ._smaller import built, masked_outputs, removing, tensor_shapes
 
 __all__ = ["KeptChannelsWarning", "propagate", "removable", "shrink"]
@@ -249,6 +250,10 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, d
     given, depth = checked, depthless(fn, module, checked, inputs)
     module, checked = depth.model, depth.masks
     analysis = analyze(fn, module, inputs)
+    narrow = narrowed(fn, module, checked, analysis)
+    if narrow.removed:  # the hidden channels went: the smaller model analyzed again
+        module, checked = narrow.model, narrow.masks
+        analysis = analyze(fn, module, inputs)
     warn_unreached(fn, analysis, stacklevel=3)
     sizes = tensor_shapes(module)
     vetoed: dict[int, str] = {}
@@ -267,15 +272,24 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, d
         vetoed.update(dict.fromkeys(bad, _CHANGES_OUTPUTS))
     _warn_kept(fn, removal.kept)
     _warn_blocks_kept(fn, depth.kept)
-    if describe and (removed or depth.removed) and is_transformers_model(small):
-        if depth.config is not None:
+    if narrow.why is not None:
+        warnings.warn(
+            f"{fn}: the hidden channels that the masks prune entirely stay, weights zero but compute paid: {narrow.why}",
+            KeptChannelsWarning,
+            stacklevel=3,
+        )
+    if describe and (removed or depth.removed or narrow.removed) and is_transformers_model(small):
+        if depth.config:
             warnings.warn(
-                f"{fn}: the config cannot describe the model without the removed blocks ({depth.config}); the "
-                "shrunk model runs, but what save_pretrained writes will not reload",
+                f"{fn}: the config cannot describe the model without the removed blocks "
+                f"({'; '.join(depth.config.values())}); the shrunk model runs, but what save_pretrained writes "
+                "will not reload",
                 ShrunkConfigWarning,
                 stacklevel=3,
             )
         _describe_checked(small, shapes_of(module), attributes, analysis.inputs, reference)
+    if narrow.removed:  # the closure laid out as before the hidden channels went
+        closed = {name: narrow.widened(name, mask, depth.masks.get(name)) for name, mask in closed.items()}
     if depth.removed:  # the closure by the original names, the removed blocks' masks as given
         back = {depth.old_name(name): mask for name, mask in closed.items()}
         closed = {name: back[name] if name in back else given[name] for name in dict.fromkeys(names.values())

@@ -76,6 +76,8 @@ class AbstractPlan(abc.ABC):
         masks: Mapping[str, Tensor] | None = None,
         scores: Scores | None = None,
         generator: torch.Generator | None = None,
+        *,
+        unit_scores: Mapping[str, Tensor] | None = None,
     ) -> Masks:
         """Compute the masks this plan gives for ``params``.
 
@@ -97,6 +99,13 @@ class AbstractPlan(abc.ABC):
                 mask`` with its earlier mask, as torch scores a pruned tensor.
             generator: a :class:`torch.Generator` for random specs; by
                 default they draw from torch's global RNG as torch does.
+            unit_scores: for plans over units (:func:`~funcprune.structured`,
+                alone or composed), group names to one score per unit (a 1-D
+                real tensor of the group's ``size``: :func:`~funcprune.layer_scores`,
+                :func:`~funcprune.hidden_scores`, expert statistics, any score a
+                user computes); those groups' units are ranked by them, the
+                lowest first (NaN last), instead of by norms, the spec giving
+                the amount only. Under sharding every process passes the same.
 
         Returns:
             A new dict of ``torch.bool`` masks (``True`` = kept) in the order
@@ -125,6 +134,15 @@ class AbstractPlan(abc.ABC):
         where the plan does not touch them.
         """
         fn = self._FN
+        if unit_scores is not None:
+            if not isinstance(unit_scores, Mapping):
+                raise TypeError(f"{fn}: unit_scores must be a mapping of group names to tensors, got {unit_scores!r}")
+            plan, used = self.with_unit_scores(unit_scores)
+            unknown = [name for name in unit_scores if name not in used]
+            if unknown:
+                raise KeyError(f"{fn}: unit_scores names {unknown[0]!r}, which is no unit group this plan ranks")
+            if plan is not self:
+                return plan(params, masks, scores, generator)
         check_params(fn, params)
         check_not_hook_mode(fn, params)
         check_generator(fn, generator)
@@ -134,6 +152,10 @@ class AbstractPlan(abc.ABC):
         by_name = check_scores(fn, params, scores)
         out = self.masks_for(params, current, by_name, generator)
         return {name: _own(out[name], given.get(name)) for name in params if name in out}
+
+    def with_unit_scores(self, unit_scores: Mapping[str, object]) -> tuple[AbstractPlan, set[str]]:
+        """This plan ranking the unit groups named in ``unit_scores`` by them, and the names it used (none here)."""
+        return self, set()
 
     @abc.abstractmethod
     def masks_for(
@@ -196,6 +218,14 @@ class ComposedPlan(AbstractPlan):
 
     def __repr__(self) -> str:
         return "compose(" + ", ".join(map(repr, self.plans)) + ")"
+
+    def with_unit_scores(self, unit_scores: Mapping[str, object]) -> tuple[AbstractPlan, set[str]]:
+        """Each plan with the unit scores of its groups."""
+        given = [plan.with_unit_scores(unit_scores) for plan in self.plans]
+        used = {name for _, names in given for name in names}
+        if not used:
+            return self, set()
+        return ComposedPlan(tuple(plan for plan, _ in given)), used
 
     def masks_for(
         self,

@@ -37,52 +37,27 @@ class UnitPlan(AbstractPlan):
     kinds: tuple[Kind, ...] = WIDTH_KINDS
     scope: Scope = "global"
     normalize: Normalize = None
-    #: One call's ``unit_scores``, checked (float64): set on a copy by ``__call__`` only.
+    #: One call's ``unit_scores``, checked (float64): set on a copy by :meth:`with_unit_scores` only.
     given: Mapping[str, Tensor] = field(default_factory=dict, repr=False, compare=False)
 
-    def __call__(
-        self,
-        params: Params,
-        masks: Mapping[str, Tensor] | None = None,
-        scores: Scores | None = None,
-        generator: torch.Generator | None = None,
-        *,
-        unit_scores: Mapping[str, Tensor] | None = None,
-    ) -> dict[str, Tensor]:
-        """The masks, as every plan returns them (see :meth:`AbstractPlan.__call__`).
-
-        ``unit_scores`` maps group names to one score per unit (a 1-D real
-        tensor of the group's ``size``: layer scores, expert statistics, any
-        score a user computes); those groups' units are ranked by them (the
-        lowest go first, NaN last) instead of by norms, the spec giving the
-        amount only. Other groups are ranked by norms. Under sharding every
-        process must pass the same scores.
-        """
-        if unit_scores is None or (isinstance(unit_scores, Mapping) and not unit_scores):
-            return AbstractPlan.__call__(self, params, masks, scores, generator)
-        return AbstractPlan.__call__(replace(self, given=self._checked(unit_scores)), params, masks, scores, generator)
-
-    def _checked(self, unit_scores: object) -> dict[str, Tensor]:
+    def with_unit_scores(self, unit_scores: Mapping[str, object]) -> tuple[UnitPlan, set[str]]:
+        """This plan ranking its groups named in ``unit_scores`` by them (checked), and the names it used."""
         fn, groups = self._FN, self.groups()
-        if not isinstance(unit_scores, Mapping):
-            raise TypeError(f"{fn}: unit_scores must be a mapping of group names to tensors, got {unit_scores!r}")
+        used = {name for name in unit_scores if name in groups}
+        if not used:
+            return self, set()
         if isinstance(self.spec, RandomStructured):
             raise ValueError(f"{fn}: unit_scores rank units, but {self.spec!r} draws them at random; use LnStructured")
-        out: dict[str, Tensor] = {}
-        for name, values in unit_scores.items():
-            if name not in groups:
-                raise KeyError(
-                    f"{fn}: unit_scores names {name!r}, which is no group this plan ranks; its groups: "
-                    f"{list(groups)[:8]}{' ...' if len(groups) > 8 else ''}"
-                )
-            size = groups[name].size
+        given: dict[str, Tensor] = {}
+        for name in used:
+            values, size = unit_scores[name], groups[name].size
             if not isinstance(values, torch.Tensor) or values.shape != (size,):
                 got = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
                 raise ValueError(f"{fn}: unit_scores[{name!r}] must be a 1-D tensor of {size} scores (one per unit), got {got}")
             if values.is_complex() or values.dtype == torch.bool:
                 raise TypeError(f"{fn}: unit_scores[{name!r}] must be real numbers, got dtype {values.dtype}")
-            out[name] = values.detach().to(torch.float64)
-        return out
+            given[name] = values.detach().to(torch.float64)
+        return replace(self, given=given), used
 
     def __post_init__(self) -> None:
         fn = self._FN
@@ -103,9 +78,10 @@ class UnitPlan(AbstractPlan):
         check_normalize(fn, self.normalize, self.spec)
         if not self.groups():
             present = sorted({g.kind for g in self.structure.values()})
+            why = "".join(f"; no {k!r} group: {v}" for k, v in self.structure.left_out.items() if k in self.kinds)
             raise ValueError(
                 f"{fn}: the structure has no unit group of kinds {list(self.kinds)}; it has "
-                f"{present or 'no groups'}"
+                f"{present or 'no groups'}{why}"
             )
 
     def __repr__(self) -> str:

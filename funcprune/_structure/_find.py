@@ -26,6 +26,7 @@ from .._targets import output_parameters
 from .._torch_private import ConvNd
 from .._units import Kind, Member, Structure, UnitGroup
 from .._validate import refuse_in
+from ._hidden import hidden_group
 from ._layers import layer_groups
 
 __all__ = ["UnitsLeftOutWarning", "structure", "units_of"]
@@ -35,7 +36,7 @@ _Footprints = dict[int, dict[tuple[str, int], list[int]]]
 
 
 def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False) -> Structure:
-    """The structural units of ``model``: MLP channels, attention heads, KV groups, experts.
+    """The structural units of ``model``: MLP channels, attention heads, KV groups, experts, layers, hidden size.
 
     The model is exported and analyzed as :func:`~funcprune.shrink` does
     (a copy, in eval mode, run on ``example_inputs``), and every group of
@@ -66,10 +67,23 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
     of the model, as :func:`~funcprune.shrink` removes it, and the copy is
     checked against the masked model on the example inputs; groups whose
     removal fails are left out. What stays whatever the masks say is left
-    out too: the hidden size of a transformer (the residual stream,
-    normalized across its channels), the model's outputs, channels read by
-    an op the analysis cannot follow, and a unit that is all of a layer's
-    side (an attention with one KV group). So are the channels an output
+    out too: the model's outputs, channels read by an op the analysis
+    cannot follow, and a unit that is all of a layer's side (an attention
+    with one KV group).
+
+    Two kinds cut the other axes, pruned only where a plan names them:
+
+    - ``"layers"``: each stack of repeated blocks (a ``ModuleList`` of one
+      class) is a group named by its path, whose units are the blocks that
+      can go (a pre-norm residual block, zeroed, is the identity; post-norm
+      blocks are left out, with a warning); each block's parameters are
+      members of its unit alone (``Member.unit``);
+    - ``"hidden"``: the channels of the residual stream, one group named
+      ``"hidden"`` (the embedding's columns, the norms on the stream, the
+      columns of what reads it and the rows of what writes it), where
+      ``shrink`` can correct the norms that span them (RMS norms); where it
+      cannot (LayerNorm), :attr:`~funcprune.Structure.left_out` says why,
+      and a plan asked for them repeats it. So are the channels an output
     layer makes (BERT's pooler), as :func:`~funcprune.prunable` leaves
     output layers out, unless ``outputs=True``.
 
@@ -124,7 +138,11 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
     groups = {name: group for name, (group, _) in found.groups.items() if name not in failed}
     layers, stacks_left = layer_groups(fn, model, analysis.inputs, excluded)
     _warn_left_out(fn, model, analysis, found, left, groups, stacks_left)
-    return Structure({**groups, **{(f"{name}#layers" if name in groups else name): g for name, g in layers.items()}})
+    groups.update({(f"{name}#layers" if name in groups else name): g for name, g in layers.items()})
+    hidden, why = hidden_group(fn, model, analysis)
+    if hidden is not None:
+        groups["hidden" if "hidden" not in groups else "hidden#2"] = hidden
+    return Structure(groups, {"hidden": why} if why is not None else {})
 
 
 def units_of(

@@ -55,6 +55,9 @@ def layer_groups(
     tried = depthless(fn, model, trial, inputs, {path: [b[0] for b in by_kind.values()] for path, by_kind in kinds.items()})
     groups: dict[str, UnitGroup] = {}
     for path, by_kind in kinds.items():
+        if path in tried.config:  # shrink could not save what it makes
+            left[path] = f"the config cannot say the depth without them ({tried.config[path]})"
+            continue
         gone = set(tried.removed.get(path, ()))
         units = sorted(i for blocks in by_kind.values() if blocks[0] in gone for i in blocks)
         failed = [blocks[0] for blocks in by_kind.values() if blocks[0] not in gone]

@@ -6,7 +6,7 @@ whole tensors, and only all-reduces of a few numbers per unit may cross
 processes:
 
 - a hypothesis property over a synthetic model (MLP channels, fused
-  heads, experts, each parameter laid out at random: ``Shard`` of any dim,
+  heads, experts, whole blocks as layers, hidden channels, each parameter laid out at random: ``Shard`` of any dim,
   ``Replicate``, 2-D meshes), every norm order, ties, NaN and inf, earlier
   masks, given scores, amounts, scopes and normalizations, and random units;
 - real transformers models (Llama with grouped-query attention: channels,
@@ -43,23 +43,29 @@ Tensor = torch.Tensor
 
 
 def synthetic(hidden: int, heads: int = 3, head: int = 2, channels: int = 7, experts: int = 5) -> dict[str, Any]:
-    """The groups (as plain data: a Structure's mapping proxy does not pickle) and shapes of a small model."""
+    """The groups (as plain data: a Structure's mapping proxy does not pickle) and shapes of a small model: MLP
+    channels, fused heads, experts, three blocks (each a unit of a ``"layers"`` group, alone in its members) and
+    the hidden channels, which every matrix spans (issue 38)."""
     groups = {
         "mlp": ("channels", channels, [("up", 0, 1, 0), ("up_b", 0, 1, 0), ("down", 1, 1, 0)]),
         "attn": ("heads", heads, [("qkv", 1, head, s * heads * head) for s in range(3)] + [("out", 0, head, 0)]),
         "moe": ("experts", experts, [("router", 0, 1, 0), ("w1", 0, 1, 0), ("w2", 0, 1, 0)]),
-    }
+        "blocks": ("layers", 3, [(f"b{u}", 0, 4, 0, u) for u in range(3)] + [("b1_norm", 0, hidden, 0, 1)]),
+        "hidden": ("hidden", hidden, [("up", 1, 1, 0), ("down", 0, 1, 0), ("qkv", 0, 1, 0), ("out", 1, 1, 0),
+                                      ("router", 1, 1, 0), ("b0", 1, 1, 0), ("b1_norm", 0, 1, 0)]),
+    }  # fmt: skip
     shapes = {
         "up": (channels, hidden), "up_b": (channels,), "down": (hidden, channels),
         "qkv": (hidden, 3 * heads * head), "out": (heads * head, hidden),
         "router": (experts, hidden), "w1": (experts, 3, hidden), "w2": (experts, hidden, 3),
+        "b0": (4, hidden), "b1": (4, 3), "b2": (4, 2, 2), "b1_norm": (hidden,),
     }  # fmt: skip
     return {"groups": groups, "shapes": shapes}
 
 
 def structure_of(groups: dict[str, Any]) -> fp.Structure:
     return fp.Structure({
-        name: fp.UnitGroup(kind, size, tuple(fp.Member(n, d, w, s) for n, d, w, s in members))
+        name: fp.UnitGroup(kind, size, tuple(fp.Member(*member) for member in members))
         for name, (kind, size, members) in groups.items()
     })  # fmt: skip
 
@@ -103,7 +109,7 @@ def _plan_on_ranks(rank: int, size: int, case: dict[str, Any]) -> dict[str, Any]
     earlier = {n: torch.rand(whole[n].shape, generator=g) > 0.3 for n in case["earlier"]}
     given = {n: torch.randn(whole[n].shape, generator=g).abs() for n in case["scores"]}
     normalize = None if isinstance(case["spec"], fp.RandomStructured) else case["normalize"]
-    plan = fp.structured(structure, case["spec"], scope=case["scope"], normalize=normalize)
+    plan = fp.structured(structure, case["spec"], scope=case["scope"], normalize=normalize, kinds=fp.KINDS)
     reference = _outcome(lambda: plan(whole, dict(earlier), given, torch.Generator().manual_seed(case["seed"])))
     params = {n: distribute_tensor(t, mesh, layouts[n]) for n, t in whole.items()}
     masks = {n: distribute_tensor(t, mesh, layouts[n]) for n, t in earlier.items()}
@@ -129,7 +135,7 @@ _SPECS = st.sampled_from([
     fp.LnStructured(sparsity=0.6, n="fro"), fp.LnStructured(40, n=2), fp.RandomStructured(0.5),
     fp.RandomStructured(sparsity=0.7),
 ])  # fmt: skip
-_NAMES = ["up", "up_b", "down", "qkv", "out", "router", "w1", "w2"]
+_NAMES = ["up", "up_b", "down", "qkv", "out", "router", "w1", "w2", "b0", "b1", "b2", "b1_norm"]
 
 
 def _cases(mesh: tuple[int, ...]) -> st.SearchStrategy[dict[str, Any]]:
@@ -260,6 +266,7 @@ def _model_on_ranks(rank: int, size: int, name: str, how: str, kinds: list[str],
         ("mixtral", ["experts", "kv_groups"], "fsdp"), ("mixtral", ["experts", "kv_groups"], "tp"),
         ("gpt2", ["heads", "channels"], "fsdp"),  # fused c_attn (in, 3 * hidden): every head cut across processes
         ("opt", ["heads", "channels"], "tp"),
+        ("llama", ["layers", "hidden"], "fsdp"), ("llama", ["layers", "hidden"], "tp"),  # issue 38's kinds
     ],
 )  # fmt: skip
 def test_a_transformers_model_sharded_prunes_as_one_process(world2: World, name: str, kinds: list[str], how: str) -> None:

@@ -81,7 +81,7 @@ def test_structure_finds_the_units_of_every_layer_and_says_what_it_leaves_out(na
         assert (s[again].kind, s[again].size) == (kind, size), again
     for group, (kind, size) in MORE.get(name, {}).items():
         assert (s[group].kind, s[group].size) == (kind, size), group
-    assert all(g.kind in {"channels", "heads", "kv_groups", "experts", "layers"} for g in s.values())
+    assert all(g.kind in {"channels", "heads", "kv_groups", "experts", "layers", "hidden"} for g in s.values())
     params = dict(t.model.named_parameters())
     for units in s.values():  # every member fits its parameter
         for m in units.members:
@@ -96,8 +96,10 @@ def test_structure_finds_the_units_of_every_layer_and_says_what_it_leaves_out(na
 def test_every_unit_structure_lists_goes_when_a_plan_prunes_it(name: str) -> None:
     t, s, _ = model_and_structure(name)
     kinds: tuple[fp.Kind, ...] = ("channels", "heads", "kv_groups", "experts", "layers")  # a block of each stack too
-    one_each = fp.structured(s, fp.LnStructured(1, n=2), scope="group", kinds=kinds)(dict(t.model.named_parameters()))
-    shrunk(t, one_each)
+    plans = [fp.structured(s, fp.LnStructured(1, n=2), scope="group", kinds=kinds)]
+    if s.of_kinds("hidden"):  # 8 hidden channels: stacked experts need widths in multiples of 16 bytes
+        plans.append(fp.structured(s, fp.LnStructured(8, n=2), kinds="hidden"))
+    shrunk(t, fp.compose(*plans)(dict(t.model.named_parameters())))
 
 
 @pytest.mark.ci

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from _hf import Tiny, inputs, logits, masked_logits, shrunk_exactly, tiny, transformers
+from _hf import Tiny, greedy_masked, inputs, logits, masked_logits, shrunk_exactly, tiny, transformers
 from torch import nn
 
 import funcprune as fp
@@ -95,18 +95,8 @@ def test_shrink_removes_the_blocks_and_a_plain_reload_generates_with_a_cache(nam
     with torch.no_grad():
         cached = again.generate(ids, max_new_tokens=6, do_sample=False, use_cache=True, pad_token_id=0)
         uncached = again.generate(ids, max_new_tokens=6, do_sample=False, use_cache=False, pad_token_id=0)
-        masked = _greedy(t.model, masks, ids, 6)
+        masked = greedy_masked(t.model, masks, ids, 6)
     assert torch.equal(cached, uncached) and torch.equal(cached, masked)
-
-
-def _greedy(model: nn.Module, masks: fp.Masks, ids: torch.Tensor, steps: int) -> torch.Tensor:
-    """Greedy decoding of the masked dense model, without a cache: what the shrunk one must generate."""
-    params = dict(model.named_parameters())
-    for _ in range(steps):
-        with torch.no_grad():
-            out = fp.functional_call_masked(model, params, masks, (), {"input_ids": ids, "use_cache": False})
-        ids = torch.cat([ids, out.logits[:, -1:].argmax(-1)], dim=1)
-    return ids
 
 
 def test_qwen2_sliding_window_layers_are_counted_again() -> None:

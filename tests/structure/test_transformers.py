@@ -63,10 +63,13 @@ def test_structure_finds_the_units_of_every_layer(name: str) -> None:
         assert (s[group].kind, s[group].size) == (kind, size), group
         again = group.replace(".0", ".1", 1)
         assert (s[again].kind, s[again].size) == (kind, size), again
-    widths = {g for g, units in s.items() if units.kind != "layers"}
+    widths = {g for g, units in s.items() if units.kind not in ("layers", "hidden")}
     assert all(".0" in g or ".1" in g for g in widths)  # the output layers (BERT's pooler) are left out
     layers = {g: units.size for g, units in s.items() if units.kind == "layers"}
     assert layers == ({} if name == "bert" else {STACKS.get(name, "model.layers"): 2})  # pre-norm: blocks can go
+    hidden = {g: units.size for g, units in s.items() if units.kind == "hidden"}  # RMS norms: the hidden size goes
+    assert hidden == ({"hidden": 32} if name in ("llama", "qwen3", "mistral", "mixtral") else {})
+    assert ("hidden" in s.left_out) == (not hidden)
     params = dict(t.model.named_parameters())
     for units in s.values():  # every member fits its parameter
         for m in units.members:
