@@ -71,6 +71,7 @@ It is also a module (:func:`run`, :func:`report`, :func:`main`):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib
 import inspect
@@ -79,7 +80,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -449,18 +450,24 @@ def save_and_reload(
     pruned = copy.deepcopy(model)
     pruned.load_state_dict(params, strict=False)  # SparseGPT's updated weights
     pruned = fp.bake(pruned, masks)  # the pruned entries set to zero
+    with no_progress_bars(), tempfile.TemporaryDirectory() as directory:
+        pruned.save_pretrained(directory)
+        reloaded: transformers.LlamaForCausalLM = transformers.LlamaForCausalLM.from_pretrained(directory)
+    reloaded.train(False)
+    return reloaded
+
+
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' progress bars (saving, loading) off, and back as they were after."""
     logging = transformers.utils.logging
     bars = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     try:
-        with tempfile.TemporaryDirectory() as directory:
-            pruned.save_pretrained(directory)
-            reloaded: transformers.LlamaForCausalLM = transformers.LlamaForCausalLM.from_pretrained(directory)
+        yield
     finally:
         if bars:
             logging.enable_progress_bar()  # type: ignore[no-untyped-call]
-    reloaded.train(False)
-    return reloaded
 
 
 def run(

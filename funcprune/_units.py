@@ -80,6 +80,10 @@ class Member:
         if self.unit is not None:
             _int("Member", "unit", self.unit, 0)
 
+    def __repr__(self) -> str:
+        unit = "" if self.unit is None else f", unit={self.unit}"
+        return f"Member(name={self.name!r}, dim={self.dim}, width={self.width}, start={self.start}{unit})"
+
     def indices(self, unit: int) -> range:
         """The indices along ``dim`` that unit ``unit`` spans."""
         if self.unit is not None:
