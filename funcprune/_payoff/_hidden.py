@@ -166,7 +166,7 @@ def narrowed(
     _tied_again_(module, model)
     eps = _corrected_norms_(model, norms, d, len(kept))
     if is_transformers_model(model):
-        reason = _rebuilt_(model, module, norms, d, len(kept), eps, analysis.inputs)
+        reason = _config_(model, d, len(kept), eps)
         if reason is not None:
             return Narrowed(module, dict(masks), why=reason)
         try:
@@ -279,9 +279,7 @@ def _offset(norm: nn.Module, weight: Tensor) -> float:
     return ratio / (1.0 - ratio)
 
 
-def _rebuilt_(
-    model: nn.Module, module: nn.Module, norms: Sequence[str], d: int, kept: int, eps: float | None, inputs: Inputs
-) -> str | None:
+def _config_(model: nn.Module, d: int, kept: int, eps: float | None) -> str | None:
     """Make ``model``'s config say the new hidden size and eps (in place), or say why it cannot."""
     config: Any = getattr(model, "config")
     new = _pinned(copy.deepcopy(config))
@@ -313,8 +311,11 @@ def _loaded(model: nn.Module) -> nn.Module:
         from transformers.initialization import no_init_weights as quiet
     except ImportError:  # pragma: no cover - another transformers
         pass
-    with quiet():
-        rebuilt = type(model)(config).to(dtype)
+    try:
+        with quiet():
+            rebuilt = type(model)(config).to(dtype)
+    except Exception as e:  # a class that refuses the new size (heads that must divide it...)
+        raise _NoConfig(f"its class refuses the new hidden size ({type(e).__name__}: {e})") from e
     tie = getattr(rebuilt, "tie_weights", None)
     if callable(tie):  # as from_pretrained ties them, after building
         tie()

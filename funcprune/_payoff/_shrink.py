@@ -161,6 +161,26 @@ def shrink(module: _M, masks: Mapping[str, Tensor], example_inputs: object) -> _
     When channels that the masks prune entirely stay, a
     :class:`KeptChannelsWarning` says, per layer, how many and why.
 
+    Two more axes go before the channels, each only where exact (checked
+    against the masked model; what stays is named in a
+    :class:`KeptChannelsWarning`):
+
+    - **blocks**: a block of a stack of repeated layers (a ``ModuleList`` of
+      one class) whose every parameter the masks prune is removed, where
+      the model without it computes the masked model (a pre-norm residual
+      block; not a post-norm one); the kept blocks are renumbered, their
+      modules told their new ``layer_idx``, and a transformers config's
+      layer count, per-layer lists (``layer_types``) and counts in layers
+      (``max_window_layers``) updated;
+    - **hidden channels**: a channel of the residual stream that the masks
+      prune in every parameter that spans it (a ``"hidden"`` unit of
+      :func:`~funcprune.structure`) is removed, each RMS norm over the
+      stream corrected (its ``g(w)`` scaled by ``sqrt(d/d')``, its epsilon by
+      ``d/d'``) so that the smaller model computes the masked one; a
+      transformers model's ``hidden_size`` and epsilon go into its config,
+      and it is rebuilt from it. Models whose norms centre by the mean
+      (LayerNorm) keep their hidden size.
+
     Views (``flatten``, ``view``, ``transpose``, ``cat``, ``split``...) move
     channels as they move the values: a Conv channel maps to its block of
     the next Linear's columns; a ``chunk`` into equal parts, or a channel

@@ -118,7 +118,8 @@ def test_hidden_channels_go_and_a_plain_reload_generates_with_a_cache(name: str,
     cls: Any = type(t.model)
     again = cls.from_pretrained(tmp_path).eval()
     torch.testing.assert_close(logits(again, x), masked_logits(t.model, masks, x), atol=1e-5, rtol=1e-5)
-    tied = t.model.get_output_embeddings().weight is t.model.get_input_embeddings().weight
+    dense: Any = t.model
+    tied = dense.get_output_embeddings().weight is dense.get_input_embeddings().weight
     for m in (small, again):  # tied embeddings (Gemma 3's) stay tied
         assert (m.get_output_embeddings().weight is m.get_input_embeddings().weight) == tied
     ids = t.args[0][:1, :5]
