@@ -160,7 +160,9 @@ def narrowed(
     why = _no_exact_form(module, norms)
     if why is not None:
         return Narrowed(module, dict(masks), why=why)
-    model = copy_module(fn, module)
+    reference = masked_run(fn, module, masks, analysis.inputs)  # first: its zeroed copies are gone before ours
+    # the copy shares what it does not cut; every member is cut into a new tensor, and only those change below
+    model = copy_module(fn, module, sharing=[*module.parameters(), *module.buffers()])
     keep = {name: {dim: kept} for name, dim in hidden.members}
     resize_modules(model, keep, analysis, set())
     _tied_again_(module, model)
@@ -178,10 +180,8 @@ def narrowed(
             return Narrowed(module, dict(masks), why=reason)
         model = rebuilt
     sliced = {name: _sliced(mask, keep.get(name, {})) for name, mask in masks.items()}
-    trial = dict(sliced)
-    reference = masked_run(fn, module, masks, analysis.inputs)
     probe = copy_module(fn, model, sharing=[*model.parameters(), *model.buffers()])
-    zeroed_(probe, trial)
+    zeroed_(probe, sliced)
     failure = mismatch(probe, analysis.inputs, reference, float64=_FLOAT32_INSIDE)
     if failure is not None:
         return Narrowed(module, dict(masks), why=f"the model without them computes something else ({failure.why})")
@@ -316,15 +316,15 @@ def _loaded(model: nn.Module) -> nn.Module:
             rebuilt = type(model)(config).to(dtype)
     except Exception as e:  # a class that refuses the new size (heads that must divide it...)
         raise _NoConfig(f"its class refuses the new hidden size ({type(e).__name__}: {e})") from e
-    tie = getattr(rebuilt, "tie_weights", None)
-    if callable(tie):  # as from_pretrained ties them, after building
-        tie()
     built, have = shapes_of(rebuilt), shapes_of(model)
     wrong = next((n for n in have if built.get(n) != have[n]), None)
     if wrong is not None or built.keys() != have.keys():
         where = f"{wrong!r} {built.get(wrong)}, not {have[wrong]}" if wrong is not None else "other tensors"
         raise _NoConfig(f"the config with the new hidden size builds {where} (a width it derives from the hidden size)")
-    rebuilt.load_state_dict(model.state_dict())
+    rebuilt.load_state_dict(model.state_dict(), assign=True)  # its tensors, not copies
+    tie = getattr(rebuilt, "tie_weights", None)
+    if callable(tie):  # as from_pretrained ties them, once loaded (assigning gave each name its own Parameter)
+        tie()
     rebuilt.train(model.training)
     return rebuilt
 
@@ -408,10 +408,13 @@ def _scaled_input_(module: nn.Module, rebuilt: nn.Module, path: str, scale: floa
         rows, made = out.reshape(tokens, -1), u.flatten().sort().values  # its values, however laid out (transposed)
         for start in range(0, rows.shape[1] - width + 1):
             if torch.equal(rows[:, start:start + width].flatten().sort().values, made):
-                layer: Any = rebuilt.get_submodule(name)
-                layer.weight[start:start + width].mul_(scale)
-                if layer.bias is not None:
-                    layer.bias[start:start + width].mul_(scale)
+                layer: Any = rebuilt.get_submodule(name)  # new tensors: the layer's may be the user's (uncut)
+                for attr in ("weight", "bias"):
+                    old = getattr(layer, attr)
+                    if old is not None:
+                        new = old.detach().clone()
+                        new[start:start + width] *= scale
+                        setattr(layer, attr, nn.Parameter(new, old.requires_grad))
                 return None
     return f"{path!r} reads the config's eps, and funcprune finds no layer that makes its input to scale it"
 

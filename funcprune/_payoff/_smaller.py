@@ -77,6 +77,8 @@ def zeroed_(module: nn.Module, masks: Masks) -> None:
     for name, param in params.items():
         aliases.setdefault(id(param), []).append(name)
     for name, mask in masks.items():
+        if bool(mask.all()):  # nothing pruned: the tensor as it is (no copy of a 1B model's weights for nothing)
+            continue
         old = params[name]
         new = nn.Parameter(old.masked_fill(~mask, 0.0), old.requires_grad)
         for alias in aliases[id(old)]:
