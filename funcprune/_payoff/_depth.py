@@ -26,20 +26,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, final
 
-import torch
 from torch import nn
 
 from .._families import DEPTH_INDEX_LISTS, DEPTH_THRESHOLDS, LAYER_INDEX
-from .._graph import Inputs, copy_module, run
+from .._graph import Inputs, copy_module
 from .._torch_private import ConvNd
 from .._types import Tensor
 from ._config import _built_shapes, _refused_by_class, is_transformers_model, shapes_of
-from ._smaller import zeroed_
+from ._smaller import masked_run, zeroed_
 from ._verify import mismatch
 
 __all__ = [
-    "Depthless", "block_names", "blocks_of", "depthless", "describe_depth_", "masked_run", "pruned_blocks", "renamed",
-    "stacks_of",
+    "Depthless", "block_names", "blocks_of", "depthless", "describe_depth_", "pruned_blocks", "renamed", "stacks_of",
     "without_blocks",
 ]  # fmt: skip
 
@@ -92,16 +90,17 @@ def depthless(
     removed = pruned_blocks(module, masks) if blocks is None else {p: list(b) for p, b in blocks.items() if b}
     if not removed:
         return Depthless(module, dict(masks), {}, {}, {})
-    reference = masked_run(fn, module, masks, inputs)
+    reference = masked_run(module, masks, inputs)
     kept: dict[str, str] = {}
     if _fails(fn, module, masks, inputs, removed, sizes, reference):
         alone = [(path, i) for path, gone in removed.items() for i in gone]
-        owned = {(p, i): set(blocks_of(module, p)[i]) for p, i in alone}
+        params = {path: blocks_of(module, path) for path in removed}
+        owned = {(p, i): set(params[p][i]) for p, i in alone}
         good = []
         for block in alone:  # the others' masks left out: a zeroed block that cannot go hides what follows it
             others = {n for b, names in owned.items() if b != block for n in names}
             mine = {n: m for n, m in masks.items() if n not in others}
-            if not _fails(fn, module, mine, inputs, {block[0]: [block[1]]}, sizes, masked_run(fn, module, mine, inputs)):
+            if not _fails(fn, module, mine, inputs, {block[0]: [block[1]]}, sizes, masked_run(module, mine, inputs)):
                 good.append(block)
         kept = {block_names(module, p)[i]: NOT_IDENTITY for p, i in alone if (p, i) not in good}
         removed = {}
@@ -114,12 +113,20 @@ def depthless(
         return Depthless(module, dict(masks), {}, kept, {})
     model = without_blocks(fn, module, removed)
     why = describe_depth_(model, removed, sizes)
+    return Depthless(model, _moved(module, masks, removed), removed, kept, renamed(module, removed), why)
+
+
+def _moved(module: nn.Module, masks: Mapping[str, Tensor], removed: Mapping[str, Sequence[int]]) -> dict[str, Tensor]:
+    """``masks`` by the names their parameters have once the ``removed`` blocks go (theirs left out)."""
     renames = renamed(module, removed)
-    result = Depthless(model, {}, removed, kept, renames, why)
-    gone = {n for path, blocks in removed.items() for i, names in enumerate(blocks_of(module, path)) if i in blocks for n in names}
-    new = {result.old_name(n): n for n, _ in model.named_parameters()}
-    result.masks.update({new[n]: m for n, m in masks.items() if n not in gone})
-    return result
+    gone = tuple(f"{block_names(module, p)[i]}." for p, blocks in removed.items() for i in blocks)
+    out: dict[str, Tensor] = {}
+    for name, mask in masks.items():
+        if name.startswith(gone):
+            continue
+        old = next((o for o in renames if name.startswith(o)), None)
+        out[name if old is None else renames[old] + name[len(old):]] = mask
+    return out
 
 
 def _fails(
@@ -128,28 +135,8 @@ def _fails(
 ) -> bool:  # fmt: skip
     probe = without_blocks(fn, module, removed, probe=True)
     describe_depth_(probe, removed, sizes)
-    names = renamed(module, removed)
-    gone = {f"{block_names(module, p)[i]}." for p, blocks in removed.items() for i in blocks}
-    moved: dict[str, Tensor] = {}
-    for name, mask in masks.items():
-        if any(name.startswith(g) for g in gone):
-            continue
-        for old, new in names.items():
-            if name.startswith(old):
-                name = new + name[len(old):]
-                break
-        moved[name] = mask
-    zeroed_(probe, dict(moved))
+    zeroed_(probe, _moved(module, masks, removed))
     return mismatch(probe, inputs, reference) is not None
-
-
-def masked_run(fn: str, module: nn.Module, masks: Mapping[str, Tensor], inputs: Inputs) -> Any:
-    """What ``module`` masked by ``masks`` (pruned entries ``+0.0``) computes on ``inputs``, in eval mode."""
-    model = copy_module(fn, module, sharing=[*module.parameters(), *module.buffers()])
-    zeroed_(model, dict(masks))
-    model.eval()
-    with torch.no_grad():
-        return run(model, inputs)
 
 
 def stacks_of(model: nn.Module) -> dict[str, int]:

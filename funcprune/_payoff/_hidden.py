@@ -49,9 +49,8 @@ from .._families import NORM_EPS
 from .._graph import Analysis, Inputs, copy_module, own_indices, run
 from .._types import Tensor
 from ._config import _pinned, is_transformers_model, shapes_of
-from ._depth import masked_run
 from ._resize import resize_modules
-from ._smaller import zeroed_
+from ._smaller import masked_run, zeroed_
 from ._verify import mismatch
 
 __all__ = ["Hidden", "Narrowed", "hidden_of", "narrowed", "pruned_channels"]
@@ -160,7 +159,7 @@ def narrowed(
     why = _no_exact_form(module, norms)
     if why is not None:
         return Narrowed(module, dict(masks), why=why)
-    reference = masked_run(fn, module, masks, analysis.inputs)  # first: its zeroed copies are gone before ours
+    reference = masked_run(module, masks, analysis.inputs)  # first: its masked tensors are gone before ours
     # the copy shares what it does not cut; every member is cut into a new tensor, and only those change below
     model = copy_module(fn, module, sharing=[*module.parameters(), *module.buffers()])
     keep = {name: {dim: kept} for name, dim in hidden.members}
@@ -351,7 +350,8 @@ def _put_right_(
     reads the config's eps gets its input scaled in the rows that make it.
     """
     embeddings = {name.rpartition(".")[0] for name, dim in hidden.members if dim == 1}
-    scale = math.sqrt(d / kept)
+    eps_norms: list[str] = []  # norms off the stream that read the config's eps
+    folded: list[tuple[Tensor, float]] = []  # embedding weights scaled, and the ratio a tied head must get back
     for path, new in rebuilt.named_modules():
         if path in norms:
             continue
@@ -361,9 +361,7 @@ def _put_right_(
             continue
         eps = next((a for a in NORM_EPS if a in changed), None)
         if eps is not None and len(changed) == 1 and math.isclose(changed[eps][1], changed[eps][0] * d / kept):
-            why = _scaled_input_(module, rebuilt, path, scale, inputs)
-            if why is not None:
-                return why
+            eps_norms.append(path)
             continue
         weight = getattr(new, "weight", None)
         pairs = list(changed.values())
@@ -371,41 +369,66 @@ def _put_right_(
         if path in embeddings and alike and isinstance(weight, nn.Parameter):
             old_value, new_value = pairs[0]  # one scale (Gemma holds it twice: a float and a buffer)
             weight.mul_(old_value / new_value)
-            why = _untied_scale_(module, rebuilt, weight, norms, new_value / old_value, inputs)
-            if why is not None:
-                return why
+            folded.append((weight, new_value / old_value))
             continue
         attrs = ", ".join(f"{a} {v:g} to {w:g}" for a, (v, w) in changed.items())
         return f"the config with the new hidden size changes {path!r} ({attrs}), and funcprune cannot make up for it"
+    heads = {p: ratio for weight, ratio in folded for p, m in rebuilt.named_modules()
+             if isinstance(m, nn.Linear) and m.weight is weight}  # fmt: skip
+    if not eps_norms and not heads:
+        return None
+    def within(path: str) -> str:  # the Linears that may make a norm's input: those of the module holding it
+        parent = path.rpartition(".")[0]
+        return f"{parent}." if parent else ""
+
+    linears = [p for p, m in module.named_modules() if isinstance(m, nn.Linear)]
+    layers = [p for p in linears if any(p.startswith(within(n)) for n in eps_norms)]
+    outputs, ins = _seen(module, inputs, [*layers, *(dict.fromkeys(norms) if heads else ())], [*eps_norms, *heads])
+    for path in eps_norms:
+        mine = {p: outputs[p] for p in layers if p.startswith(within(path)) and p in outputs}
+        why = _scaled_input_(rebuilt, path, ins.get(path), mine, math.sqrt(d / kept))
+        if why is not None:
+            return why
+    for head, ratio in heads.items():
+        made = next((n for n in dict.fromkeys(norms) if n in outputs and head in ins and torch.equal(outputs[n], ins[head])), None)
+        if made is None:
+            return f"the embedding is tied to {head!r}, whose input no norm on the stream makes"
+        norm = rebuilt.get_submodule(made)
+        w: Any = getattr(norm, "weight")
+        offset = _offset(norm, w)
+        w.copy_((w + offset) * ratio - offset)  # the head computes what it did
     return None
 
 
-@torch.no_grad()
-def _scaled_input_(module: nn.Module, rebuilt: nn.Module, path: str, scale: float, inputs: Inputs) -> str | None:
-    """Scale by ``scale`` the rows of the Linear that make the input of the norm at ``path`` (in ``rebuilt``)."""
-    seen: dict[str, Tensor] = {}
-    hooks = []
-    parent = path.rpartition(".")[0]
-    for name, sub in module.get_submodule(parent).named_modules():
-        if isinstance(sub, nn.Linear):
-            full = f"{parent}.{name}" if parent else name
-            hooks.append(sub.register_forward_hook(lambda m, a, o, full=full: seen.setdefault(full, o.detach())))
-    norm_in: list[Tensor] = []
-    hooks.append(module.get_submodule(path).register_forward_pre_hook(lambda m, a: norm_in.append(a[0].detach())))
+def _seen(module: nn.Module, inputs: Inputs, outputs_of: Sequence[str], inputs_of: Sequence[str]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """One run of ``module`` on ``inputs``: the first output of each module of ``outputs_of``, the first input of
+    each of ``inputs_of``, by path."""
+    outputs: dict[str, Tensor] = {}
+    ins: dict[str, Tensor] = {}
+    hooks = [module.get_submodule(p).register_forward_hook(lambda m, a, o, p=p: outputs.setdefault(p, o.detach()))
+             for p in outputs_of]  # fmt: skip
+    hooks += [module.get_submodule(p).register_forward_pre_hook(lambda m, a, p=p: ins.setdefault(p, a[0].detach()))
+              for p in inputs_of]  # fmt: skip
     try:
         run(module, inputs)
     finally:
         for h in hooks:
             h.remove()
-    if not norm_in:
+    return outputs, ins
+
+
+@torch.no_grad()
+def _scaled_input_(rebuilt: nn.Module, path: str, u: Tensor | None, outputs: Mapping[str, Tensor], scale: float) -> str | None:
+    """Scale by ``scale`` the rows of the Linear (one of ``outputs``, by path) whose output holds ``u``, the input of
+    the norm at ``path`` (in ``rebuilt``)."""
+    if u is None:
         return f"{path!r} reads the config's eps, and runs on none of the example inputs"
-    u = norm_in[0]
-    for name, out in seen.items():
+    made = u.flatten().sort().values  # its values, however laid out (transposed)
+    for name, out in outputs.items():
         tokens = out.numel() // max(out.shape[-1], 1)
         if tokens == 0 or u.numel() % tokens:
             continue
-        width = u.numel() // tokens
-        rows, made = out.reshape(tokens, -1), u.flatten().sort().values  # its values, however laid out (transposed)
+        width, rows = u.numel() // tokens, out.reshape(tokens, -1)
         for start in range(0, rows.shape[1] - width + 1):
             if torch.equal(rows[:, start:start + width].flatten().sort().values, made):
                 layer: Any = rebuilt.get_submodule(name)  # new tensors: the layer's may be the user's (uncut)
@@ -417,30 +440,3 @@ def _scaled_input_(module: nn.Module, rebuilt: nn.Module, path: str, scale: floa
                         setattr(layer, attr, nn.Parameter(new, old.requires_grad))
                 return None
     return f"{path!r} reads the config's eps, and funcprune finds no layer that makes its input to scale it"
-
-
-@torch.no_grad()
-def _untied_scale_(
-    module: nn.Module, rebuilt: nn.Module, weight: Tensor, norms: Sequence[str], ratio: float, inputs: Inputs
-) -> str | None:
-    """Where the embedding ``weight`` (scaled by ``1 / ratio``) is tied to a layer (an LM head), scale by ``ratio`` the
-    norm that makes that layer's input, so that the layer computes what it did (in place), or say why it cannot."""
-    heads = [p for p, m in rebuilt.named_modules() if isinstance(m, nn.Linear) and m.weight is weight]
-    for head in heads:
-        seen: dict[str, Tensor] = {}
-        hooks = [module.get_submodule(n).register_forward_hook(lambda m, a, o, n=n: seen.setdefault(n, o.detach()))
-                 for n in dict.fromkeys(norms)]  # fmt: skip
-        hooks.append(module.get_submodule(head).register_forward_pre_hook(lambda m, a: seen.setdefault("", a[0].detach())))
-        try:
-            run(module, inputs)
-        finally:
-            for h in hooks:
-                h.remove()
-        made = next((n for n in dict.fromkeys(norms) if n in seen and "" in seen and torch.equal(seen[n], seen[""])), None)
-        if made is None:
-            return f"the embedding is tied to {head!r}, whose input no norm on the stream makes"
-        norm = rebuilt.get_submodule(made)
-        w: Any = getattr(norm, "weight")
-        offset = _offset(norm, w)
-        w.copy_((w + offset) * ratio - offset)
-    return None

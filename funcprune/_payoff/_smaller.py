@@ -17,13 +17,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._experts import never_routed
-from .._graph import Analysis, closure, copy_module, kept_indices
+from .._experts import Router, never_routed
+from .._graph import Analysis, Inputs, closure, copy_module, kept_indices
 from .._types import Masks, Tensor
 from ._config import Record
 from ._resize import resize_modules
 
-__all__ = ["built", "masked_outputs", "removing", "tensor_shapes", "zero_pruned_", "zeroed_"]
+__all__ = ["built", "masked_outputs", "masked_run", "removing", "tensor_shapes", "zero_pruned_", "zeroed_"]
 
 
 def tensor_shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
@@ -40,13 +40,28 @@ def removing(
 
 
 def masked_outputs(analysis: Analysis, closed: Masks) -> Any:
-    """What the masked model (``closed``, a closure) computes on the example inputs."""
-    model = analysis.model
-    params = dict(model.named_parameters())
-    baked = {name: params[name].masked_fill(~mask, 0.0) for name, mask in closed.items()}
-    layers = [layer.router for layer in analysis.experts]
-    with torch.no_grad(), never_routed(model, closed, layers):  # pruned entries +0.0, as the shrunk model holds them
-        return torch.func.functional_call(model, baked, tuple(analysis.inputs.args), dict(analysis.inputs.kwargs))
+    """What the masked model (``closed``, a closure) computes on the example inputs, removed experts never routed to."""
+    return masked_run(analysis.model, closed, analysis.inputs, [layer.router for layer in analysis.experts])
+
+
+def masked_run(module: nn.Module, masks: Mapping[str, Tensor], inputs: Inputs, routers: Sequence[Router] = ()) -> Any:
+    """What ``module`` masked by ``masks`` computes on ``inputs``, in eval mode (its modes restored after).
+
+    Pruned entries are ``+0.0``, as the shrunk model holds them, bound through
+    :func:`torch.func.functional_call` (nothing copied but the masked
+    tensors); the experts of ``routers`` that the masks remove are never
+    routed to.
+    """
+    params = dict(module.named_parameters())
+    baked = {name: params[name].masked_fill(~mask, 0.0) for name, mask in masks.items() if not bool(mask.all())}
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        with torch.no_grad(), never_routed(module, masks, list(routers)):
+            return torch.func.functional_call(module, baked, tuple(inputs.args), dict(inputs.kwargs))
+    finally:
+        for m, mode in modes:
+            m.training = mode
 
 
 def built(

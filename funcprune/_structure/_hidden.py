@@ -30,10 +30,9 @@ def hidden_group(fn: str, model: nn.Module, analysis: graph.Analysis) -> tuple[U
     found = hidden_of(analysis, shapes)
     if found is None:
         return None, "no group of channels spans the residual stream whole (no norm couples one)"
-    trial = narrowed(fn, model, {}, analysis, channels=[0])
-    if trial.why is not None and analysis.experts and trial.why.find("16 bytes") >= 0:
-        itemsize = next(model.parameters()).element_size()
-        trial = narrowed(fn, model, {}, analysis, channels=range(max(1, 16 // itemsize)))
+    # stacked experts run in torch's grouped matmul, which needs widths in multiples of 16 bytes: remove as many
+    align = max(1, 16 // next(model.parameters()).element_size()) if analysis.experts else 1
+    trial = narrowed(fn, model, {}, analysis, channels=range(align))
     if trial.why is not None:
         return None, trial.why
     members = tuple(Member(name, dim, 1) for name, dim in found.members)

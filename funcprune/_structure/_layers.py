@@ -42,10 +42,10 @@ def layer_groups(
         if any(n in excluded for names in blocks for n in names):
             continue
         names_of[path] = blocks
-        for i, names in enumerate(blocks):
+        for i, (block, names) in enumerate(zip(block_names(model, path), blocks, strict=True)):
             if any(params[n].dim() == 0 for n in names):
                 continue  # a scalar parameter: no member can say it
-            prefix = f"{block_names(model, path)[i]}."
+            prefix = f"{block}."
             signature = tuple((n.removeprefix(prefix), tuple(params[n].shape)) for n in names)
             kinds.setdefault(path, {}).setdefault(signature, []).append(i)
     trial = {n: torch.zeros(params[n].shape, dtype=torch.bool, device=params[n].device)
