@@ -158,25 +158,28 @@ def fp_prune(model: nn.Module, batches: list[dict[str, torch.Tensor]], sparsity:
     """funcprune once over the dense model: REAP statistics, the experts planned per layer, the model shrunk.
 
     Returns the shrunk model and ``{"retained", "reap", "phases"}``: the experts
-    kept per layer, the ``"reap"`` statistic, and seconds per phase.
+    kept per layer, the ``"reap"`` statistic, and per phase its seconds and
+    peak resident memory (MiB; the peak is reset after each phase).
     """
     import funcprune as fp
 
     clock = [time.perf_counter()]
+    phases: dict[str, tuple[float, float]] = {}
 
-    def lap() -> float:
+    def lap(name: str) -> None:  # the phase's seconds and peak resident memory; the peak starts afresh
         clock.append(time.perf_counter())
-        return clock[-1] - clock[-2]
+        phases[name] = (clock[-1] - clock[-2], _rss_mib("VmHWM:"))
+        Path("/proc/self/clear_refs").write_text("5")
 
     stats = fp.expert_stats(model, batches, renormalize=renormalize)
-    phases = {"expert_stats": lap()}
+    lap("expert_stats")
     structure = fp.structure(model, example)
-    phases["structure"] = lap()
+    lap("structure")
     plan = fp.structured(structure, fp.LnStructured(sparsity, n=1), kinds="experts", scope="group")
     masks = plan(dict(model.named_parameters()), unit_scores={g: v["reap"] for g, v in stats.items()})
-    phases["plan"] = lap()
+    lap("plan")
     small = fp.shrink(model, masks, example)
-    phases["shrink"] = lap()
+    lap("shrink")
     retained_experts = {g: kept(structure, masks, g) for g in stats}
     return small, {"retained": retained_experts, "reap": {g: v["reap"] for g, v in stats.items()}, "phases": phases}
 
@@ -198,7 +201,7 @@ def run_funcprune(folder: Path, sparsity: float, threads: int, out: Path) -> Non
     start = time.perf_counter()
     small, found = fp_prune(model, batches, sparsity, renormalize, example)
     seconds = time.perf_counter() - start
-    peak = _rss_mib("VmHWM:")
+    peak = max([_rss_mib("VmHWM:")] + [p for _, p in found["phases"].values()])  # the peak over every phase
     counts = sorted({int(b.experts.gate_up_proj.shape[0]) for b in moe_blocks(small).values()})
     versions = {"funcprune": fp.__file__, "transformers": str(transformers.__version__), "torch": str(torch.__version__)}
     torch.save({**found, "seconds": seconds, "peak_rss_mib": peak, "rss_before_mib": before, "experts_after": counts,
@@ -267,7 +270,11 @@ def timings(results: dict[str, list[dict[str, Any]]], threads: int) -> list[str]
         increase = statistics.median(r["peak_rss_mib"] - r["rss_before_mib"] for r in runs)
         phases = ""
         if "phases" in runs[0]:
-            phases = ", ".join(f"{k} {1e3 * statistics.median(r['phases'][k] for r in runs):.0f}" for k in runs[0]["phases"])
+            phases = ", ".join(
+                f"{k} {1e3 * statistics.median(r['phases'][k][0] for r in runs):.0f} ms / "
+                f"+{statistics.median(r['phases'][k][1] - r['rss_before_mib'] for r in runs):.0f} MiB"
+                for k in runs[0]["phases"]
+            )
         lines.append(f"| {threads} | {side} | {1e3 * seconds:.0f} ms | {peak:.0f} MiB | {increase:.0f} MiB | {phases} |")
     return lines
 
@@ -301,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
         saliency = reference(_load(work / "model"), torch.load(work / "calibration.pt"), renormalize=renormalize)
         columns: dict[str, Retained] = {"reap (float64)": {k: retained(v, drop) for k, v in saliency.items()}}
         raw: dict[str, Any] = {"reference": saliency}
-        print("\n| threads | side | time (median) | peak RSS | peak - before | funcprune's phases, ms |\n|---|---|---|---|---|---|")
+        print("\n| threads | side | time (median) | peak RSS | peak - before | funcprune's phases: time / peak over before |\n|---|---|---|---|---|---|")
         for threads in ns.threads:
             results: dict[str, list[dict[str, Any]]] = {"funcprune": [], "llm-compressor": []}
             for rep in range(ns.reps + 1):  # the first pair warms up
