@@ -143,6 +143,12 @@ class UnitGroup:
                 f"UnitGroup: parts must divide size ({self.size}) and least ({self.least}), got {self.parts}"
             )
 
+    def __repr__(self) -> str:
+        parts = "" if self.parts == 1 else f", parts={self.parts}"
+        return (
+            f"UnitGroup(kind={self.kind!r}, size={self.size}, members={self.members!r}, least={self.least}{parts})"
+        )
+
     @property
     def names(self) -> tuple[str, ...]:
         """The parameters the units span, each once, in order."""
