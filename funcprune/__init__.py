@@ -121,8 +121,11 @@ from ._runner import Magnitude as Magnitude
 from ._runner import Method as Method
 from ._runner import SparseGPT as SparseGPT
 from ._runner import Wanda as Wanda
+from ._runner import EXPERT_STATISTICS as EXPERT_STATISTICS
+from ._runner import expert_stats as expert_stats
 from ._runner import hidden_scores as hidden_scores
 from ._runner import layer_scores as layer_scores
+from ._runner import super_experts as super_experts
 from ._runner import oneshot as oneshot
 from ._specs import NM as NM
 from ._specs import Block as Block
@@ -170,6 +173,7 @@ __all__ = [
     "Chain",
     "ComposedPlan",
     "CustomFromMask",
+    "EXPERT_STATISTICS",
     "GlobalPlan",
     "GlobalStructuredPlan",
     "Identity",
@@ -222,6 +226,7 @@ __all__ = [
     "functional_call_masked",
     "global_structured",
     "global_unstructured",
+    "expert_stats",
     "hessians",
     "hidden_scores",
     "input_dims",
@@ -245,6 +250,7 @@ __all__ = [
     "sparsity_report",
     "structure",
     "structured",
+    "super_experts",
     "taylor",
     "to_multipliers",
     "to_sparse",

@@ -14,6 +14,14 @@ so that softmax gives it probability 0 and top-k never picks it. So the
 masked model computes what the shrunk one does. At least ``top_k`` experts
 stay: where the masks prune more router rows, the first of them (lowest
 index) stay routed, as ``shrink`` keeps them.
+
+A router that routes by *expert groups* (DeepSeek's ``n_group`` runs of
+consecutive experts, of which each token may use ``topk_group``) loses
+experts evenly: as many from each group, so that the groups stay runs of
+one size. Each group keeps two experts at least (DeepSeek scores a group by
+its best two) and enough that ``topk_group`` groups hold ``top_k``
+experts (:attr:`Router.least`); where masks prune more rows in one group
+than in another, the first pruned rows of the fuller groups stay routed.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ._families import EXPERT_COUNTS, TOP_K
+from ._families import EXPERT_COUNTS, EXPERT_GROUPS, TOP_K, TOPK_GROUPS
 from ._types import Tensor
 
 __all__ = ["Router", "never_routed", "removed_experts", "routers"]
@@ -48,6 +56,10 @@ class Router:
         top_k: how many experts each token is routed to.
         extras: the router's other tensors of one entry per expert (a bias, DeepSeek's
             ``e_score_correction_bias`` buffer), by name: they lose the removed experts' entries.
+        groups: how many expert groups it routes by (1: none); they lose experts evenly.
+        least: how many experts must stay: ``top_k``, or with expert groups
+            ``groups`` times what each keeps (two, and enough for ``top_k`` in
+            ``topk_group`` groups).
     """
 
     module: str
@@ -57,6 +69,12 @@ class Router:
     count: int
     top_k: int
     extras: tuple[str, ...] = ()
+    groups: int = 1
+    least: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.least:
+            object.__setattr__(self, "least", self.top_k)
 
 
 def _int_attr(module: nn.Module, names: tuple[str, ...]) -> int | None:
@@ -101,6 +119,14 @@ def routers(model: nn.Module) -> tuple[Router, ...]:
         top_k = _int_attr(router, TOP_K) or _int_attr(parent, TOP_K)
         if top_k is None or not 1 <= top_k <= count:
             continue
+        groups = _int_attr(router, EXPERT_GROUPS) or _int_attr(parent, EXPERT_GROUPS) or 1
+        chosen = _int_attr(router, TOPK_GROUPS) or _int_attr(parent, TOPK_GROUPS) or groups
+        least = top_k
+        if groups > 1 and count % groups == 0 and 1 <= chosen <= groups:
+            each = count // groups
+            least = groups * min(each, max(2, -(-top_k // chosen)))
+        elif groups > 1:  # not runs of one size: experts are left dense
+            continue
         prefix = f"{parent_path}." if parent_path else ""
         extras = tuple(
             f"{prefix}{name}.{t}"
@@ -109,7 +135,7 @@ def routers(model: nn.Module) -> tuple[Router, ...]:
         )
         found.append(Router(
             f"{prefix}{name}", f"{prefix}{name}.weight", path, tuple(f"{path}.{p}" for p in stacked), count, top_k,
-            extras,
+            extras, groups, least,
         ))  # fmt: skip
     return tuple(found)
 
@@ -121,16 +147,21 @@ def _router_weight(module: nn.Module, count: int) -> Tensor | None:
     return None
 
 
-def removed_experts(mask: Tensor, top_k: int) -> Tensor:
-    """The experts a router-weight mask removes (``(count,)`` bool): rows pruned entirely, ``top_k`` kept at least.
+def removed_experts(mask: Tensor, least: int, groups: int = 1) -> Tensor:
+    """The experts a router-weight mask removes (``(count,)`` bool): rows pruned entirely, ``least`` kept at least.
 
-    Where fewer than ``top_k`` rows would stay, the first pruned rows stay
-    (as ``shrink`` keeps them). Tensor ops only: works under ``vmap``.
+    Where fewer than ``least`` rows would stay, the first pruned rows stay
+    (as ``shrink`` keeps them). With ``groups`` expert groups (runs of
+    ``count // groups`` rows), each loses as many as the group that loses
+    fewest, and keeps ``least // groups`` at least: in each, its first
+    pruned rows beyond that stay. Tensor ops only: works under ``vmap``.
     """
     pruned = ~(mask != 0).any(dim=-1)
-    short = (top_k - (~pruned).sum()).clamp(min=0)
-    rank = pruned.cumsum(-1)  # 1, 2, ... along the pruned rows
-    return pruned & (rank > short)
+    runs = pruned.reshape(*pruned.shape[:-1], groups, pruned.shape[-1] // groups)
+    each = runs.shape[-1]
+    allowed = runs.sum(-1).amin(-1, keepdim=True).clamp(max=each - least // groups)  # removed per group
+    rank = runs.cumsum(-1)  # 1, 2, ... along each group's pruned rows
+    return (runs & (rank > runs.sum(-1, keepdim=True) - allowed)).flatten(-2)
 
 
 #: The ops that add a tensor to the router's scores (where a per-expert extra meets them).
@@ -183,7 +214,7 @@ def never_routed(model: nn.Module, masks: Mapping[str, Tensor], layers: Sequence
     handles = []
     for layer in layers:
         module = model.get_submodule(layer.module)
-        removed = removed_experts(masks[layer.weight], layer.top_k)
+        removed = removed_experts(masks[layer.weight], layer.least, layer.groups)
 
         extras = tuple(name.rpartition(".")[2] for name in layer.extras)
 

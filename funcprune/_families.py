@@ -33,13 +33,17 @@ from torch import nn
 
 __all__ = [
     "CONFIG_DEFAULTS", "CONFIG_HEADS", "CONFIG_WIDTHS", "DEPTH_INDEX_LISTS", "DEPTH_THRESHOLDS", "EXPERT_COUNTS",
-    "KV_HEADS", "LAYER_INDEX", "NORM_EPS", "PER_KV_HEAD", "QUERY_HEADS", "QUERY_WIDTH", "TOP_K", "takes_use_cache",
+    "EXPERT_GROUPS", "KV_HEADS", "LAYER_INDEX", "NORM_EPS", "PER_KV_HEAD", "QUERY_HEADS", "QUERY_WIDTH", "TOPK_GROUPS", "TOP_K", "takes_use_cache",
 ]  # fmt: skip
 
 #: Attributes that count a MoE layer's experts (on its experts module, its router, the block holding them).
 EXPERT_COUNTS = ("num_experts", "num_local_experts")
 #: Attributes that say how many experts each token goes to (on the router, or the block holding it).
 TOP_K = ("top_k", "num_experts_per_tok")
+#: Attributes that count a router's expert groups (DeepSeek's group-limited routing: ``n_group``), and how many
+#: groups each token may use (``topk_group``): on the router, or the block holding it.
+EXPERT_GROUPS = ("num_group", "n_group")
+TOPK_GROUPS = ("topk_group",)
 
 #: Attributes of an attention module that count its query heads.
 QUERY_HEADS = ("num_heads", "num_attention_heads", "n_head", "n_heads", "num_q_heads")

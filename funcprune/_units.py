@@ -110,12 +110,16 @@ class UnitGroup:
         least: how many units must stay (``shrink`` keeps them whatever the
             masks say): 1, since a layer keeps a channel on each side; a
             router's ``top_k`` for experts. Plans over units never prune more.
+        parts: how many runs of ``size // parts`` consecutive units lose
+            units evenly (a router's expert groups, DeepSeek's ``n_group``):
+            plans prune as many from each, ``least // parts`` staying in each.
     """
 
     kind: Kind
     size: int
     members: tuple[Member, ...]
     least: int = 1
+    parts: int = 1
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -133,6 +137,17 @@ class UnitGroup:
         _int("UnitGroup", "least", self.least, 1)
         if self.least > self.size:
             raise ValueError(f"UnitGroup: least must be at most size ({self.size}), got {self.least}")
+        _int("UnitGroup", "parts", self.parts, 1)
+        if self.size % self.parts or self.least % self.parts:
+            raise ValueError(
+                f"UnitGroup: parts must divide size ({self.size}) and least ({self.least}), got {self.parts}"
+            )
+
+    def __repr__(self) -> str:
+        parts = "" if self.parts == 1 else f", parts={self.parts}"
+        return (
+            f"UnitGroup(kind={self.kind!r}, size={self.size}, members={self.members!r}, least={self.least}{parts})"
+        )
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -61,7 +61,8 @@ class Analysis:
         attention: the attention ops, with their heads' groups.
         experts: the MoE layers, with their experts' groups.
         least: for a tensor's dim, how many indices must stay (at least one
-            everywhere; a router's ``top_k`` experts).
+            everywhere; a router's ``top_k`` experts, or its :attr:`~.Router.least`
+            where it routes by expert groups).
         unseen: the parameters in which the walk sees no channel, though an op
             reads them (a weight computed from them by a parametrization or a
             hook: spectral_norm's ``weight_orig``), with the op.
@@ -124,7 +125,7 @@ def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
         atoms.why_coupled(roots),
         tuple(_attention(walk, roots)),
         tuple(_experts(layers, related)),
-        {(layer.weight, 0): layer.top_k for layer in layers},
+        {(layer.weight, 0): layer.least for layer in layers},
         {name: node for name, node in walk.read_directly.items() if name not in related},
         frozenset(roots[a] for a in atoms.read),
         _unreached(exported),

@@ -120,6 +120,29 @@ def _keep_least(analysis: Analysis, removed: set[int], sizes: Mapping[str, tuple
                             else f"{tensor!r} keeps {least} indices along dim {dim} (top_k experts are routed to)"
                         )
                     changed = True
+    restored.update(_even(analysis, removed))
+    return restored
+
+
+def _even(analysis: Analysis, removed: set[int]) -> dict[int, str]:
+    """Keep, in each expert group of a router that routes by groups, the first experts beyond what the group that
+    loses fewest loses (in place), as :func:`~funcprune._experts.removed_experts` does in the masked model."""
+    restored: dict[int, str] = {}
+    for layer in analysis.experts:
+        router, parts = layer.router, layer.router.groups
+        if parts == 1:
+            continue
+        each = router.count // parts
+        runs = [layer.groups[p * each : (p + 1) * each] for p in range(parts)]
+        gone = [[g for g in run if g in removed] for run in runs]
+        allowed = min(min(len(g) for g in gone), each - router.least // parts)
+        for run in gone:
+            for group in run[: len(run) - allowed]:
+                removed.discard(group)
+                restored[group] = (
+                    f"the router {router.module!r} routes by {parts} expert groups, which lose experts evenly "
+                    f"({allowed} each here, keeping {router.least // parts} at least)"
+                )
     return restored
 
 

@@ -105,7 +105,7 @@ def bake(module: _M, masks: Mapping[str, Tensor]) -> _M:
 def _warn_routed(module: nn.Module, masks: Mapping[str, Tensor]) -> None:
     """Warn where the masks remove experts that the baked copy still routes to."""
     removed = {
-        layer.module: removed_experts(masks[layer.weight], layer.top_k).nonzero().flatten().tolist()
+        layer.module: removed_experts(masks[layer.weight], layer.least, layer.groups).nonzero().flatten().tolist()
         for layer in routers(module)
         if layer.weight in masks
     }

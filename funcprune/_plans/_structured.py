@@ -37,6 +37,8 @@ class UnitPlan(AbstractPlan):
     kinds: tuple[Kind, ...] = WIDTH_KINDS
     scope: Scope = "global"
     normalize: Normalize = None
+    #: Units that never go: group name -> unit indices (sorted, checked by :func:`structured`).
+    protect: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     #: One call's ``unit_scores``, checked (float64): set on a copy by :meth:`with_unit_scores` only.
     given: Mapping[str, Tensor] = field(default_factory=dict, repr=False, compare=False)
 
@@ -88,6 +90,7 @@ class UnitPlan(AbstractPlan):
         extra = "" if self.kinds == WIDTH_KINDS else f", kinds={list(self.kinds)!r}"
         extra += "" if self.scope == "global" else f", scope={self.scope!r}"
         extra += "" if self.normalize is None else f", normalize={self.normalize!r}"
+        extra += "" if not self.protect else f", protect={dict(self.protect)!r}"
         return f"structured({self.structure!r}, {self.spec!r}{extra})"
 
     def groups(self) -> dict[str, UnitGroup]:
@@ -105,9 +108,14 @@ class UnitPlan(AbstractPlan):
         for name, group in groups.items():
             _check_members(fn, name, group, params)
         what = f"the {sum(g.size for g in groups.values())} units of {len(groups)} groups jointly"
+        device = next(iter(params.values())).device if params else None
+        shields = {
+            name: torch.isin(torch.arange(groups[name].size, device=device), torch.tensor(units, device=device))
+            for name, units in self.protect.items()
+        }  # fmt: skip
         new = rank_units(
-            fn, self.spec, groups, params, masks, scores, generator,
-            scope=self.scope, normalize=self.normalize, floors=True, units="units", what=what, given=self.given,
+            fn, self.spec, groups, params, masks, scores, generator, scope=self.scope, normalize=self.normalize,
+            floors=True, units="units", what=what, given=self.given, protect=shields,
         )  # fmt: skip
         return {**masks, **new}
 
@@ -132,7 +140,7 @@ def _check_members(fn: str, name: str, group: UnitGroup, params: Params) -> None
 
 def structured(
     structure: Structure, spec: StructuredSpec, *, kinds: Kind | Collection[Kind] | None = None,
-    scope: Scope = "global", normalize: Normalize = None,
+    scope: Scope = "global", normalize: Normalize = None, protect: Mapping[str, object] | None = None,
 ) -> UnitPlan:  # fmt: skip
     """A plan that prunes whole units of a model: MLP channels, heads, KV groups, experts.
 
@@ -194,6 +202,11 @@ def structured(
             :func:`~funcprune.global_structured`. Units of different sizes
             (a KV group against an MLP channel) compete fairly only
             normalized, or in separate plans.
+        protect: units that never go, by group name: a collection of unit
+            indices, or a ``bool`` tensor of one flag per unit (reap's super
+            experts: :func:`~funcprune.super_experts`). They count in the
+            amount's base as any unit does, and toward the group's
+            ``least``; a count that cannot be met without them raises.
 
     Returns:
         A plan; ``plan(params, masks=None, scores=None, generator=None)``
@@ -236,4 +249,32 @@ def structured(
     for kind in chosen:
         if kind not in KINDS:
             raise ValueError(f"structured: kinds must be among {list(KINDS)}, got {kind!r}")
-    return UnitPlan(structure, spec, chosen, scope, normalize)
+    plan = UnitPlan(structure, spec, chosen, scope, normalize)
+    return plan if protect is None else replace(plan, protect=_protected(plan.groups(), protect))
+
+
+def _protected(groups: Mapping[str, UnitGroup], protect: object) -> dict[str, tuple[int, ...]]:
+    """``protect`` checked against the plan's groups: group name -> sorted unit indices."""
+    fn = "structured"
+    if not isinstance(protect, Mapping):
+        raise TypeError(f"structured: protect must be a mapping of group names to unit indices, got {type(protect).__name__}")
+    out: dict[str, tuple[int, ...]] = {}
+    for name, units in protect.items():
+        group = groups.get(name)
+        if group is None:
+            raise ValueError(f"{fn}: protect names {name!r}, which is no group this plan prunes; its groups are "
+                             f"{sorted(groups)[:6]}{' ...' if len(groups) > 6 else ''}")  # fmt: skip
+        if isinstance(units, torch.Tensor) and units.dtype == torch.bool:
+            if units.shape != (group.size,):
+                raise ValueError(f"{fn}: protect[{name!r}] as flags must be a bool tensor of {group.size} "
+                                 f"(one per unit), got shape {tuple(units.shape)}")  # fmt: skip
+            indices = units.nonzero().flatten().tolist()
+        elif isinstance(units, torch.Tensor) or isinstance(units, Collection) and not isinstance(units, str):
+            indices = units.flatten().tolist() if isinstance(units, torch.Tensor) else list(units)
+        else:
+            raise TypeError(f"{fn}: protect[{name!r}] must be unit indices or a bool tensor, got {units!r}")
+        for i in indices:
+            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < group.size:
+                raise ValueError(f"{fn}: protect[{name!r}] must hold unit indices from 0 to {group.size - 1}, got {i!r}")
+        out[name] = tuple(sorted(set(indices)))
+    return out

@@ -9,7 +9,9 @@ one's spec (uniform, a mapping, OWL's); ``_oneshot.py`` walks the blocks
 method, each block advanced through ``functional_call_masked``;
 ``_depth.py`` scores the blocks and the hidden channels on the same walk
 (``layer_scores``: ShortGPT's, Gromov et al.'s, Minitron's; ``hidden_scores``:
-Minitron's).
+Minitron's); ``_routing.py`` reads what each MoE layer's router and experts
+do on calibration tokens (``expert_stats``: REAP's statistics;
+``super_experts``).
 """
 
 from ._depth import hidden_scores as hidden_scores
@@ -19,3 +21,6 @@ from ._methods import Method as Method
 from ._methods import SparseGPT as SparseGPT
 from ._methods import Wanda as Wanda
 from ._oneshot import oneshot as oneshot
+from ._routing import EXPERT_STATISTICS as EXPERT_STATISTICS
+from ._routing import expert_stats as expert_stats
+from ._routing import super_experts as super_experts

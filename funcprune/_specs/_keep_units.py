@@ -99,7 +99,7 @@ def normalized(norms: Tensor, eligible: Tensor | None, normalize: Normalize) -> 
 
 def keep_units(
     spec: StructuredSpec, keys: Sequence[Tensor], eligible: Sequence[Tensor | None], generator: torch.Generator | None,
-    *, least: Sequence[int] | None = None,
+    *, least: Sequence[int] | None = None, protect: Sequence[Tensor | None] | None = None,
 ) -> Tensor:  # fmt: skip
     """One exact selection over units' keys (non-negative norms, or NaN), joined: which units stay.
 
@@ -108,10 +108,13 @@ def keep_units(
     count, ties to the lower unit, NaN pruned last; ``RandomStructured``
     draws units. With ``least`` (one count per part), each part keeps that
     many of the units it has left, or all of them where it has fewer
-    (:func:`_keep_leaving`).
+    (:func:`_keep_leaving`); with ``protect`` (one ``bool`` flag per unit
+    per part, or ``None``), flagged units never go and count toward it.
     """
-    if least is not None and any(least):
-        return _keep_leaving(spec, keys, eligible, generator, least)
+    if protect is not None and any(p is not None for p in protect):
+        least = list(least) if least is not None else [0] * len(keys)
+    if least is not None and (any(least) or protect is not None):
+        return _keep_leaving(spec, keys, eligible, generator, least, protect)
     joined = torch.cat(list(keys)) if keys else torch.zeros(0, dtype=torch.float64)
     alive = None
     if any(e is not None for e in eligible):
@@ -130,7 +133,7 @@ def keep_units(
 
 def _keep_leaving(
     spec: StructuredSpec, keys: Sequence[Tensor], eligible: Sequence[Tensor | None], generator: torch.Generator | None,
-    least: Sequence[int],
+    least: Sequence[int], protect: Sequence[Tensor | None] | None = None,
 ) -> Tensor:  # fmt: skip
     """:func:`keep_units`, but no part keeps fewer than its ``least`` units (of those left): the count stays exact.
 
@@ -139,7 +142,8 @@ def _keep_leaving(
     NaN above all, ties to the later unit) are set aside, and the count goes
     among the others: the same units as the plain selection, except that
     where it would leave a part too few, that part's best units stay and the
-    next units in the order go instead. ``RandomStructured`` draws one number per unit
+    next units in the order go instead; its ``protect``ed units left are
+    set aside too, first (they count toward ``least``). ``RandomStructured`` draws one number per unit
     (a random order) and ranks by it. A count larger than the units that
     can go raises ``ValueError`` (eagerly; under a transform it is capped).
     """
@@ -152,7 +156,8 @@ def _keep_leaving(
         torch.ones(k.shape, dtype=torch.bool, device=k.device) if e is None else e
         for k, e in zip(parts, eligible, strict=True)
     ], -1)  # fmt: skip
-    last = torch.cat([_last_to_go(k, e, n) for k, e, n in zip(parts, eligible, least, strict=True)], -1)
+    shields = [None] * len(parts) if protect is None else protect
+    last = torch.cat([_last_to_go(k, e, n, p) for k, e, n, p in zip(parts, eligible, least, shields, strict=True)], -1)
     total = joined.shape[-1]
     unpruned = unpruned_count(joined, alive, total)
     count: Count = resolve_count(spec.target, unpruned, total)
@@ -162,19 +167,26 @@ def _keep_leaving(
         if count > available:
             raise ValueError(
                 f"{count} of the {unpruned} units left would go, but each group keeps one of its units at "
-                "least (shrink keeps a channel on each side of a layer, and a router its top_k experts): at "
-                f"most {available} can go"
+                "least (shrink keeps a channel on each side of a layer, and a router its top_k experts)"
+                f"{', and the protected units stay' if protect is not None else ''}: at most {available} can go"
             )
     else:
         count = torch.clamp(torch.as_tensor(count), max=available)
     return keep(joined, count, free) | last
 
 
-def _last_to_go(keys: Tensor, eligible: Tensor | None, count: int = 1) -> Tensor:
+def _last_to_go(keys: Tensor, eligible: Tensor | None, count: int = 1, protect: Tensor | None = None) -> Tensor:
     """Flags the ``count`` units left (``eligible``) that a selection would prune last: the largest keys, NaN
-    above all, ties to the later unit; all of them where fewer are left."""
+    above all, ties to the later unit; all of them where fewer are left. ``protect``ed units left are flagged
+    all, and count first (above NaN)."""
     ranked = keys if eligible is None else torch.where(eligible, keys, torch.full_like(keys, -math.inf))
     n = keys.shape[-1]
-    last = torch.sort(ranked, dim=-1, stable=True).indices.narrow(-1, n - min(count, n), min(count, n))
+    order = torch.sort(ranked, dim=-1, stable=True).indices
+    if protect is not None:  # the protected last of all, in the keys' order among them
+        shield = protect.to(keys.device).expand(keys.shape)
+        order = order.gather(-1, torch.sort(shield.gather(-1, order).to(torch.int8), dim=-1, stable=True).indices)
+    last = order.narrow(-1, n - min(count, n), min(count, n))
     flags = (torch.arange(n, device=keys.device).unsqueeze(-1) == last.unsqueeze(-2)).any(-1)
+    if protect is not None:
+        flags = flags | protect.to(keys.device)
     return flags if eligible is None else flags & eligible

@@ -133,7 +133,8 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
     heads = set() if outputs else output_parameters(model)
     excluded = {name for name, p in model.named_parameters() if id(p) in heads}
     found = _found(analysis, {name: tuple(p.shape) for name, p in model.named_parameters()}, excluded)
-    failed = removable(model, analysis, {name: units[:1] for name, (_, units) in found.groups.items()})
+    trial = {name: units[:: len(units) // group.parts] for name, (group, units) in found.groups.items()}
+    failed = removable(model, analysis, trial)  # one unit of each group (of each part, where parts lose evenly)
     left = {name: f"removing one changes what the model computes ({why})" for name, why in failed.items()}
     groups = {name: group for name, (group, _) in found.groups.items() if name not in failed}
     layers, stacks_left = layer_groups(fn, model, analysis.inputs, excluded)
@@ -198,11 +199,13 @@ def _found(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]], excl
             continue
         first = members[0]
         least = max((analysis.least.get((m.tensor, m.dim), 1) for u in units for m in analysis.made[u]), default=1)
-        if least >= len(units):  # a router that routes each token to all of its experts
+        parts = next((e.router.groups for e in analysis.experts if set(e.groups) == set(units)), 1)
+        if least >= len(units):  # a router that routes each token to all of its experts, or keeps them all
+            why = f"each token goes to {least}" if parts == 1 else f"{parts} expert groups keep {least // parts} each"
             for unit in units:
-                left_out[unit] = f"all {len(units)} of them stay (each token goes to {least})"
+                left_out[unit] = f"all {len(units)} of them stay ({why})"
             continue
-        group = UnitGroup(kind, len(units), members, least)
+        group = UnitGroup(kind, len(units), members, least, parts)
         found.append(((order[first.name], first.start), _module_of(members), group, tuple(units)))
     found.sort(key=lambda item: item[0])
     named = _named([(module, group) for _, module, group, _ in found])
