@@ -295,7 +295,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--llmc", default="/work/venvs/llmc/bin/python")
     parser.add_argument("--json", type=Path, help="write the raw results here")
     ns = parser.parse_args(args)
-    drop = int(ns.experts * ns.sparsity)  # llm-compressor's count; funcprune's float amount rounds to the same here
+    drop = int(ns.experts * ns.sparsity)  # llm-compressor's count: it floors, funcprune's float amount rounds
+    if round(ns.experts * ns.sparsity) != drop:
+        parser.error(f"--sparsity {ns.sparsity} of {ns.experts} experts: llm-compressor drops {drop}, funcprune "
+                     f"{round(ns.experts * ns.sparsity)}; choose a sparsity whose count is whole")  # fmt: skip
     renormalize = not ns.no_norm_topk_prob
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
