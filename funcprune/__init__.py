@@ -120,6 +120,7 @@ from ._plans import structured as structured
 from ._runner import Magnitude as Magnitude
 from ._runner import Method as Method
 from ._runner import SparseGPT as SparseGPT
+from ._runner import UnroutedExpertsWarning as UnroutedExpertsWarning
 from ._runner import Wanda as Wanda
 from ._runner import hidden_scores as hidden_scores
 from ._runner import layer_scores as layer_scores
@@ -210,6 +211,7 @@ __all__ = [
     "UnitsLeftOutWarning",
     "UnknownNameError",
     "UnreachedWarning",
+    "UnroutedExpertsWarning",
     "Wanda",
     "apply_masks",
     "apply_masks_",

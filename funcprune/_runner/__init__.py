@@ -18,4 +18,5 @@ from ._methods import Magnitude as Magnitude
 from ._methods import Method as Method
 from ._methods import SparseGPT as SparseGPT
 from ._methods import Wanda as Wanda
+from ._oneshot import UnroutedExpertsWarning as UnroutedExpertsWarning
 from ._oneshot import oneshot as oneshot

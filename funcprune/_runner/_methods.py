@@ -27,7 +27,8 @@ from .._plans import Plan
 from .._specs import Spec
 from .._types import Tensor
 
-__all__ = ["SHORTHANDS", "STATISTICS", "Magnitude", "Method", "SparseGPT", "StatisticName", "Wanda", "method_of", "prune_with"]
+__all__ = ["SHORTHANDS", "STATISTICS", "Magnitude", "Method", "SparseGPT", "StatisticName", "Wanda", "method_of",
+           "prune_experts_with", "prune_with"]
 
 #: The names of what the runner can collect for each weight.
 StatisticName = Literal["input_norms", "hessians"]
@@ -134,6 +135,48 @@ class Method(abc.ABC):
             weight's shape, on its device, for every weight.
         """
 
+    def prune_experts(
+        self,
+        weights: Mapping[str, Tensor],
+        statistics: Mapping[str, Tensor],
+        specs: Mapping[str, Spec],
+        input_dims: Mapping[str, int],
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """Prune stacked expert weights, each expert's slice ``W[e]`` as its own Linear weight.
+
+        What :func:`~funcprune.oneshot` calls for the experts of one MoE
+        layer (those that calibration tokens reached). Everything is stacked
+        along a leading dim of experts: ``weights[name]`` is ``(experts,
+        out, in)`` (or ``(experts, in, out)``), ``statistics[name]`` holds
+        each expert's statistic, computed from the tokens routed to that
+        expert alone (``(experts, in)`` norms, ``(experts, in, 1)`` for
+        slices stored ``(in, out)``, or ``(experts, in, in)`` Hessians).
+        ``specs`` and ``input_dims`` are those of one slice (``input_dims``
+        ``1`` for ``(out, in)`` slices, ``0`` for ``(in, out)``), as
+        :meth:`prune` takes them for a Linear (or ``Conv1D``) weight.
+
+        The default calls :meth:`prune` once per expert, on the slices of
+        every weight (``{name: W[e]}``), and stacks what it returns: each
+        expert is pruned exactly as a Linear holding ``W[e]``, with that
+        expert's statistics. The built-in methods compute the same under
+        :func:`torch.func.vmap`.
+
+        Returns:
+            ``(new_weights, masks)`` stacked like ``weights``, as
+            :meth:`prune` returns them.
+        """
+        count = next(iter(weights.values())).shape[0] if weights else 0
+        if not count:
+            return {}, {n: torch.ones_like(w, dtype=torch.bool) for n, w in weights.items()}
+        slices: list[tuple[dict[str, Tensor], dict[str, Tensor]]] = [
+            self.prune({n: w[e] for n, w in weights.items()}, {n: s[e] for n, s in statistics.items()}, specs,
+                       input_dims)  # fmt: skip
+            for e in range(count)
+        ]
+        changed = [n for n in weights if any(n in new for new, _ in slices)]
+        news = {n: torch.stack([new.get(n, weights[n][e]) for e, (new, _) in enumerate(slices)]) for n in changed}
+        return news, {n: torch.stack([mask[n] for _, mask in slices]) for n in weights}
+
 
 @final
 @dataclass(frozen=True, slots=True)
@@ -162,6 +205,16 @@ class Magnitude(Method):
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """The masks of a plan of ``specs`` on ``weights``; no weight changes."""
         return {}, Plan(dict(specs), input_dims=input_dims)(dict(weights))
+
+    def prune_experts(
+        self,
+        weights: Mapping[str, Tensor],
+        statistics: Mapping[str, Tensor],
+        specs: Mapping[str, Spec],
+        input_dims: Mapping[str, int],
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """:meth:`prune` on each expert's slices, under :func:`torch.func.vmap`."""
+        return _vmapped(self, weights, statistics, specs, input_dims)
 
 
 @final
@@ -194,6 +247,16 @@ class Wanda(Method):
         """The masks of a plan of ``specs`` on Wanda's scores; no weight changes."""
         scores = wanda(dict(weights), dict(statistics), input_dims=input_dims)
         return {}, Plan(dict(specs), input_dims=input_dims)(dict(weights), scores=scores)
+
+    def prune_experts(
+        self,
+        weights: Mapping[str, Tensor],
+        statistics: Mapping[str, Tensor],
+        specs: Mapping[str, Spec],
+        input_dims: Mapping[str, int],
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """:meth:`prune` on each expert's slices and statistics, under :func:`torch.func.vmap`."""
+        return _vmapped(self, weights, statistics, specs, input_dims)
 
 
 @final
@@ -267,6 +330,16 @@ class SparseGPT(Method):
             masks.update(more)
         return new, {n: masks[n] for n in specs}
 
+    def prune_experts(
+        self,
+        weights: Mapping[str, Tensor],
+        statistics: Mapping[str, Tensor],
+        specs: Mapping[str, Spec],
+        input_dims: Mapping[str, int],
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """:meth:`prune` on the stacks: :func:`~funcprune.sparsegpt` solves each expert's slice under vmap."""
+        return self.prune(weights, statistics, specs, {n: input_dims.get(n, 1) + 1 for n in weights})
+
 
 #: The strings ``oneshot`` takes for the built-in methods, and the values they stand for.
 SHORTHANDS: Mapping[str, Method] = MappingProxyType(
@@ -305,8 +378,27 @@ def prune_with(
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """``method.prune`` on the weights detached, its result checked: ``(new weights, masks)``, masks in order."""
     weights = {n: w.detach() for n, w in weights.items()}
-    got = method.prune(weights, statistics, specs, input_dims)
-    who = f"{fn}: {type(method).__name__}.prune"
+    return _checked(f"{fn}: {type(method).__name__}.prune", weights, method.prune(weights, statistics, specs, input_dims))
+
+
+def prune_experts_with(
+    fn: str,
+    method: Method,
+    weights: Mapping[str, Tensor],
+    statistics: Mapping[str, Tensor],
+    specs: Mapping[str, Spec],
+    input_dims: Mapping[str, int],
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """``method.prune_experts`` on stacked expert weights detached, its result checked as :func:`prune_with`'s."""
+    weights = {n: w.detach() for n, w in weights.items()}
+    got = method.prune_experts(weights, statistics, specs, input_dims)
+    return _checked(f"{fn}: {type(method).__name__}.prune_experts", weights, got)
+
+
+def _checked(
+    who: str, weights: Mapping[str, Tensor], got: object
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """A method's ``(new weights, masks)`` for ``weights``, refused unless each is a mask (or weight) like them."""
     if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(d, Mapping) for d in got)):
         raise TypeError(f"{who} must return (new_weights, masks), two dicts by weight name; got "
                         f"{type(got).__name__}")  # fmt: skip
@@ -326,6 +418,22 @@ def prune_with(
             raise ValueError(f"{who} returned {_described(t)} as the new weight {name!r}; expected a tensor of "
                              f"its dtype {w.dtype} and shape {tuple(w.shape)} on {w.device}")  # fmt: skip
     return dict(new), {n: masks[n] for n in weights}
+
+
+def _vmapped(
+    method: Method,
+    weights: Mapping[str, Tensor],
+    statistics: Mapping[str, Tensor],
+    specs: Mapping[str, Spec],
+    input_dims: Mapping[str, int],
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """``method.prune`` on each expert's slices (and statistics), under :func:`torch.func.vmap`."""
+
+    def one(w: dict[str, Tensor], s: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        return method.prune(w, s, specs, input_dims)
+
+    new, masks = torch.func.vmap(one)(dict(weights), dict(statistics))
+    return dict(new), dict(masks)
 
 
 def _described(value: object) -> str:
