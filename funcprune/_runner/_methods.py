@@ -158,8 +158,11 @@ class Method(abc.ABC):
         The default calls :meth:`prune` once per expert, on the slices of
         every weight (``{name: W[e]}``), and stacks what it returns: each
         expert is pruned exactly as a Linear holding ``W[e]``, with that
-        expert's statistics. The built-in methods compute the same under
-        :func:`torch.func.vmap`.
+        expert's statistics. The built-in methods use it: on CPU it is
+        faster than :func:`torch.func.vmap` over the experts (measured on
+        a 100M-parameter Mixtral-like layer, ``benchmarks/moe_experts.py``:
+        vmap took 15x as long for Wanda per row, 2.5x for 2:4, 1.2x for
+        SparseGPT, at 1 thread).
 
         Returns:
             ``(new_weights, masks)`` stacked like ``weights``, as
@@ -206,15 +209,6 @@ class Magnitude(Method):
         """The masks of a plan of ``specs`` on ``weights``; no weight changes."""
         return {}, Plan(dict(specs), input_dims=input_dims)(dict(weights))
 
-    def prune_experts(
-        self,
-        weights: Mapping[str, Tensor],
-        statistics: Mapping[str, Tensor],
-        specs: Mapping[str, Spec],
-        input_dims: Mapping[str, int],
-    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """:meth:`prune` on each expert's slices, under :func:`torch.func.vmap`."""
-        return _vmapped(self, weights, statistics, specs, input_dims)
 
 
 @final
@@ -248,15 +242,6 @@ class Wanda(Method):
         scores = wanda(dict(weights), dict(statistics), input_dims=input_dims)
         return {}, Plan(dict(specs), input_dims=input_dims)(dict(weights), scores=scores)
 
-    def prune_experts(
-        self,
-        weights: Mapping[str, Tensor],
-        statistics: Mapping[str, Tensor],
-        specs: Mapping[str, Spec],
-        input_dims: Mapping[str, int],
-    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """:meth:`prune` on each expert's slices and statistics, under :func:`torch.func.vmap`."""
-        return _vmapped(self, weights, statistics, specs, input_dims)
 
 
 @final
@@ -330,15 +315,6 @@ class SparseGPT(Method):
             masks.update(more)
         return new, {n: masks[n] for n in specs}
 
-    def prune_experts(
-        self,
-        weights: Mapping[str, Tensor],
-        statistics: Mapping[str, Tensor],
-        specs: Mapping[str, Spec],
-        input_dims: Mapping[str, int],
-    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """:meth:`prune` on the stacks: :func:`~funcprune.sparsegpt` solves each expert's slice under vmap."""
-        return self.prune(weights, statistics, specs, {n: input_dims.get(n, 1) + 1 for n in weights})
 
 
 #: The strings ``oneshot`` takes for the built-in methods, and the values they stand for.
@@ -418,22 +394,6 @@ def _checked(
             raise ValueError(f"{who} returned {_described(t)} as the new weight {name!r}; expected a tensor of "
                              f"its dtype {w.dtype} and shape {tuple(w.shape)} on {w.device}")  # fmt: skip
     return dict(new), {n: masks[n] for n in weights}
-
-
-def _vmapped(
-    method: Method,
-    weights: Mapping[str, Tensor],
-    statistics: Mapping[str, Tensor],
-    specs: Mapping[str, Spec],
-    input_dims: Mapping[str, int],
-) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """``method.prune`` on each expert's slices (and statistics), under :func:`torch.func.vmap`."""
-
-    def one(w: dict[str, Tensor], s: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        return method.prune(w, s, specs, input_dims)
-
-    new, masks = torch.func.vmap(one)(dict(weights), dict(statistics))
-    return dict(new), dict(masks)
 
 
 def _described(value: object) -> str:

@@ -245,7 +245,7 @@ class PlainWanda(fp.Method):
         return fp.Wanda().prune(weights, statistics, specs, input_dims)
 
 
-def test_a_methods_default_prune_experts_prunes_each_expert_as_the_builtin_does_under_vmap() -> None:
+def test_a_method_of_ones_own_prunes_each_expert_as_the_builtin_does() -> None:
     model, spec = moe("mixtral"), fp.PerSlice(fp.L1Unstructured(0.25), dim=0)
     _, looped = fp.oneshot(model, batches(1), method=PlainWanda(), spec=spec)
     _, vmapped = fp.oneshot(model, batches(1), method="wanda", spec=spec)
