@@ -264,3 +264,17 @@ def test_owl_and_magnitude_take_the_experts_slice_by_slice() -> None:
     assert torch.equal(magnitude[n], torch.stack([fp.Plan({"w": fp.L1Unstructured(0.5)})({"w": s})["w"] for s in w]))
     pruned = (~owl[n]).flatten(1).sum(dim=1)
     assert torch.all(pruned == pruned[0])  # one sparsity for the block, the same count in every expert
+
+
+def test_a_router_that_is_a_linear_stays_dense_unless_named() -> None:
+    config = transformers.PhimoeConfig(vocab_size=_hf.VOCAB, hidden_size=32, intermediate_size=16,
+                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                       num_local_experts=4, num_experts_per_tok=2)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.PhimoeForCausalLM(config).eval()  # its router: a Linear subclass, in fp.prunable
+    router = "model.layers.0.mlp.router.weight"
+    assert router in fp.prunable(model)
+    _, masks = fp.oneshot(model, [], method="magnitude", spec=fp.NM(2, 4))
+    assert router not in masks and "model.layers.0.mlp.experts.gate_up_proj" in masks
+    _, named = fp.oneshot(model, [], method="magnitude", spec=fp.NM(2, 4), names=[router])
+    assert list(named) == [router]
