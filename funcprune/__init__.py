@@ -120,6 +120,7 @@ from ._plans import structured as structured
 from ._runner import Magnitude as Magnitude
 from ._runner import Method as Method
 from ._runner import SparseGPT as SparseGPT
+from ._runner import UnroutedExpertsWarning as UnroutedExpertsWarning
 from ._runner import Wanda as Wanda
 from ._runner import EXPERT_STATISTICS as EXPERT_STATISTICS
 from ._runner import expert_stats as expert_stats
@@ -214,6 +215,7 @@ __all__ = [
     "UnitsLeftOutWarning",
     "UnknownNameError",
     "UnreachedWarning",
+    "UnroutedExpertsWarning",
     "Wanda",
     "apply_masks",
     "apply_masks_",

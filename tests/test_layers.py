@@ -33,7 +33,7 @@ PACKAGE = Path(funcprune.__file__).parent
 #: subpackages, bottom to top. The spine runs _native <- _select <- _specs <- _dtensor <- _plans <- compat.
 BASE = frozenset({
     "funcprune._torch_private", "funcprune._types", "funcprune._validate", "funcprune._names", "funcprune._experts",
-    "funcprune._families", "funcprune._units",
+    "funcprune._families", "funcprune._units", "funcprune._expert_linears",
 })  # fmt: skip
 MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._torch_private": frozenset(),
@@ -41,6 +41,7 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._validate": frozenset({"funcprune._torch_private", "funcprune._types"}),
     "funcprune._names": frozenset({"funcprune._types", "funcprune._validate"}),
     "funcprune._experts": frozenset({"funcprune._types", "funcprune._families"}),
+    "funcprune._expert_linears": frozenset({"funcprune._types", "funcprune._experts"}),
     "funcprune._families": frozenset(),
     "funcprune._units": frozenset(),
     "funcprune._native": BASE,

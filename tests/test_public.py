@@ -31,7 +31,7 @@ DESIGN_SIGNATURES = {
     fp.saliency: "(params, grads)",
     fp.taylor: "(params, grads)",
     fp.wanda: "(params, input_norms, *, input_dims=None)",  # DESIGN's, and issue 23's layout
-    fp.prunable: "(module, *, embeddings=False, types=(), outputs=False)",  # issue 23's
+    fp.prunable: "(module, *, embeddings=False, types=(), outputs=False, experts=False)",  # issue 23's
     fp.input_dims: "(module)",
     fp.Plan: "(rules, *, input_dims=None)",
     fp.input_norms: "(module, batches, names, *, across=None)",  # DESIGN's, and a keyword-only extra

@@ -10,7 +10,7 @@ every process of a group added by one ``all_reduce``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,7 +18,10 @@ from torch import nn
 
 from .._types import Tensor
 from ._calls import Call
-from ._hooks import Running, Statistic, Target, check_names, collector, holder, target_of
+from ._hooks import (
+    ExpertTarget, Running, Statistic, Target, check_names, collector, expert_target_of, experts_collector, holder,
+    target_of,
+)  # fmt: skip
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -35,6 +38,8 @@ def collect(
     *,
     across: ProcessGroup | None = None,
     run: Callable[[Call], object] | None = None,
+    experts: Mapping[str, int] | None = None,
+    routed: dict[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """Sum ``statistic`` over every token reaching each named weight's module, in ``calls`` of ``module``.
 
@@ -48,28 +53,70 @@ def collect(
     was ``float64`` or narrower than ``float32``, ``float32`` otherwise.
     ``run`` makes each call (``module(*call.args, **call.kwargs)`` if
     ``None``): the runner calls a block through ``functional_call``.
+
+    ``experts``: the names that are stacked expert weights (``(count, ...)``,
+    one Linear weight per expert), each with its slices' input dim (``1``
+    or ``0``, as :func:`~funcprune._expert_linears.expert_input_dims` gives
+    it). Each expert's statistic is summed over the tokens routed to it
+    (:func:`~._hooks.experts_collector`) and returned stacked: ``(count,
+    in)`` norms (``(count, in, 1)`` for slices stored ``(in, out)``),
+    ``(count, in, in)`` Gram matrices; zeros for an expert no token reached.
+    ``routed`` receives each one's ``(count,)`` number of tokens per expert.
+    Not with ``across``.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
-    targets = [target_of(fn, module, name, statistic) for name in dict.fromkeys(check_names(fn, names))]
+    stacked = dict(experts or {})
+    chosen = list(dict.fromkeys(check_names(fn, names)))
+    targets = [target_of(fn, module, name, statistic) for name in chosen if name not in stacked]
+    expert_targets = [expert_target_of(fn, module, name, stacked[name]) for name in chosen if name in stacked]
     _check_across(fn, across)
-    if not targets:
+    if across is not None and expert_targets:
+        raise ValueError(f"{fn}: stacked expert weights are collected on one process, not across a group")
+    if not targets and not expert_targets:
         return {}
     sums: dict[str, Tensor] = {}  # by weight name
     wide: set[str] = set()  # the weights that received a float64 input
     current = Running()  # the call running: its real tokens, its last input seen
+    counts: dict[str, Tensor] = {}  # by stacked expert weight: tokens per expert
     handles = []
     try:
         for target in targets:
             hook = collector(fn, target, sums, wide, statistic, current)
             handles.append(target.owner.register_forward_pre_hook(hook, with_kwargs=True))
+        for path in dict.fromkeys(t.path for t in expert_targets):
+            group = [t for t in expert_targets if t.path == path]
+            hook = experts_collector(fn, path, group, sums, counts, wide, statistic, current)
+            handles.append(group[0].owner.register_forward_pre_hook(hook, with_kwargs=True))
         if across is not None:  # every process's calls: fail together, count together
             return _across(fn, run or _caller(module), calls, targets, sums, wide, statistic, current, across)
         ran = _run(run or _caller(module), calls, current)
     finally:
         for handle in handles:
             handle.remove()
-    return _totals(fn, ran, targets, sums, wide, statistic)
+    out = _totals(fn, ran, targets, sums, wide, statistic)
+    out.update(_expert_totals(fn, expert_targets, sums, wide, statistic))
+    if routed is not None:
+        routed.update({t.name: counts[t.name] for t in expert_targets})
+    return {name: out[name] for name in chosen}
+
+
+def _expert_totals(
+    fn: str, targets: list[ExpertTarget], sums: dict[str, Tensor], wide: set[str], statistic: Statistic
+) -> dict[str, Tensor]:
+    """The stacked sums of expert weights, each slice's shaped as a Linear's (or ``Conv1D``'s) would be."""
+    out: dict[str, Tensor] = {}
+    for t in targets:
+        if t.name not in sums:
+            raise ValueError(f"{fn}: {holder(t.path)}, holding the experts {t.name!r}, was never called by any "
+                             "batch, so their inputs have no statistics; leave it out of names")  # fmt: skip
+        total = sums[t.name]
+        wider = t.name in wide or (statistic.narrow_in_float64 and total.dtype == torch.float64)
+        if statistic.finish is not None:
+            total = statistic.finish(total)
+        total = total.to(torch.float64 if wider else torch.float32)
+        out[t.name] = total.reshape(t.count, *t.shape) if len(statistic.shape(t.features)) == 1 else total
+    return out
 
 
 def _totals(

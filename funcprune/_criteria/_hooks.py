@@ -5,7 +5,10 @@ rows; :func:`target_of` resolves a weight name to the module whose inputs
 carry its features (a Linear, transformers' ``Conv1D``, a Conv with
 ``groups=1``); :func:`collector` is the hook that adds each input's
 statistic to the sums, padding left out, shared by modules fed the same
-unchanged tensor (:class:`Running`).
+unchanged tensor (:class:`Running`). A stacked expert weight
+(:class:`ExpertTarget`) is one Linear weight per expert: its experts
+module's hook (:func:`experts_collector`) sums each expert's statistic over
+the tokens routed to it alone.
 """
 
 from __future__ import annotations
@@ -17,10 +20,14 @@ from typing import Any, final
 import torch
 from torch import nn
 
+from .._expert_linears import SliceReads, eager_call
 from .._names import not_a_parameter
 from .._types import Tensor, is_conv1d
 
-__all__ = ["Running", "Statistic", "Target", "check_names", "collector", "holder", "target_of"]
+__all__ = [
+    "ExpertTarget", "Running", "Statistic", "Target", "check_names", "collector", "expert_target_of",
+    "experts_collector", "holder", "target_of",
+]  # fmt: skip
 
 
 @final
@@ -226,3 +233,101 @@ def _rows(fn: str, target: Target, x: Tensor, tokens: Tensor | None) -> Tensor:
 def _squeezed(shape: Sequence[int]) -> tuple[int, ...]:
     """A shape without its dims of size 1 (they do not change the order of the entries)."""
     return tuple(n for n in shape if n != 1)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ExpertTarget:
+    """A stacked expert weight ``(count, ...)`` whose slices are Linear weights: each expert's inputs collected apart.
+
+    ``dim`` is the input dim of a slice (``1``: ``F.linear(x, W[e])``;
+    ``0``: ``x @ W[e]``), as :func:`~funcprune._expert_linears.expert_input_dims`
+    finds it; ``shape`` the shape of a per-feature result of one slice,
+    ``(features,)`` or ``(features, 1)``, as for a Linear or ``Conv1D``.
+    """
+
+    name: str
+    path: str
+    attr: str
+    owner: nn.Module
+    dim: int
+    count: int
+    features: int
+    shape: tuple[int, ...]
+
+
+def expert_target_of(fn: str, module: nn.Module, name: str, dim: int) -> ExpertTarget:
+    """The stacked weight ``name`` of ``module``, its slices read along input dim ``dim`` (0 or 1)."""
+    params = dict(module.named_parameters())
+    if name not in params:
+        raise not_a_parameter(fn, module, name, params)
+    weight = params[name]
+    path, _, attr = name.rpartition(".")
+    if weight.dim() != 3 or dim not in (0, 1):
+        raise ValueError(f"{fn}: {name!r} of shape {tuple(weight.shape)} is not a stack of Linear weights "
+                         f"(count, out, in) read along dim {dim}")  # fmt: skip
+    features = weight.shape[1 + dim]
+    return ExpertTarget(name, path, attr, module.get_submodule(path), dim, weight.shape[0], features,
+                        (features,) if dim == 1 else (features, 1))  # fmt: skip
+
+
+def experts_collector(
+    fn: str,
+    path: str,
+    targets: list[ExpertTarget],
+    sums: dict[str, Tensor],
+    counts: dict[str, Tensor],
+    wide: set[str],
+    statistic: Statistic,
+    current: Running,
+) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
+    """A forward pre-hook on the experts module at ``path``: each expert's statistic, from its own tokens.
+
+    The experts module is called ``experts(hidden_states (tokens, hidden),
+    top_k_index, top_k_weights)``. The hook runs its eager forward once more
+    on the real tokens alone (padding left out, as for a Linear) under
+    :class:`~funcprune._expert_linears.SliceReads`: each ``W[e]`` read
+    there adds the statistic of the rows it got to ``sums[name][e]``, and
+    their number to ``counts[name][e]``. The module's own call then runs as
+    it would (its implementation may be another: ``grouped_mm``).
+    """
+    by_attr = {t.attr: t for t in targets}
+
+    def seen(attr: str, e: int, x: Tensor, dim: int) -> None:
+        target = by_attr[attr]
+        if dim != target.dim:
+            raise ValueError(f"{fn}: {target.name!r} was read along input dim {dim} of its slices, where "
+                             f"running its experts alone read it along {target.dim}")  # fmt: skip
+        part = statistic.part(x.to(torch.float64 if x.dtype.itemsize < 4 else x.dtype))
+        total = sums[target.name]
+        total[e] += part.to(total.dtype)
+        counts[target.name][e] += x.shape[0]
+        if x.dtype == torch.float64:
+            wide.add(target.name)
+
+    def hook(owner: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2 or not hidden.is_floating_point():
+            got = f"shape {tuple(hidden.shape)}" if isinstance(hidden, torch.Tensor) else type(hidden).__name__
+            raise ValueError(f"{fn}: {holder(path)} (experts) must be called with its hidden states as a "
+                             f"floating-point (tokens, hidden) tensor first, got {got}")  # fmt: skip
+        tokens = current.tokens
+        rows = None
+        if tokens is not None:
+            if hidden.shape[0] != tokens.numel():
+                raise ValueError(
+                    f"{fn}: {holder(path)} (experts) received {hidden.shape[0]} tokens, where the batch's "
+                    f"attention_mask of shape {tuple(tokens.shape)} has {tokens.numel()}, so its padding cannot "
+                    "be left out; leave its weights out of names, or pass batches without an attention_mask"
+                )
+            rows = tokens.reshape(-1)
+        dtype = torch.float64 if hidden.dtype.itemsize < 4 else hidden.dtype
+        for t in targets:
+            if t.name not in sums:
+                sums[t.name] = torch.zeros(t.count, *statistic.shape(t.features), dtype=dtype, device=hidden.device)
+                counts[t.name] = torch.zeros(t.count, dtype=torch.int64)
+        stacked = {t.attr: getattr(owner, t.attr) for t in targets}
+        with SliceReads(stacked, seen):
+            eager_call(owner, args, kwargs, rows)
+
+    return hook

@@ -20,6 +20,7 @@ from ._methods import Magnitude as Magnitude
 from ._methods import Method as Method
 from ._methods import SparseGPT as SparseGPT
 from ._methods import Wanda as Wanda
+from ._oneshot import UnroutedExpertsWarning as UnroutedExpertsWarning
 from ._oneshot import oneshot as oneshot
 from ._routing import EXPERT_STATISTICS as EXPERT_STATISTICS
 from ._routing import expert_stats as expert_stats

@@ -27,7 +27,8 @@ from .._plans import Plan
 from .._specs import Spec
 from .._types import Tensor
 
-__all__ = ["SHORTHANDS", "STATISTICS", "Magnitude", "Method", "SparseGPT", "StatisticName", "Wanda", "method_of", "prune_with"]
+__all__ = ["SHORTHANDS", "STATISTICS", "Magnitude", "Method", "SparseGPT", "StatisticName", "Wanda", "method_of",
+           "prune_experts_with", "prune_with"]
 
 #: The names of what the runner can collect for each weight.
 StatisticName = Literal["input_norms", "hessians"]
@@ -134,6 +135,51 @@ class Method(abc.ABC):
             weight's shape, on its device, for every weight.
         """
 
+    def prune_experts(
+        self,
+        weights: Mapping[str, Tensor],
+        statistics: Mapping[str, Tensor],
+        specs: Mapping[str, Spec],
+        input_dims: Mapping[str, int],
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """Prune stacked expert weights, each expert's slice ``W[e]`` as its own Linear weight.
+
+        What :func:`~funcprune.oneshot` calls for the experts of one MoE
+        layer (those that calibration tokens reached). Everything is stacked
+        along a leading dim of experts: ``weights[name]`` is ``(experts,
+        out, in)`` (or ``(experts, in, out)``), ``statistics[name]`` holds
+        each expert's statistic, computed from the tokens routed to that
+        expert alone (``(experts, in)`` norms, ``(experts, in, 1)`` for
+        slices stored ``(in, out)``, or ``(experts, in, in)`` Hessians).
+        ``specs`` and ``input_dims`` are those of one slice (``input_dims``
+        ``1`` for ``(out, in)`` slices, ``0`` for ``(in, out)``), as
+        :meth:`prune` takes them for a Linear (or ``Conv1D``) weight.
+
+        The default calls :meth:`prune` once per expert, on the slices of
+        every weight (``{name: W[e]}``), and stacks what it returns: each
+        expert is pruned exactly as a Linear holding ``W[e]``, with that
+        expert's statistics. The built-in methods use it: on CPU it is
+        faster than :func:`torch.func.vmap` over the experts (measured on
+        a 100M-parameter Mixtral-like layer, ``benchmarks/moe_experts.py``:
+        vmap took 15x as long for Wanda per row, 2.5x for 2:4, 1.2x for
+        SparseGPT, at 1 thread).
+
+        Returns:
+            ``(new_weights, masks)`` stacked like ``weights``, as
+            :meth:`prune` returns them.
+        """
+        count = next(iter(weights.values())).shape[0] if weights else 0
+        if not count:
+            return {}, {n: torch.ones_like(w, dtype=torch.bool) for n, w in weights.items()}
+        slices: list[tuple[dict[str, Tensor], dict[str, Tensor]]] = [
+            self.prune({n: w[e] for n, w in weights.items()}, {n: s[e] for n, s in statistics.items()}, specs,
+                       input_dims)  # fmt: skip
+            for e in range(count)
+        ]
+        changed = [n for n in weights if any(n in new for new, _ in slices)]
+        news = {n: torch.stack([new.get(n, weights[n][e]) for e, (new, _) in enumerate(slices)]) for n in changed}
+        return news, {n: torch.stack([mask[n] for _, mask in slices]) for n in weights}
+
 
 @final
 @dataclass(frozen=True, slots=True)
@@ -162,6 +208,7 @@ class Magnitude(Method):
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """The masks of a plan of ``specs`` on ``weights``; no weight changes."""
         return {}, Plan(dict(specs), input_dims=input_dims)(dict(weights))
+
 
 
 @final
@@ -194,6 +241,7 @@ class Wanda(Method):
         """The masks of a plan of ``specs`` on Wanda's scores; no weight changes."""
         scores = wanda(dict(weights), dict(statistics), input_dims=input_dims)
         return {}, Plan(dict(specs), input_dims=input_dims)(dict(weights), scores=scores)
+
 
 
 @final
@@ -268,6 +316,7 @@ class SparseGPT(Method):
         return new, {n: masks[n] for n in specs}
 
 
+
 #: The strings ``oneshot`` takes for the built-in methods, and the values they stand for.
 SHORTHANDS: Mapping[str, Method] = MappingProxyType(
     {"magnitude": Magnitude(), "wanda": Wanda(), "sparsegpt": SparseGPT()}
@@ -305,8 +354,27 @@ def prune_with(
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """``method.prune`` on the weights detached, its result checked: ``(new weights, masks)``, masks in order."""
     weights = {n: w.detach() for n, w in weights.items()}
-    got = method.prune(weights, statistics, specs, input_dims)
-    who = f"{fn}: {type(method).__name__}.prune"
+    return _checked(f"{fn}: {type(method).__name__}.prune", weights, method.prune(weights, statistics, specs, input_dims))
+
+
+def prune_experts_with(
+    fn: str,
+    method: Method,
+    weights: Mapping[str, Tensor],
+    statistics: Mapping[str, Tensor],
+    specs: Mapping[str, Spec],
+    input_dims: Mapping[str, int],
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """``method.prune_experts`` on stacked expert weights detached, its result checked as :func:`prune_with`'s."""
+    weights = {n: w.detach() for n, w in weights.items()}
+    got = method.prune_experts(weights, statistics, specs, input_dims)
+    return _checked(f"{fn}: {type(method).__name__}.prune_experts", weights, got)
+
+
+def _checked(
+    who: str, weights: Mapping[str, Tensor], got: object
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """A method's ``(new weights, masks)`` for ``weights``, refused unless each is a mask (or weight) like them."""
     if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(d, Mapping) for d in got)):
         raise TypeError(f"{who} must return (new_weights, masks), two dicts by weight name; got "
                         f"{type(got).__name__}")  # fmt: skip

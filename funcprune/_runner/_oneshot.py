@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -10,14 +11,30 @@ from torch import nn
 
 from .._apply import functional_call_masked
 from .._criteria import NORMS, Call, Statistic, calls, collect
+from .._expert_linears import expert_input_dims
+from .._experts import routers
 from .._specs import Spec
 from .._targets import input_dims
 from .._types import Tensor
 from ._layers import Capture, find_layers, hidden_of
-from ._methods import Method, method_of, prune_with
+from ._methods import Magnitude, Method, method_of, prune_experts_with, prune_with
 from ._weights import check_groups, owl_specs, specs_of, weights_named
 
-__all__ = ["oneshot"]
+__all__ = ["UnroutedExpertsWarning", "oneshot"]
+
+
+class UnroutedExpertsWarning(UserWarning):
+    """Experts of an MoE layer that no calibration token reached: :func:`~funcprune.oneshot` pruned them by magnitude.
+
+    A stacked expert weight's slice ``W[e]`` is calibrated on the tokens
+    routed to expert ``e`` alone. An expert that none reached (on the model
+    pruned so far, padding left out) has no statistics to prune from: its
+    slices are pruned by magnitude (``|W[e]|``) to the same spec, so that
+    the counts stay exact, and left as they are otherwise (SparseGPT does
+    not update them). The message names the experts module and the
+    experts. Calibrate on more tokens to prune every expert from its
+    inputs.
+    """
 
 
 def oneshot(
@@ -80,6 +97,21 @@ def oneshot(
     takes, scored by ``|W|`` or by Wanda's ``|W| * ||X||``; SparseGPT
     takes these three (see :func:`~funcprune.sparsegpt`). Counts are exact.
 
+    Mixture-of-experts layers (transformers' experts modules, whose experts'
+    weights are stacked: Mixtral's ``experts.gate_up_proj`` ``(E, 2I, H)``
+    and ``experts.down_proj`` ``(E, H, I)``) are pruned expert by expert:
+    each slice ``W[e]`` is pruned as its own Linear weight (the spec applies
+    to each expert's matrix: half of it, 2 of every 4 of its inputs), from
+    the statistics of the calibration tokens that the model pruned so far
+    routes to expert ``e`` alone (padding left out). To collect them, a
+    hook runs the experts' eager forward once more on the real tokens
+    (whatever ``config._experts_implementation`` says) and reads each
+    ``F.linear(x, W[e])`` (or ``x @ W[e]``, GPT-OSS's layout). An expert
+    that no calibration token reaches is pruned by magnitude to the same
+    spec (counts stay exact; its weights are not updated), with an
+    :class:`~funcprune.UnroutedExpertsWarning` naming the layer and the
+    experts. Routers stay dense unless named.
+
     Args:
         model: the model. It is never modified: its parameters, buffers,
             hooks and mode stay as they are (call ``model.eval()`` first to
@@ -96,10 +128,13 @@ def oneshot(
             defaults: ``"magnitude"``, ``"wanda"`` or ``"sparsegpt"``.
         spec: the mask shape and amount, as above.
         names: the weights to prune, as ``named_parameters()`` names them.
-            Default: :func:`~funcprune.prunable`'s weights inside the blocks
-            (Linear and ``Conv1D`` layers; routers, embeddings and the LM
+            Default: ``fp.prunable(model, experts=True)``'s weights inside
+            the blocks (Linear and ``Conv1D`` layers, and the stacked
+            expert weights of MoE layers; routers, embeddings and the LM
             head stay dense). A method with a statistic (Wanda, SparseGPT)
-            needs Linear or ``Conv1D`` weights.
+            needs Linear or ``Conv1D`` weights, or stacked expert weights
+            whose slices the experts read as Linear weights (not their
+            biases).
         allocation: how much each weight prunes. ``None`` or ``"uniform"``:
             the spec's amount everywhere; ``"owl"``: OWL's per-block
             sparsities (:func:`~funcprune.owl_sparsity`, ``lam=0.08,
@@ -144,10 +179,12 @@ def oneshot(
     chosen_method.check_spec(spec)
     layers = find_layers(fn, model)
     params: dict[str, Tensor] = dict(model.named_parameters())
-    chosen = weights_named(fn, model, layers, names, params, method, linear_only=statistic is not None)
+    expert_dims = expert_input_dims(model, routers(model))
+    chosen = weights_named(fn, model, layers, names, params, method, statistic is not None, expert_dims)
     specs = specs_of(fn, spec, chosen, allocation)
     dims = input_dims(model)
-    check_groups(fn, specs, params, dims)
+    experts = {n: d for n in chosen if (d := expert_dims.get(n)) is not None}  # stacks: one weight per expert
+    check_groups(fn, specs, params, dims, experts)
     where = torch.device(device) if device is not None else None
     stream = calls(fn, batches)
     owl = allocation == "owl"
@@ -159,7 +196,7 @@ def oneshot(
     if not chosen:
         return dict(params), {}
     if statistic is None and not owl:  # nothing to collect: no batch is read
-        return _at_once(fn, chosen_method, params, specs, dims)
+        return _at_once(fn, chosen_method, params, specs, dims, experts)
 
     kept_calls: list[Call] = []
     if outside and statistic is not None:
@@ -168,8 +205,8 @@ def oneshot(
     with capture:
         if owl:
             named = [n for block in inside for n in block]
-            norms = collect(fn, model, stream, named, NORMS, run=capture)
-            specs.update(owl_specs(fn, spec, {n: params[n] for n in named}, norms, layers))
+            norms = collect(fn, model, stream, named, NORMS, run=capture, experts=experts)
+            specs.update(owl_specs(fn, spec, {n: params[n] for n in named}, norms, layers, experts))
         else:
             for call in stream:
                 capture(call)
@@ -177,7 +214,7 @@ def oneshot(
     if not held.hidden:
         raise ValueError(f"{fn}: no batches: batches was empty; pass at least one calibration batch")
     if statistic is None:  # OWL's sparsities were all it needed the batches for
-        return _at_once(fn, chosen_method, params, specs, dims)
+        return _at_once(fn, chosen_method, params, specs, dims, experts)
     new: dict[str, Tensor] = dict(params)
     masks: dict[str, Tensor] = {}
     last = max((i for i, here in enumerate(inside) if here), default=-1)
@@ -192,7 +229,7 @@ def oneshot(
             # needed as they are to advance
             block_calls = (held.call(i, b, held.hidden[b].clone()) for b in range(len(held.hidden)))
             changed, got = _prune_block(fn, chosen_method, statistic, block, prefix, moved, buffers, where,
-                                        inside[i], block_calls, specs, dims)  # fmt: skip
+                                        inside[i], block_calls, specs, dims, experts)  # fmt: skip
             for full, mask in got.items():
                 local_name = full[len(prefix) :]
                 these[local_name] = mask
@@ -207,7 +244,8 @@ def oneshot(
                 held.hidden[b] = hidden_of(fn, i, out).detach()
     del held
     if outside:
-        weights, more = _outside(fn, chosen_method, statistic, model, new, masks, outside, specs, dims, kept_calls)
+        weights, more = _outside(fn, chosen_method, statistic, model, new, masks, outside, specs, dims, experts,
+                                 kept_calls)  # fmt: skip
         new.update(weights)
         masks.update(more)
     return new, {n: masks[n] for n in chosen}
@@ -219,12 +257,76 @@ def _dims_of(names: list[str], dims: Mapping[str, int]) -> dict[str, int]:
 
 
 def _at_once(
-    fn: str, method: Method, params: dict[str, Tensor], specs: dict[str, Spec], dims: Mapping[str, int]
+    fn: str,
+    method: Method,
+    params: dict[str, Tensor],
+    specs: dict[str, Spec],
+    dims: Mapping[str, int],
+    experts: Mapping[str, int],
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """A method without statistics, on every weight in one call: ``(params, masks)``."""
+    """A method without statistics, on every weight in one call (one per experts module): ``(params, masks)``."""
     names = list(specs)
-    changed, masks = prune_with(fn, method, {n: params[n] for n in names}, {}, specs, _dims_of(names, dims))
-    return {**params, **changed}, masks
+    changed, masks = _pruned(fn, method, names, params, {}, None, specs, dims, experts)
+    return {**params, **changed}, {n: masks[n] for n in names}
+
+
+def _pruned(
+    fn: str,
+    method: Method,
+    names: list[str],
+    weights: Mapping[str, Tensor],
+    statistics: Mapping[str, Tensor],
+    routed: Mapping[str, Tensor] | None,
+    specs: Mapping[str, Spec],
+    dims: Mapping[str, int],
+    experts: Mapping[str, int],
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """``names`` pruned by ``method``: the ordinary weights in one call, each experts module's stacks in one more.
+
+    ``routed``: each stacked weight's tokens per expert (``None``: a method
+    without statistics, every expert pruned alike). The experts no token
+    reached are pruned by magnitude to the same spec, with a
+    :class:`UnroutedExpertsWarning`.
+    """
+    plain = [n for n in names if n not in experts]
+    new, masks = prune_with(fn, method, {n: weights[n] for n in plain}, {n: statistics[n] for n in plain if n in
+                            statistics}, {n: specs[n] for n in plain}, _dims_of(plain, dims))  # fmt: skip
+    stacked = [n for n in names if n in experts]
+    for module in dict.fromkeys(n.rpartition(".")[0] for n in stacked):
+        group = [n for n in stacked if n.rpartition(".")[0] == module]
+        count = weights[group[0]].shape[0]
+        reached = torch.ones(count, dtype=torch.bool)
+        if routed is not None:
+            reached = torch.stack([routed[n] > 0 for n in group]).all(dim=0)
+        cut = {n: specs[n] for n in group}
+        slice_dims = {n: experts[n] for n in group}
+        pieces: list[tuple[Tensor, Method, dict[str, Tensor]]] = []
+        if bool(reached.any()):
+            which = reached.nonzero().flatten()
+            pieces.append((which, method, {n: statistics[n][which.to(statistics[n].device)] for n in group
+                                           if n in statistics}))  # fmt: skip
+        if not bool(reached.all()):
+            which = (~reached).nonzero().flatten()
+            warnings.warn(
+                f"{fn}: no calibration token reached experts {which.tolist()} of {count} of {module!r}; their "
+                f"slices of {', '.join(map(repr, group))} are pruned by magnitude to the same spec (counts stay "
+                "exact; their weights are not updated); calibrate on more tokens to prune them from their inputs",
+                UnroutedExpertsWarning,
+                stacklevel=4,
+            )
+            pieces.append((which, Magnitude(), {}))
+        for n in group:
+            masks[n] = torch.empty(weights[n].shape, dtype=torch.bool, device=weights[n].device)
+        for which, how, stats in pieces:
+            at = which.to(weights[group[0]].device)
+            got, more = prune_experts_with(fn, how, {n: weights[n][at] for n in group}, stats, cut, slice_dims)
+            for n in group:
+                masks[n][at] = more[n]
+                if n in got:
+                    if n not in new:
+                        new[n] = weights[n].detach().clone()
+                    new[n][at] = got[n]
+    return new, masks
 
 
 def _kept(stream: Iterable[Call], into: list[Call]) -> Iterator[Call]:
@@ -279,13 +381,18 @@ def _prune_block(
     block_calls: Iterable[Call],
     specs: dict[str, Spec],
     dims: Mapping[str, int],
+    experts: Mapping[str, int],
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """One block's new weights and masks from ``method``, by full name (so that errors name them whole)."""
     local = [n[len(prefix) :] for n in names]
-    sums = collect(fn, block, block_calls, local, statistic, run=_runner(block, params, buffers, where))
+    stacked = {n[len(prefix) :]: experts[n] for n in names if n in experts}
+    counts: dict[str, Tensor] = {}
+    sums = collect(fn, block, block_calls, local, statistic, run=_runner(block, params, buffers, where),
+                   experts=stacked, routed=counts)  # fmt: skip
     weights = {prefix + n: params[n] for n in local}
     statistics = {prefix + n: s for n, s in sums.items()}
-    return prune_with(fn, method, weights, statistics, {n: specs[n] for n in names}, _dims_of(names, dims))
+    routed = {prefix + n: c for n, c in counts.items()}
+    return _pruned(fn, method, names, weights, statistics, routed, specs, dims, experts)
 
 
 def _outside(
@@ -298,6 +405,7 @@ def _outside(
     names: list[str],
     specs: dict[str, Spec],
     dims: Mapping[str, int],
+    experts: Mapping[str, int],
     kept: list[Call],
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The weights named outside the blocks: pruned from one pass of the model pruned so far."""
@@ -305,6 +413,7 @@ def _outside(
     def run(call: Call) -> object:
         return functional_call_masked(model, params, masks, call.args, call.kwargs)
 
-    sums = collect(fn, model, kept, names, statistic, run=run)
-    return prune_with(fn, method, {n: params[n] for n in names}, sums, {n: specs[n] for n in names},
-                      _dims_of(names, dims))  # fmt: skip
+    counts: dict[str, Tensor] = {}
+    stacked = {n: experts[n] for n in names if n in experts}
+    sums = collect(fn, model, kept, names, statistic, run=run, experts=stacked, routed=counts)
+    return _pruned(fn, method, names, params, sums, counts, specs, dims, experts)

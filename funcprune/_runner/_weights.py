@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from torch import nn
 
 from .._criteria import owl_sparsity
+from .._experts import routers
 from .._names import not_a_parameter
 from .._specs import NM, L1Unstructured, PerSlice, Spec
 from .._targets import prunable
@@ -29,16 +30,23 @@ def weights_named(
     params: Mapping[str, Tensor],
     method: object,
     linear_only: bool,
+    expert_dims: Mapping[str, int | None],
 ) -> list[str]:
-    """The weights to prune, checked: by default :func:`prunable`'s inside the layers.
+    """The weights to prune, checked: by default :func:`prunable`'s inside the layers, experts included.
 
-    ``linear_only`` (a method that collects statistics of the weights'
-    inputs) refuses a weight that is not a Linear's or ``Conv1D``'s; the
-    error shows ``method`` as the caller gave it.
+    ``expert_dims``: the model's stacked expert parameters, each with its
+    slices' input dim or ``None`` (:func:`~funcprune._expert_linears.expert_input_dims`).
+    The default is ``prunable(model, experts=True)`` inside the layers, the
+    routers left out (PhiMoE's is a Linear). ``linear_only`` (a method that
+    collects statistics of the weights' inputs) refuses a weight that is
+    neither a Linear's or ``Conv1D``'s nor a stacked expert weight read as
+    one Linear weight per expert; the error shows ``method`` as the caller
+    gave it.
     """
     if names is None:
         ours = tuple(layers.prefix(i) for i in range(len(layers.modules)))
-        return [n for n in prunable(model) if n.startswith(ours)]
+        dense = {r.weight for r in routers(model)}
+        return [n for n in prunable(model, experts=True) if n.startswith(ours) and n not in dense]
     if isinstance(names, str) or not isinstance(names, Iterable):
         raise TypeError(f"{fn}: names must be a list of parameter names or None, got {names!r}")
     chosen = list(dict.fromkeys(names))
@@ -47,7 +55,15 @@ def weights_named(
             raise TypeError(f"{fn}: names[{i}] must be a str, got {type(name).__name__}")
         if name not in params:
             raise not_a_parameter(fn, model, name, params)
-        if linear_only:
+        if name in expert_dims:
+            if linear_only and expert_dims[name] is None:
+                raise ValueError(
+                    f"{fn}: {name!r} is a stacked parameter of an experts module whose eager forward does not read "
+                    f"its slices as Linear weights (F.linear(x, W[e]) or x @ W[e]: a bias, or a layout read "
+                    f"otherwise); method={method!r} prunes Linear weights and expert weights read so, from "
+                    "their inputs (method='magnitude' takes any)"
+                )
+        elif linear_only:
             path, _, attr = name.rpartition(".")
             owner = model.get_submodule(path)
             if attr != "weight" or not (isinstance(owner, nn.Linear) or is_conv1d(owner)):
@@ -85,29 +101,56 @@ def specs_of(fn: str, spec: Spec, chosen: list[str], allocation: object) -> dict
     return out
 
 
-def check_groups(fn: str, specs: dict[str, Spec], params: Mapping[str, Tensor], dims: Mapping[str, int]) -> None:
-    """Refuse, before any batch runs, an N:M spec whose groups do not divide a weight's inputs."""
+def check_groups(
+    fn: str,
+    specs: dict[str, Spec],
+    params: Mapping[str, Tensor],
+    dims: Mapping[str, int],
+    experts: Mapping[str, int],
+) -> None:
+    """Refuse, before any batch runs, an N:M spec whose groups do not divide a weight's (or expert slice's) inputs."""
     for name, spec in specs.items():
         if isinstance(spec, NM):
             w = params[name]
-            inputs = w.shape[dims[name]] if name in dims else w.shape[-1]
+            if name in experts:
+                inputs = w.shape[1 + experts[name]]
+            else:
+                inputs = w.shape[dims[name]] if name in dims else w.shape[-1]
             if inputs % spec.m:
                 raise ValueError(f"{fn}: {name!r} has {inputs} inputs, not a multiple of the spec's m={spec.m}: "
                                  f"{spec!r} cannot group them; leave it out of names")  # fmt: skip
 
 
 def owl_specs(
-    fn: str, spec: Spec, params: dict[str, Tensor], norms: dict[str, Tensor], layers: RepeatedLayers
+    fn: str,
+    spec: Spec,
+    params: dict[str, Tensor],
+    norms: dict[str, Tensor],
+    layers: RepeatedLayers,
+    experts: Mapping[str, int],
 ) -> dict[str, Spec]:
-    """OWL's spec per weight, averaging the spec's fraction over the blocks."""
+    """OWL's spec per weight, averaging the spec's fraction over the blocks.
+
+    A stacked expert weight counts as its experts' Linear weights, each
+    slice scored with its own expert's norms (``experts``: the stacked
+    names), and gets its block's sparsity, as every weight of the block.
+    """
     fraction = _fraction(fn, spec)
     count = len(layers.modules)
 
     def block_of(name: str) -> str:
         return next(layers.prefix(i) for i in range(count) if name.startswith(layers.prefix(i)))
 
-    targets = owl_sparsity(params, norms, fraction, blocks=block_of)
-    return {name: _at(spec, target) for name, target in targets.items()}
+    weights: dict[str, Tensor] = {}
+    per: dict[str, Tensor] = {}
+    for name, w in params.items():
+        if name in experts:  # one weight per expert: "name[e]", in its block
+            weights.update({f"{name}[{e}]": w[e] for e in range(w.shape[0])})
+            per.update({f"{name}[{e}]": norms[name][e] for e in range(w.shape[0])})
+        else:
+            weights[name], per[name] = w, norms[name]
+    targets = owl_sparsity(weights, per, fraction, blocks=block_of)
+    return {name: _at(spec, targets[f"{name}[0]" if name in experts else name]) for name in params}
 
 
 def _fraction(fn: str, spec: Spec) -> float:

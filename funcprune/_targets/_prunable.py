@@ -5,7 +5,9 @@ prunable weights, keyed like ``named_parameters()``, ready to be the keys of
 a :class:`~funcprune.Plan` or the names of
 :func:`~funcprune.global_unstructured`. Biases and normalization layers are
 never selected; embeddings only on request; your own layer types by type.
-It reads module types only, never tensor values.
+It reads module types only, never tensor values; with ``experts=True`` it
+also runs each MoE layer's experts once on a few zero tokens, to see which
+stacked parameters their linears read as weights.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Iterable, Mapping
 
 from torch import nn
 
+from .._expert_linears import expert_input_dims
 from .._names import check_module_not_hook_mode
 from ._layers import is_target, is_weight
 from ._outputs import output_parameters
@@ -27,6 +30,7 @@ def prunable(
     embeddings: bool = False,
     types: Iterable[type[nn.Module]] = (),
     outputs: bool = False,
+    experts: bool = False,
 ) -> list[str]:
     """The names of the weights pruning conventionally targets, in parameter order.
 
@@ -52,6 +56,22 @@ def prunable(
       :class:`~torch.nn.EmbeddingBag` with ``embeddings=True`` only;
     - the ``weight`` of every module whose type is in ``types``: this is how
       your own layer types are selected.
+
+    With ``experts=True``, also the stacked expert weights of each MoE
+    layer (a transformers experts module: Mixtral's ``experts.gate_up_proj``
+    ``(E, 2I, H)`` and ``experts.down_proj`` ``(E, H, I)``, found as
+    :func:`~funcprune.oneshot` finds them): those whose slices ``W[e]`` the
+    experts' eager forward reads as a Linear weight (``F.linear(x, W[e])``,
+    or ``x @ W[e]`` for a layout stored ``(in, out)``, GPT-OSS's). To see
+    which, each experts module runs once, without gradients, on a few zero
+    tokens routed to every expert (the model is left as it was); a stacked
+    parameter read otherwise (a bias), or an experts module that cannot run
+    alone, is not selected. Each of these names one weight per expert: a
+    plan's spec applies to the whole stack unless wrapped in
+    ``fp.PerSlice(spec, dim=0)``; :func:`~funcprune.oneshot` prunes each
+    expert's slice as its own Linear weight. Routers are not experts: a
+    router that is an ``nn.Linear`` (PhiMoE's) is selected as a Linear,
+    with or without ``experts``.
 
     Left out unless ``outputs=True``: the parameters of the output layers,
     where the model says which they are (nothing is guessed from names or
@@ -98,13 +118,15 @@ def prunable(
             parameter named ``weight`` is selected, subclasses included.
         outputs: whether to select the output layers' weights too (and a
             weight tied to an input embedding); the default leaves them out.
+        experts: whether to select the stacked expert weights of MoE
+            layers too (above); the default leaves them out.
 
     Returns:
         A new list of parameter names.
 
     Raises:
         TypeError: if ``module`` is not an :class:`torch.nn.Module`,
-            ``embeddings`` or ``outputs`` not a ``bool``, or ``types`` not an
+            ``embeddings``, ``outputs`` or ``experts`` not a ``bool``, or ``types`` not an
             iterable of :class:`torch.nn.Module` subclasses.
         ValueError: if the module is pruned in hook mode
             (``torch.nn.utils.prune`` or ``funcprune.compat``): its pruned
@@ -125,6 +147,8 @@ def prunable(
     (['1.weight'], ['0.weight', '1.weight'])
     """
     extra = _check_arguments(module, embeddings, types, outputs)
+    if not isinstance(experts, bool):
+        raise TypeError(f"prunable: experts must be a bool, got {experts!r} of type {type(experts).__name__}")
     check_module_not_hook_mode("prunable", module)
     selected = {
         id(param)
@@ -132,6 +156,9 @@ def prunable(
         for name, param in owner.named_parameters(recurse=False)
         if is_weight(param) and is_target(owner, name, embeddings=embeddings, types=extra)
     }
+    if experts:
+        params = dict(module.named_parameters())
+        selected |= {id(params[name]) for name, dim in expert_input_dims(module).items() if dim is not None}
     if not outputs:
         selected -= output_parameters(module)
     return [name for name, param in module.named_parameters() if id(param) in selected]
