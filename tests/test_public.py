@@ -18,6 +18,7 @@ DESIGN_NAMES = [
     "structure", "Structure", "UnitGroup", "Member", "structured", "load_shrunk",
     "hessians", "sparsegpt", "oneshot", "owl_sparsity", "Magnitude", "Wanda", "SparseGPT",
     "pack_masks", "unpack_masks", "save_masks", "load_masks", "layer_scores", "hidden_scores",
+    "expert_stats",
 ]  # fmt: skip
 DESIGN_SIGNATURES = {
     fp.compute_mask: "(spec, scores, default_mask=None, *, generator=None)",
@@ -46,8 +47,9 @@ DESIGN_SIGNATURES = {
     fp.shrink: "(module, masks, example_inputs)",
     fp.to_sparse: "(params, masks, *, layout, blocksize=None, below_break_even='warn', module=None)",
     fp.structure: "(model, example_inputs, *, outputs=False)",  # DESIGN's, and prunable's outputs=
-    fp.structured: "(structure, spec, *, kinds=None, scope='global', normalize=None)",
-    fp.UnitGroup: "(kind, size, members, least=1)",
+    fp.structured: "(structure, spec, *, kinds=None, scope='global', normalize=None, protect=None)",  # issue 39's
+    fp.UnitGroup: "(kind, size, members, least=1, parts=1)",  # issue 39's: a router's expert groups
+    fp.expert_stats: "(model, batches, *, renormalize=False)",  # issue 39's: reap's renormalize_router_weights
     fp.Member: "(name, dim, width, start=0, unit=None)",  # issue 38's: a member of one unit (a layer's block)
     fp.layer_scores: "(model, batches, *, metric='bi', n=1)",  # issue 38's: n, a run of blocks (angular)
     fp.hidden_scores: "(model, batches, *, final_norm=True)",  # final_norm=False: ModelOpt's set of norms
