@@ -36,6 +36,7 @@ kernel launches, was not measured.
 from __future__ import annotations
 
 import argparse
+import functools
 
 import _timing  # noqa: F401 (first: torchvision's stub)
 import torch
@@ -89,8 +90,8 @@ def main() -> None:
             )
             times = interleaved(
                 {
-                    "loop": Contender(lambda m=method, s=stats, p=specs: fp.Method.prune_experts(m, weights, s, p, dims)),
-                    "vmap": Contender(lambda m=method, s=stats, p=specs: vmapped(m, weights, s, p, dims)),
+                    "loop": Contender(functools.partial(fp.Method.prune_experts, method, weights, stats, specs, dims)),
+                    "vmap": Contender(functools.partial(vmapped, method, weights, stats, specs, dims)),
                 },
                 args.repeats,
             )
