@@ -115,12 +115,12 @@ def perplexity(logits_of: Logits, sequences: Tensor, *, batch: int = 32) -> floa
     return math.exp(total / count)
 
 
-def dense(model: transformers.LlamaForCausalLM) -> Logits:
+def dense(model: torch.nn.Module) -> Logits:
     """The logits of ``model`` called as it is."""
     return lambda ids: model(input_ids=ids).logits
 
 
-def masked(model: transformers.LlamaForCausalLM, params: fp.Params, masks: fp.Masks) -> Logits:
+def masked(model: torch.nn.Module, params: fp.Params, masks: fp.Masks) -> Logits:
     """The logits of ``model`` run on ``params`` pruned by ``masks`` (:func:`funcprune.functional_call_masked`)."""
     return lambda ids: fp.functional_call_masked(model, params, masks, (), {"input_ids": ids}).logits
 

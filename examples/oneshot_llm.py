@@ -290,17 +290,23 @@ def make_model(config: Config) -> transformers.LlamaForCausalLM:
     return model
 
 
-def train_(model: transformers.LlamaForCausalLM, stream: Tensor, config: Config) -> list[float]:
+def train_(
+    model: transformers.PreTrainedModel, stream: Tensor, config: Config, *, router_loss: float = 0.0
+) -> list[float]:
     """Train ``model`` in place on next-token prediction; returns the loss of every step.
 
     Each step takes ``config.batch`` windows of ``config.context + 1`` tokens
     at random offsets of ``stream`` (a seeded generator). AdamW (betas 0.9,
-    0.95; weight decay 0.1 on the weight matrices), the gradient clipped to
-    norm 1, ``config.lr`` after a linear warm-up over the first 5% of the
-    steps, then a cosine decay to a tenth of it.
+    0.95; weight decay 0.1 on the weight matrices, a mixture of experts'
+    stacked ones included), the gradient clipped to norm 1, ``config.lr``
+    after a linear warm-up over the first 5% of the steps, then a cosine
+    decay to a tenth of it. With ``router_loss``, a mixture-of-experts model
+    is asked for its routers' load-balancing loss (``output_router_logits``:
+    transformers' ``aux_loss``), added to the loss times ``router_loss``; the
+    losses returned are the next-token losses alone.
     """
-    matrices = [p for p in model.parameters() if p.dim() == 2]
-    others = [p for p in model.parameters() if p.dim() != 2]
+    matrices = [p for p in model.parameters() if p.dim() >= 2]
+    others = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": matrices, "weight_decay": 0.1}, {"params": others, "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95))
     generator = torch.Generator().manual_seed(config.seed + 1)
@@ -315,10 +321,14 @@ def train_(model: transformers.LlamaForCausalLM, stream: Tensor, config: Config)
             group["lr"] = config.lr * scale
         starts = torch.randint(0, len(stream) - config.context, (config.batch, 1), generator=generator)
         batch = stream[starts + offsets]
-        logits = model(input_ids=batch[:, :-1]).logits
-        loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        if router_loss:
+            out = model(input_ids=batch[:, :-1], output_router_logits=True)
+        else:
+            out = model(input_ids=batch[:, :-1])
+        loss = F.cross_entropy(out.logits.flatten(0, 1), batch[:, 1:].flatten())
+        total = loss + router_loss * out.aux_loss if router_loss else loss
         optimizer.zero_grad()
-        torch.autograd.backward(loss)
+        torch.autograd.backward(total)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(float(loss.detach()))
