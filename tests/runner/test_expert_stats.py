@@ -210,7 +210,7 @@ def test_the_statistics_equal_reaps(name: str) -> None:
         assert (got[layer]["frequency"] > 0).all()
 
 
-@pytest.mark.parametrize("name", ["deepseek_v3", "olmoe"])
+@pytest.mark.parametrize("name", ["deepseek_v3", pytest.param("olmoe", marks=pytest.mark.ci)])
 def test_layers_are_named_as_the_structure_names_their_experts(name: str) -> None:
     model = model_of(name, float64=False)
     with warnings.catch_warnings():
