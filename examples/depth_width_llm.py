@@ -65,6 +65,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 from dataclasses import dataclass, field, replace  # noqa: E402
+from typing import Generic, TypeVar  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -128,8 +129,12 @@ def masked(model: torch.nn.Module, params: fp.Params, masks: fp.Masks) -> Logits
 # --------------------------------------------------------------------------- the trained model
 
 
+#: A transformers model class (the one-shot example's Llama; the experts example's Qwen3-MoE).
+M = TypeVar("M", bound=transformers.PreTrainedModel)
+
+
 @dataclass(frozen=True)
-class Trained:
+class Trained(Generic[M]):
     """The trained model and how it was obtained.
 
     Attributes:
@@ -140,31 +145,38 @@ class Trained:
         reused: whether they were loaded from ``path`` rather than trained by this run.
     """
 
-    model: transformers.LlamaForCausalLM
+    model: M
     losses: list[float]
     seconds: float
     path: Path | None
     reused: bool
 
 
-def weights_path(config: ol.Config, directory: Path) -> Path:
-    """Where the weights trained on ``config`` are saved: a name keyed by every field of it and the versions."""
+def weights_path(config: ol.Config, directory: Path, stem: str | None = None) -> Path:
+    """Where the weights trained on ``config`` are saved: a name keyed by every field of it and the versions
+    (``stem`` first: the model's kind and size, ``llama-LxH`` by default)."""
     key = f"{config!r} torch {torch.__version__} transformers {transformers.__version__}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    return directory / f"llama-{config.layers}x{config.hidden}-seed{config.seed}-{digest}.pt"
+    return directory / f"{stem or f'llama-{config.layers}x{config.hidden}'}-seed{config.seed}-{digest}.pt"
 
 
-def trained(config: ol.Config, corpus: ol.Corpus, directory: Path | None, *, retrain: bool = False) -> Trained:
+def trained(config: ol.Config, corpus: ol.Corpus, directory: Path | None, *, retrain: bool = False) -> Trained[transformers.LlamaForCausalLM]:
     """The model of ``config`` trained on ``corpus``: loaded from ``directory`` if saved there, else trained
     (and saved there)."""
     model = ol.make_model(config)
-    path = None if directory is None else weights_path(config, directory)
+    return saved_or_trained(model, lambda: ol.train_(model, corpus.train, config),
+                            None if directory is None else weights_path(config, directory), retrain=retrain)  # fmt: skip
+
+
+def saved_or_trained(model: M, train: Callable[[], list[float]], path: Path | None, *, retrain: bool = False) -> Trained[M]:
+    """``model`` with the weights saved at ``path`` if there are some (and not ``retrain``), else trained by
+    ``train`` (which returns its losses) and saved there."""
     if path is not None and path.exists() and not retrain:
         saved = torch.load(path, weights_only=True)
         model.load_state_dict(saved["state"])
         return Trained(model, list(saved["losses"]), float(saved["seconds"]), path, True)
     start = time.perf_counter()
-    losses = ol.train_(model, corpus.train, config)
+    losses = train()
     seconds = time.perf_counter() - start
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -219,21 +231,21 @@ def width_masks(
     return plan(params) if scores is None else plan(params, unit_scores={name: scores})
 
 
-def shrunk_and_reloaded(
-    model: transformers.LlamaForCausalLM, masks: fp.Masks, example: Tensor
-) -> tuple[transformers.LlamaForCausalLM, str]:
-    """:func:`funcprune.shrink`, ``save_pretrained``, then plain ``from_pretrained`` (``fp.load_shrunk`` if the
-    config carries shrink's record); returns the reloaded model and the loader used."""
+def shrunk_and_reloaded(model: M, masks: fp.Masks, example: Tensor) -> tuple[M, str]:
+    """:func:`funcprune.shrink`, ``save_pretrained``, then plain ``from_pretrained`` of the model's class
+    (``fp.load_shrunk`` if the config carries shrink's record: widths or counts that differ by layer); returns
+    the reloaded model and the loader used."""
+    cls = type(model)
     small = fp.shrink(model, masks, example)
     with ol.no_progress_bars(), tempfile.TemporaryDirectory() as directory:
         small.save_pretrained(directory)
         if hasattr(small.config, "funcprune_shrunk"):
             again, loader = fp.load_shrunk(directory), "fp.load_shrunk"
         else:
-            again = transformers.LlamaForCausalLM.from_pretrained(directory)
-            loader = "LlamaForCausalLM.from_pretrained"
-    if not isinstance(again, transformers.LlamaForCausalLM):
-        raise TypeError(f"reloaded a {type(again).__name__}, expected a LlamaForCausalLM")
+            again = cls.from_pretrained(directory)
+            loader = f"{cls.__name__}.from_pretrained"
+    if not isinstance(again, cls):
+        raise TypeError(f"reloaded a {type(again).__name__}, expected a {cls.__name__}")
     again.train(False)
     return again, loader
 
@@ -299,7 +311,7 @@ class Result:
 
     config: ol.Config
     corpus: ol.Corpus
-    trained: Trained
+    trained: Trained[transformers.LlamaForCausalLM]
     calibration: list[dict[str, Tensor]]
     heldout: Tensor
     dense: float = math.nan

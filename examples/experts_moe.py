@@ -67,7 +67,6 @@ import types
 sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
 
 import argparse  # noqa: E402
-import hashlib  # noqa: E402
 import math  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -156,40 +155,17 @@ def make_model(config: Config) -> transformers.Qwen3MoeForCausalLM:
 # --------------------------------------------------------------------------- the trained model
 
 
-@dataclass(frozen=True)
-class Trained:
-    """The trained model and how it was obtained (as ``depth_width_llm.Trained``, for this model's class)."""
-
-    model: transformers.Qwen3MoeForCausalLM
-    losses: list[float]
-    seconds: float
-    path: Path | None
-    reused: bool
-
-
-def weights_path(config: Config, directory: Path) -> Path:
-    """Where the weights trained on ``config`` are saved: a name keyed by every field of it and the versions."""
-    key = f"{config!r} torch {torch.__version__} transformers {transformers.__version__}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    return directory / f"qwen3moe-{config.layers}x{config.experts}x{config.intermediate}-seed{config.seed}-{digest}.pt"
-
-
-def trained(config: Config, corpus: ol.Corpus, directory: Path | None, *, retrain: bool = False) -> Trained:
-    """The model of ``config`` trained on ``corpus``: loaded from ``directory`` if saved there, else trained
-    (with the load-balancing loss) and saved there."""
+def trained(
+    config: Config, corpus: ol.Corpus, directory: Path | None, *, retrain: bool = False
+) -> dw.Trained[transformers.Qwen3MoeForCausalLM]:
+    """The model of ``config`` trained on ``corpus`` (with the load-balancing loss): loaded from ``directory`` if
+    saved there, else trained and saved there (``depth_width_llm.saved_or_trained``)."""
     model = make_model(config)
-    path = None if directory is None else weights_path(config, directory)
-    if path is not None and path.exists() and not retrain:
-        saved = torch.load(path, weights_only=True)
-        model.load_state_dict(saved["state"])
-        return Trained(model, list(saved["losses"]), float(saved["seconds"]), path, True)
-    start = time.perf_counter()
-    losses = ol.train_(model, corpus.train, config, router_loss=config.router_loss)
-    seconds = time.perf_counter() - start
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"state": model.state_dict(), "losses": losses, "seconds": seconds}, path)
-    return Trained(model, losses, seconds, path, False)
+    stem = f"qwen3moe-{config.layers}x{config.experts}x{config.intermediate}"
+    path = None if directory is None else dw.weights_path(config, directory, stem)
+    return dw.saved_or_trained(
+        model, lambda: ol.train_(model, corpus.train, config, router_loss=config.router_loss), path, retrain=retrain
+    )
 
 
 # --------------------------------------------------------------------------- pruning
@@ -226,25 +202,6 @@ def expert_masks(
 def experts_per_layer(model: torch.nn.Module, layers: int) -> tuple[int, ...]:
     """How many experts each layer's router routes to (the rows of its weight)."""
     return tuple(model.get_parameter(f"model.layers.{i}.mlp.gate.weight").shape[0] for i in range(layers))
-
-
-def shrunk_and_reloaded(
-    model: transformers.Qwen3MoeForCausalLM, masks: fp.Masks, example: Tensor
-) -> tuple[transformers.Qwen3MoeForCausalLM, str]:
-    """:func:`funcprune.shrink`, ``save_pretrained``, then plain ``from_pretrained`` (``fp.load_shrunk`` if the
-    config carries shrink's record: expert counts that differ by layer); the reloaded model and the loader."""
-    small = fp.shrink(model, masks, example)
-    with ol.no_progress_bars(), tempfile.TemporaryDirectory() as directory:
-        small.save_pretrained(directory)
-        if hasattr(small.config, "funcprune_shrunk"):
-            again, loader = fp.load_shrunk(directory), "fp.load_shrunk"
-        else:
-            again = transformers.Qwen3MoeForCausalLM.from_pretrained(directory)
-            loader = "Qwen3MoeForCausalLM.from_pretrained"
-    if not isinstance(again, transformers.Qwen3MoeForCausalLM):
-        raise TypeError(f"reloaded a {type(again).__name__}, expected a Qwen3MoeForCausalLM")
-    again.train(False)
-    return again, loader
 
 
 # --------------------------------------------------------------------------- the run
@@ -346,7 +303,7 @@ class Result:
 
     config: Config
     corpus: ol.Corpus
-    trained: Trained
+    trained: dw.Trained[transformers.Qwen3MoeForCausalLM]
     calibration: list[dict[str, Tensor]]
     heldout: Tensor
     groups: list[str] = field(default_factory=list)
@@ -367,7 +324,7 @@ def reload_row(result: Result, masks: fp.Masks, row: Row) -> Reload:
     """Shrink, save, reload and measure one row's pruned model."""
     start = time.perf_counter()
     example = result.calibration[0]["input_ids"][:4]
-    again, loader = shrunk_and_reloaded(result.trained.model, masks, example)
+    again, loader = dw.shrunk_and_reloaded(result.trained.model, masks, example)
     got = dw.perplexity(dw.dense(again), result.heldout)
     parameters = sum(p.numel() for p in again.parameters())
     experts = experts_per_layer(again, result.config.layers)

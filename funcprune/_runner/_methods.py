@@ -28,7 +28,7 @@ from .._specs import Spec
 from .._types import Tensor
 
 __all__ = ["SHORTHANDS", "STATISTICS", "Magnitude", "Method", "SparseGPT", "StatisticName", "Wanda", "method_of",
-           "prune_experts_with", "prune_with"]
+           "prune_with"]
 
 #: The names of what the runner can collect for each weight.
 StatisticName = Literal["input_norms", "hessians"]
@@ -351,24 +351,14 @@ def prune_with(
     statistics: Mapping[str, Tensor],
     specs: Mapping[str, Spec],
     input_dims: Mapping[str, int],
+    *,
+    experts: bool = False,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """``method.prune`` on the weights detached, its result checked: ``(new weights, masks)``, masks in order."""
+    """``method.prune`` (``experts``: ``method.prune_experts``, on stacked expert weights) on the weights
+    detached, its result checked: ``(new weights, masks)``, masks in order."""
     weights = {n: w.detach() for n, w in weights.items()}
-    return _checked(f"{fn}: {type(method).__name__}.prune", weights, method.prune(weights, statistics, specs, input_dims))
-
-
-def prune_experts_with(
-    fn: str,
-    method: Method,
-    weights: Mapping[str, Tensor],
-    statistics: Mapping[str, Tensor],
-    specs: Mapping[str, Spec],
-    input_dims: Mapping[str, int],
-) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """``method.prune_experts`` on stacked expert weights detached, its result checked as :func:`prune_with`'s."""
-    weights = {n: w.detach() for n, w in weights.items()}
-    got = method.prune_experts(weights, statistics, specs, input_dims)
-    return _checked(f"{fn}: {type(method).__name__}.prune_experts", weights, got)
+    call = method.prune_experts if experts else method.prune
+    return _checked(f"{fn}: {type(method).__name__}.{call.__name__}", weights, call(weights, statistics, specs, input_dims))
 
 
 def _checked(

@@ -17,7 +17,7 @@ from .._specs import Spec
 from .._targets import input_dims
 from .._types import Tensor
 from ._layers import Capture, find_layers, hidden_of
-from ._methods import Magnitude, Method, method_of, prune_experts_with, prune_with
+from ._methods import Magnitude, Method, method_of, prune_with
 from ._weights import check_groups, owl_specs, specs_of, weights_named
 
 __all__ = ["UnroutedExpertsWarning", "oneshot"]
@@ -319,7 +319,7 @@ def _pruned(
             masks[n] = torch.empty(weights[n].shape, dtype=torch.bool, device=weights[n].device)
         for which, how, stats in pieces:
             at = which.to(weights[group[0]].device)
-            got, more = prune_experts_with(fn, how, {n: weights[n][at] for n in group}, stats, cut, slice_dims)
+            got, more = prune_with(fn, how, {n: weights[n][at] for n in group}, stats, cut, slice_dims, experts=True)
             for n in group:
                 masks[n][at] = more[n]
                 if n in got:
