@@ -117,6 +117,9 @@ from ._plans import global_structured as global_structured
 from ._plans import global_unstructured as global_unstructured
 from ._plans import prune as prune
 from ._plans import structured as structured
+from ._quality import Perplexity as Perplexity
+from ._quality import distill_loss as distill_loss
+from ._quality import perplexity as perplexity
 from ._runner import Magnitude as Magnitude
 from ._runner import Method as Method
 from ._runner import SparseGPT as SparseGPT
@@ -195,6 +198,7 @@ __all__ = [
     "OneShot",
     "Params",
     "PerSlice",
+    "Perplexity",
     "Plan",
     "Polynomial",
     "PruningType",
@@ -224,6 +228,7 @@ __all__ = [
     "compose",
     "compute_joint_masks",
     "compute_mask",
+    "distill_loss",
     "erk_sparsity",
     "expert_stats",
     "functional_call_masked",
@@ -242,6 +247,7 @@ __all__ = [
     "oneshot",
     "owl_sparsity",
     "pack_masks",
+    "perplexity",
     "propagate",
     "prunable",
     "prune",

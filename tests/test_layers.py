@@ -57,6 +57,7 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._payoff": BASE | {"funcprune._specs", "funcprune._dtensor", "funcprune._graph"},
     "funcprune._runner": BASE
     | {"funcprune._specs", "funcprune._plans", "funcprune._targets", "funcprune._criteria", "funcprune._apply"},
+    "funcprune._quality": BASE | {"funcprune._criteria", "funcprune._apply"},
     "funcprune.compat": BASE | {"funcprune._specs", "funcprune._plans"},
     "funcprune._demo": BASE
     | {"funcprune._specs", "funcprune._plans", "funcprune._targets", "funcprune._apply", "funcprune._payoff"}
