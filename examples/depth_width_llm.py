@@ -76,7 +76,6 @@ import funcprune as fp  # noqa: E402
 import oneshot_llm as ol  # noqa: E402
 
 Tensor = torch.Tensor
-Logits = Callable[[Tensor], Tensor]
 
 #: Blocks dropped, row by row.
 DEPTHS = (1, 2, 3)
@@ -99,31 +98,9 @@ def config_of(seed: int = 0, *, quick: bool = False, steps: int | None = None) -
 # --------------------------------------------------------------------------- evaluation
 
 
-def perplexity(logits_of: Logits, sequences: Tensor, *, batch: int = 32) -> float:
-    """Token-weighted perplexity: ``exp`` of the mean next-token loss over every predicted token.
-
-    Each row of ``sequences`` predicts its tokens after the first from those
-    before; the losses of all of them are summed and divided by their count
-    (not averaged per sequence or per batch first).
-    """
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for chunk in torch.split(sequences, batch):
-            logits = logits_of(chunk[:, :-1])
-            targets = chunk[:, 1:]
-            total += float(F.cross_entropy(logits.flatten(0, 1).double(), targets.flatten(), reduction="sum"))
-            count += targets.numel()
-    return math.exp(total / count)
-
-
-def dense(model: torch.nn.Module) -> Logits:
-    """The logits of ``model`` called as it is."""
-    return lambda ids: model(input_ids=ids).logits
-
-
-def masked(model: torch.nn.Module, params: fp.Params, masks: fp.Masks) -> Logits:
-    """The logits of ``model`` run on ``params`` pruned by ``masks`` (:func:`funcprune.functional_call_masked`)."""
-    return lambda ids: fp.functional_call_masked(model, params, masks, (), {"input_ids": ids}).logits
+#: Held-out perplexity: the one-shot example's (:func:`funcprune.perplexity` over every held-out token after
+#: the first of each window), of a model as it is or run on masked parameters.
+perplexity = ol.perplexity
 
 
 # --------------------------------------------------------------------------- the trained model
@@ -370,7 +347,7 @@ def run_depth(result: Result, structure: fp.Structure, say: Callable[[str], None
                       "angular": result.layer_scores[f"angular {k}"], "random": None,
                       "last": -torch.arange(group.size, dtype=torch.float64)}[method]  # fmt: skip
             masks = depth_masks(structure, params, k, scores, generator)
-            value = perplexity(masked(model, params, masks), heldout)
+            value = perplexity(model, heldout, params, masks)
             blocks = tuple(pruned_units(group, masks))
             elapsed = time.perf_counter() - start
             result.depth.append(Row(method, k, blocks, value, elapsed, kept_parameters(params, masks)))
@@ -383,7 +360,7 @@ def run_depth(result: Result, structure: fp.Structure, say: Callable[[str], None
     start = time.perf_counter()
     for i in range(group.size):
         masks = depth_masks(structure, params, 1, (torch.arange(group.size) != i).double(), generator)
-        result.alone.append(perplexity(masked(model, params, masks), heldout))
+        result.alone.append(perplexity(model, heldout, params, masks))
     result.seconds["each block alone"] = time.perf_counter() - start
     say("each block alone: " + ", ".join(f"{x:.3f}" for x in result.alone))
     start = time.perf_counter()
@@ -391,7 +368,7 @@ def run_depth(result: Result, structure: fp.Structure, say: Callable[[str], None
     for k in DEPTHS:
         for _ in range(DRAWS):
             masks = depth_masks(structure, params, k, None, more)
-            result.draws[f"depth {k}"].append(perplexity(masked(model, params, masks), heldout))
+            result.draws[f"depth {k}"].append(perplexity(model, heldout, params, masks))
     result.seconds["random depth draws"] = time.perf_counter() - start
 
 
@@ -404,7 +381,7 @@ def reload_row(
     again, loader = shrunk_and_reloaded(model, masks, example)
     detail = (f"{again.config.num_hidden_layers} layers, hidden {again.config.hidden_size}, "
               f"intermediate {again.config.intermediate_size}")  # fmt: skip
-    got = perplexity(dense(again), heldout)
+    got = perplexity(again, heldout)
     parameters = sum(p.numel() for p in again.parameters())
     return Reload(method, amount, got, value, parameters, loader, time.perf_counter() - start, detail)
 
@@ -425,7 +402,7 @@ def run_width(result: Result, structure: fp.Structure, say: Callable[[str], None
     for method in WIDTH_METHODS:
         start = time.perf_counter()
         masks = width_masks(structure, params, method, activation if method == "activation" else None, generator)
-        value = perplexity(masked(model, params, masks), heldout)
+        value = perplexity(model, heldout, params, masks)
         channels = tuple(pruned_units(group, masks))
         elapsed = time.perf_counter() - start
         result.width.append(Row(method, len(channels), channels, value, elapsed, kept_parameters(params, masks)))
@@ -440,7 +417,7 @@ def run_width(result: Result, structure: fp.Structure, say: Callable[[str], None
     more = torch.Generator().manual_seed(result.config.seed + 1)
     for _ in range(DRAWS):
         masks = width_masks(structure, params, "random", None, more)
-        result.draws["width"].append(perplexity(masked(model, params, masks), heldout))
+        result.draws["width"].append(perplexity(model, heldout, params, masks))
     result.seconds["random width draws"] = time.perf_counter() - start
 
 
@@ -471,7 +448,7 @@ def run(
     calibration, heldout = data(config, corpus)
     result = Result(config, corpus, model, calibration, heldout, seconds=seconds)
     start = time.perf_counter()
-    result.dense = perplexity(dense(model.model), heldout)
+    result.dense = perplexity(model.model, heldout)
     seconds["dense"] = time.perf_counter() - start
     say(f"dense: perplexity {result.dense:.3f}")
     start = time.perf_counter()

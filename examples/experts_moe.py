@@ -325,7 +325,7 @@ def reload_row(result: Result, masks: fp.Masks, row: Row) -> Reload:
     start = time.perf_counter()
     example = result.calibration[0]["input_ids"][:4]
     again, loader = dw.shrunk_and_reloaded(result.trained.model, masks, example)
-    got = dw.perplexity(dw.dense(again), result.heldout)
+    got = dw.perplexity(again, result.heldout)
     parameters = sum(p.numel() for p in again.parameters())
     experts = experts_per_layer(again, result.config.layers)
     elapsed = time.perf_counter() - start
@@ -342,7 +342,7 @@ def run_removal(result: Result, structure: fp.Structure, say: Callable[[str], No
             for scope in SCOPES:
                 start = time.perf_counter()
                 masks = expert_masks(structure, params, fraction, scope, method, result.stats, generator)
-                value = dw.perplexity(dw.masked(model, params, masks), heldout)
+                value = dw.perplexity(model, heldout, params, masks)
                 removed = tuple(tuple(dw.pruned_units(structure[g], masks)) for g in result.groups)
                 elapsed = time.perf_counter() - start
                 row = Row(method, scope, fraction, removed, value, elapsed, dw.kept_parameters(params, masks))
@@ -361,7 +361,7 @@ def run_removal(result: Result, structure: fp.Structure, say: Callable[[str], No
         for scope in SCOPES:
             for _ in range(DRAWS):
                 masks = expert_masks(structure, params, fraction, scope, "random", result.stats, more)
-                result.draws[f"{scope} {fraction}"].append(dw.perplexity(dw.masked(model, params, masks), heldout))
+                result.draws[f"{scope} {fraction}"].append(dw.perplexity(model, heldout, params, masks))
     result.seconds["random draws"] = time.perf_counter() - start
 
 
@@ -390,7 +390,7 @@ def run_inside(result: Result, structure: fp.Structure, say: Callable[[str], Non
                 if not issubclass(w.category, fp.UnroutedExpertsWarning):
                     warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             unrouted = tuple(str(w.message) for w in caught if issubclass(w.category, fp.UnroutedExpertsWarning))
-            value = dw.perplexity(dw.masked(model, params, masks), heldout)
+            value = dw.perplexity(model, heldout, params, masks)
             fraction = fp.sparsity_report(masks).fraction
             result.inside.append(Inside(method, setting, fraction, value, elapsed, tuple(masks), unrouted))
             say(f"inside {method} {setting}: perplexity {value:.3f} ({elapsed:.1f} s)")
@@ -423,7 +423,7 @@ def run(
     calibration, heldout = dw.data(config, corpus)
     result = Result(config, corpus, model, calibration, heldout, seconds=seconds)
     start = time.perf_counter()
-    result.dense = dw.perplexity(dw.dense(model.model), heldout)
+    result.dense = dw.perplexity(model.model, heldout)
     seconds["dense"] = time.perf_counter() - start
     say(f"dense: perplexity {result.dense:.3f}")
     start = time.perf_counter()

@@ -337,26 +337,19 @@ def train_(
 
 
 def perplexity(
-    model: transformers.LlamaForCausalLM,
+    model: torch.nn.Module,
     tokens: Tensor,
     params: fp.Params | None = None,
     masks: fp.Masks | None = None,
     *,
     batch: int = 32,
 ) -> float:
-    """``exp`` of the mean next-token loss on ``tokens``, each row a sequence: of the model run on
-    ``params`` pruned by ``masks`` through :func:`funcprune.functional_call_masked`, or of the
-    model itself, called as it is, without ``params``."""
-    total = 0.0
-    with torch.no_grad():
-        for chunk in torch.split(tokens, batch):
-            kwargs = {"input_ids": chunk[:, :-1]}
-            if params is None:
-                logits = model(**kwargs).logits
-            else:
-                logits = fp.functional_call_masked(model, params, masks or {}, (), kwargs).logits
-            total += float(F.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum"))
-    return math.exp(total / (tokens.shape[0] * (tokens.shape[1] - 1)))
+    """:func:`funcprune.perplexity` on ``tokens``, each row a sequence: ``exp`` of the mean loss of every token
+    after the first, predicted from those before (``input_ids`` all but the last, ``shift_labels`` all but the
+    first), by the model run on ``params`` pruned by ``masks`` (:func:`funcprune.functional_call_masked`), or by
+    the model itself, called as it is, without either."""
+    batches = [{"input_ids": chunk[:, :-1], "shift_labels": chunk[:, 1:]} for chunk in torch.split(tokens, batch)]
+    return fp.perplexity(model, batches, params=params, masks=masks).perplexity
 
 
 # --------------------------------------------------------------------------- pruning

@@ -62,7 +62,12 @@ def perplexity(
     the batch has ``labels``, the label at ``t + 1`` is not ``-100``. On
     unpadded and right-padded batches this counts exactly what transformers'
     ``labels=`` loss counts (with ``-100`` at padding); on left-padded ones
-    it also leaves out the first real token, predicted from padding. The
+    it also leaves out the first real token, predicted from padding. A
+    batch with ``shift_labels`` (transformers' name for labels already
+    shifted: the target of position ``t`` at ``t``) predicts them from every
+    real position, the last one included: ``{"input_ids": s[:, :-1],
+    "shift_labels": s[:, 1:]}`` scores every token of the sequences ``s``
+    after the first. The
     negative log-likelihoods of every counted prediction of every batch are
     summed in ``float64`` and divided by their count once.
 
@@ -79,8 +84,9 @@ def perplexity(
             token ids (``model(ids)``), a tuple or list of positional
             arguments, the ids first (``model(*batch)``), or a dict of
             keyword arguments with ``input_ids`` (``model(**batch)``), and
-            optionally a 0/1 ``attention_mask`` and ``labels`` (the targets,
-            unshifted, ``-100`` where ignored; not passed to the model).
+            optionally a 0/1 ``attention_mask`` and either ``labels`` (the
+            targets, unshifted, ``-100`` where ignored) or ``shift_labels``
+            (shifted); neither is passed to the model.
         params: parameters to run the model on, by name (its own by default).
         masks: masks by name, as :func:`~funcprune.apply_masks` takes them.
 
@@ -89,9 +95,10 @@ def perplexity(
         ``.perplexity``.
 
     Raises:
-        TypeError: a batch, its ids, labels or the model's output of another kind.
-        ValueError: a model in training mode, an encoder-decoder batch, logits
-            or labels of another shape, or no token counted.
+        TypeError: a batch, its ids, labels (of another shape) or the model's output of another kind.
+        ValueError: a model in training mode, an encoder-decoder batch, both
+            labels and shift_labels, logits or an attention mask of another
+            shape, or no token counted.
 
     >>> import torch, funcprune as fp
     >>> class Uniform(torch.nn.Module):
@@ -112,17 +119,16 @@ def perplexity(
     total, count = 0.0, 0
     with torch.no_grad():
         for i, call in enumerate(calls(fn, batches)):
-            ids, labels, call = _targets(fn, i, call)
+            ids, targets, call = _targets(fn, i, call)
             if masked:
                 out = functional_call_masked(model, params or {}, masks or {}, call.args, call.kwargs)
             else:
                 out = model(*call.args, **call.kwargs)
-            logits = _logits(fn, i, out, ids)
-            counted = _counted(call.tokens, labels)
-            targets = labels[:, 1:][counted]
-            predicted = logits[:, :-1][counted].to(torch.float64)
-            total += float(F.cross_entropy(predicted, targets, reduction="sum"))
-            count += int(targets.numel())
+            logits = _logits(fn, i, out, ids)[:, : targets.shape[1]]
+            counted = _counted(call.tokens, targets)
+            predicted = logits[counted].to(torch.float64)
+            total += float(F.cross_entropy(predicted, targets[counted], reduction="sum"))
+            count += int(counted.sum())
     if count == 0:
         raise ValueError(
             f"{fn}: no token was counted (batches gave no sequence of 2 real tokens or more); "
@@ -132,32 +138,43 @@ def perplexity(
 
 
 def _targets(fn: str, i: int, call: Call) -> tuple[Tensor, Tensor, Call]:
-    """The batch's ids, its targets (unshifted) and the call to make (without ``labels``)."""
+    """The batch's ids, each position's target (``-100``: none) and the call to make (without the labels).
+
+    The targets are ``labels[:, 1:]`` (the ids by default), one fewer than
+    the positions, or ``shift_labels``, one per position.
+    """
     kwargs = dict(call.kwargs)
     if any(k.startswith("decoder_") for k in kwargs):
         raise ValueError(
             f"{fn}: batch {i} is an encoder-decoder batch ({sorted(kwargs)}); only causal language models "
             "(next-token prediction over input_ids) are measured"
         )
-    labels = kwargs.pop("labels", None)
+    labels, shifted = kwargs.pop("labels", None), kwargs.pop("shift_labels", None)
     ids = call.args[0] if call.args else kwargs.get("input_ids")
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.is_complex():
-        given = f"a {tuple(ids.shape)} {ids.dtype} tensor" if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise TypeError(
             f"{fn}: batch {i}'s token ids (a tensor batch, the first of a tuple, or input_ids) must be a "
-            f"(batch, tokens) tensor of integers, got {given}"
+            f"(batch, tokens) tensor of integers, got {_kind(ids)}"
         )
-    if labels is None:
-        labels = ids
-    elif not isinstance(labels, torch.Tensor) or labels.shape != ids.shape or labels.is_floating_point():
-        given = f"a {tuple(labels.shape)} {labels.dtype} tensor" if isinstance(labels, torch.Tensor) else (
-            type(labels).__name__)  # fmt: skip
-        raise TypeError(f"{fn}: batch {i}'s labels must be integers of the ids' shape {tuple(ids.shape)}, got {given}")
+    if labels is not None and shifted is not None:
+        raise ValueError(f"{fn}: batch {i} has both labels and shift_labels; give one (shift_labels: already shifted)")
+    for name, given in (("labels", labels), ("shift_labels", shifted)):
+        if given is not None and (
+            not isinstance(given, torch.Tensor) or given.shape != ids.shape or given.is_floating_point()
+        ):
+            raise TypeError(
+                f"{fn}: batch {i}'s {name} must be integers of the ids' shape {tuple(ids.shape)}, got {_kind(given)}"
+            )
     if call.tokens is not None and call.tokens.shape != ids.shape:
         raise ValueError(
             f"{fn}: batch {i}'s attention_mask has shape {tuple(call.tokens.shape)}, its ids {tuple(ids.shape)}"
         )
-    return ids, labels, Call(call.args, kwargs, call.tokens)
+    targets = shifted if isinstance(shifted, torch.Tensor) else (ids if labels is None else labels)[:, 1:]
+    return ids, targets, Call(call.args, kwargs, call.tokens)
+
+
+def _kind(given: object) -> str:
+    return f"a {tuple(given.shape)} {given.dtype} tensor" if isinstance(given, torch.Tensor) else type(given).__name__
 
 
 def _logits(fn: str, i: int, out: Any, ids: Tensor) -> Tensor:
@@ -176,9 +193,17 @@ def _logits(fn: str, i: int, out: Any, ids: Tensor) -> Tensor:
     return logits
 
 
-def _counted(tokens: Tensor | None, labels: Tensor) -> Tensor:
-    """Which predictions ``(batch, tokens - 1)`` count: a real target, predicted from a real token."""
-    counted = labels[:, 1:] != IGNORE_INDEX
+def _counted(tokens: Tensor | None, targets: Tensor) -> Tensor:
+    """Which predictions count: a target that is not ``-100``, real, predicted from a real token.
+
+    ``targets`` has one column per predicting position (``shift_labels``:
+    each position's, whose own realness the mask cannot tell for the last
+    one) or one fewer (the next token's, real where the mask says so).
+    """
+    counted = targets != IGNORE_INDEX
     if tokens is not None:
-        counted = counted & tokens[:, 1:] & tokens[:, :-1]
+        width = targets.shape[1]
+        counted = counted & tokens[:, :width]
+        if width < tokens.shape[1]:
+            counted = counted & tokens[:, 1 : width + 1]
     return counted

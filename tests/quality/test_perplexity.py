@@ -201,3 +201,24 @@ def test_a_model_in_training_mode_or_of_other_output_is_refused() -> None:
         fp.perplexity(Pooled().eval(), x)
     with pytest.raises(TypeError, match="^perplexity: the model's output on batch 0 must be its logits"):
         fp.perplexity(Dict().eval(), x)
+
+
+def test_shift_labels_score_every_token_after_the_first() -> None:
+    """``shift_labels`` (already shifted) let the last fed position predict a token that is not fed."""
+    model = llama()
+    sequences = ids(3, 9, 9)
+    x, targets = sequences[:, :-1], sequences[:, 1:]
+    with torch.no_grad():
+        logits = model(input_ids=x).logits
+    expected = float(torch.nn.functional.cross_entropy(logits.flatten(0, 1).double(), targets.flatten()))
+    got = fp.perplexity(model, [{"input_ids": x, "shift_labels": targets}])
+    assert got.tokens == 3 * 8
+    assert got.nll == pytest.approx(expected, rel=1e-12)
+    mask = torch.ones_like(x)
+    mask[0, 5:] = 0  # right padding: positions 5.. of row 0 predict nothing
+    padded = fp.perplexity(model, [{"input_ids": x, "attention_mask": mask, "shift_labels": targets}])
+    assert padded.tokens == 3 * 8 - 3
+    with pytest.raises(ValueError, match="^perplexity: batch 0 has both labels and shift_labels"):
+        fp.perplexity(model, [{"input_ids": x, "shift_labels": targets, "labels": x}])
+    with pytest.raises(TypeError, match="^perplexity: batch 0's shift_labels must be integers of the ids' shape"):
+        fp.perplexity(model, [{"input_ids": x, "shift_labels": sequences}])
