@@ -24,6 +24,11 @@ functions, usable under ``torch.func.vmap``, ``grad`` and ``torch.compile``:
   (or the strings ``"magnitude"``, ``"wanda"``, ``"sparsegpt"``), and your
   own is a frozen dataclass subclassing ``Method`` (the statistic to collect
   per weight, a pure ``prune``).
+- **Quality**: ``perplexity(model, batches)`` measures a causal language
+  model (dense, masked through ``params=``/``masks=``, shrunk or reloaded):
+  the token-weighted mean next-token loss and its count;
+  ``distill_loss(student_logits, teacher_logits)`` is the distillation loss
+  of a recovery loop (docs: "Recovering quality").
 - **Masks**: ``compute_mask(spec, scores, default_mask)`` returns a
   ``torch.bool`` mask (``True`` = kept), ``compute_joint_masks`` ranks several
   tensors together, ``prune`` returns the pruned tensor.

@@ -18,7 +18,7 @@ DESIGN_NAMES = [
     "structure", "Structure", "UnitGroup", "Member", "structured", "load_shrunk",
     "hessians", "sparsegpt", "oneshot", "owl_sparsity", "Magnitude", "Wanda", "SparseGPT",
     "pack_masks", "unpack_masks", "save_masks", "load_masks", "layer_scores", "hidden_scores",
-    "expert_stats",
+    "expert_stats", "perplexity", "distill_loss",
 ]  # fmt: skip
 DESIGN_SIGNATURES = {
     fp.compute_mask: "(spec, scores, default_mask=None, *, generator=None)",
@@ -67,6 +67,9 @@ DESIGN_SIGNATURES = {
     fp.unpack_masks: "(packed, *, like=None)",  # like=: DTensor masks rebuilt where they were saved
     fp.save_masks: "(masks, path)",
     fp.load_masks: "(path, *, like=None)",
+    # issue 40's: evaluation and recovery
+    fp.perplexity: "(model, batches, *, params=None, masks=None)",
+    fp.distill_loss: "(student_logits, teacher_logits, *, temperature=1.0, attention_mask=None)",
 }
 
 
