@@ -80,6 +80,8 @@ def with_biases(model: nn.Module, params: Params) -> nn.Module:
         assert isinstance(owner, nn.Linear)  # checked
         weight = owner.weight
         owner.bias = nn.Parameter(torch.zeros(owner.out_features, dtype=weight.dtype, device=weight.device))
+    if flags:
+        _check_built(fn, out)
     held = dict(out.named_parameters())
     with torch.no_grad():
         for name, value in params.items():
@@ -100,6 +102,17 @@ def _check_new_bias(fn: str, model: nn.Module, name: str, current: Mapping[str, 
     if attr != "bias" or not isinstance(owner, nn.Linear) or is_conv1d(owner) or owner.bias is not None:
         raise unknown_name(fn, f"params name {name!r}, which is neither a parameter of the model nor the "
                            "bias of an nn.Linear without one", name, list(current))  # fmt: skip
+
+
+def _check_built(fn: str, model: nn.Module) -> None:
+    """Refuse a copy whose shapes differ from what its class builds from its config (flags that build more)."""
+    with torch.device("meta"):
+        built = shapes_of(type(model)(model.config))
+    mine = shapes_of(model)
+    if built != mine:
+        odd = sorted(set(built) ^ set(mine)) or sorted(n for n in built if built[n] != mine[n])
+        raise ValueError(f"{fn}: with {type(model.config).__name__}'s bias flags turned on, its class builds other "
+                         f"parameters than the copy holds ({odd[0]!r}), so from_pretrained could not reload it")  # fmt: skip
 
 
 def _flags_for(fn: str, model: nn.Module, needed: set[str]) -> dict[str, list[str]]:

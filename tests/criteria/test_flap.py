@@ -101,7 +101,7 @@ def test_input_moments_give_flap_s_mean_and_the_variance_flap_approximates() -> 
         torch.testing.assert_close(moments[name].mean, ref.baseline_inp, rtol=1e-12, atol=1e-12)
         assert isinstance(ref.fluc_inp, Tensor)
         ratio = ref.fluc_inp / (8 * moments[name].var)  # its first sample left out, its mean updated first
-        assert 0.6 < float(ratio.median()) < 1.2, float(ratio.median())
+        assert 0.8 < float(ratio.min()) and float(ratio.max()) < 1.0, ratio  # measured 0.83-0.94 (40 samples of 8)
 
 
 def _structure(model: nn.Module) -> fp.Structure:
