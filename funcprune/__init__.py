@@ -82,7 +82,11 @@ from ._apply import mask_gradients as mask_gradients
 from ._apply import mask_gradients_ as mask_gradients_
 from ._apply import sparsity_report as sparsity_report
 from ._apply import to_multipliers as to_multipliers
+from ._criteria import Moments as Moments
+from ._criteria import compensate as compensate
+from ._criteria import fluctuation as fluctuation
 from ._criteria import hessians as hessians
+from ._criteria import input_moments as input_moments
 from ._criteria import input_norms as input_norms
 from ._criteria import owl_sparsity as owl_sparsity
 from ._criteria import saliency as saliency
@@ -108,6 +112,7 @@ from ._payoff import save_masks as save_masks
 from ._payoff import shrink as shrink
 from ._payoff import to_sparse as to_sparse
 from ._payoff import unpack_masks as unpack_masks
+from ._payoff import with_biases as with_biases
 from ._plans import AbstractPlan as AbstractPlan
 from ._plans import ComposedPlan as ComposedPlan
 from ._plans import GlobalPlan as GlobalPlan
@@ -196,6 +201,7 @@ __all__ = [
     "Masks",
     "Member",
     "Method",
+    "Moments",
     "Multipliers",
     "NM",
     "NativeStatus",
@@ -230,18 +236,21 @@ __all__ = [
     "apply_masks_",
     "bake",
     "chain",
+    "compensate",
     "compose",
     "compute_joint_masks",
     "compute_mask",
     "distill_loss",
     "erk_sparsity",
     "expert_stats",
+    "fluctuation",
     "functional_call_masked",
     "global_structured",
     "global_unstructured",
     "hessians",
     "hidden_scores",
     "input_dims",
+    "input_moments",
     "input_norms",
     "layer_scores",
     "load_masks",
@@ -270,4 +279,5 @@ __all__ = [
     "uniform_sparsity",
     "unpack_masks",
     "wanda",
+    "with_biases",
 ]

@@ -18,7 +18,7 @@ DESIGN_NAMES = [
     "structure", "Structure", "UnitGroup", "Member", "structured", "load_shrunk",
     "hessians", "sparsegpt", "oneshot", "owl_sparsity", "Magnitude", "Wanda", "SparseGPT",
     "pack_masks", "unpack_masks", "save_masks", "load_masks", "layer_scores", "hidden_scores",
-    "expert_stats", "perplexity", "distill_loss",
+    "expert_stats", "perplexity", "distill_loss", "input_moments", "fluctuation", "compensate",
 ]  # fmt: skip
 DESIGN_SIGNATURES = {
     fp.compute_mask: "(spec, scores, default_mask=None, *, generator=None)",
@@ -36,6 +36,9 @@ DESIGN_SIGNATURES = {
     fp.input_dims: "(module)",
     fp.Plan: "(rules, *, input_dims=None)",
     fp.input_norms: "(module, batches, names, *, across=None)",  # DESIGN's, and a keyword-only extra
+    fp.input_moments: "(model, batches, names, *, across=None)",  # issue 40's, and a keyword-only extra
+    fp.fluctuation: "(params, moments)",
+    fp.compensate: "(params, masks, moments)",
     # the card's (n, m, dim=-1), (amount, shape) with sparsity= as for every amount spec
     # (shape is required: its default only lets amount have one) and (spec, dim=0)
     fp.NM: "(n, m, dim=-1)",

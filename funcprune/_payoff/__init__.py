@@ -1,6 +1,7 @@
 """Masks that pay off: baked, shrunk and sparse models (the door).
 
-``_bake.py`` zeroes pruned weights in a copy of a module; ``_shrink.py``
+``_bake.py`` zeroes pruned weights in a copy of a module; ``_biases.py``
+gives a copy the biases FLAP's compensation adds (``with_biases``); ``_shrink.py``
 removes the channels the masks prune entirely, following the channel
 analysis of ``funcprune._graph``, building smaller copies (``_smaller.py``)
 and verifying them against the masked model (``_verify.py``);
@@ -14,6 +15,7 @@ blocks' records, laying out, merging and the checks of untrusted records).
 """
 
 from ._bake import bake as bake
+from ._biases import with_biases as with_biases
 from ._break_even import BSR_BREAK_EVEN as BSR_BREAK_EVEN
 from ._break_even import CSR_BREAK_EVEN as CSR_BREAK_EVEN
 from ._break_even import BreakEven as BreakEven
