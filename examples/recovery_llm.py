@@ -1,0 +1,318 @@
+"""How much of a trained Llama's quality structured pruning keeps, and how much recovery gets back.
+
+The model, corpus, training, calibration and held-out sets are those of
+``examples/depth_width_llm.py`` (an 8-layer ``LlamaForCausalLM`` with
+grouped-query attention trained 600 steps on the docstrings of Python's
+standard library, tokens = bytes; its saved weights are reused:
+``--weights``, by default the directory that example saves to).
+
+Each row removes a fraction of the model's parameters (all of them, the
+embeddings and head included, which stay) by structured pruning: MLP
+channels and KV groups (a key/value head with its query heads) ranked
+together in one global ranking (:func:`funcprune.structured`,
+``scope="global"``, ``normalize="mean"`` so that each group's scores are
+divided by their mean and groups of different kinds compete), so that the
+per-layer widths come out of the ranking. The count of units is the
+smallest whose removal reaches the fraction (the parameters removed are
+at least the fraction, within one KV group's 36,864). The criteria:
+
+- ``norm``: the L2 norm of each unit's weights;
+- ``taylor``: ``Σ (w · g)²`` over each unit's weights, ``g`` the
+  gradient of the next-token loss summed over the calibration batches
+  (:func:`funcprune.taylor`);
+- ``fluctuation``: FLAP's ``var(x_j) · ‖W[:, j]‖²`` of each input channel
+  of ``o_proj`` and ``down_proj`` (:func:`funcprune.input_moments`,
+  :func:`funcprune.fluctuation`), summed in squares per KV group.
+
+Each pruned model is measured (held-out perplexity, per byte) with
+
+- ``none``: no recovery;
+- ``compensate``: FLAP's bias compensation (:func:`funcprune.compensate`,
+  run through :func:`funcprune.with_biases`), no training;
+- ``ce``, ``kd``, ``ce+kd``: :data:`STEPS` steps of AdamW on the masked
+  student (``functional_call_masked`` on one trainable copy of the
+  parameters) with the next-token loss, the distillation loss
+  (:func:`funcprune.distill_loss`, temperature 1, the teacher the frozen
+  dense parameters of the same module through ``functional_call``), or
+  their mean; the same batches (the same tokens) for all three.
+
+For contrast, the one-shot unstructured methods (:func:`funcprune.oneshot`:
+magnitude, Wanda, SparseGPT) remove as many weights of the decoder's Linear
+layers as the structured rows remove parameters; and a dense Llama of the
+pruned size (the MLP width reduced, everything else alike) is trained from
+scratch for the dense model's steps plus :data:`STEPS` (the same total
+tokens as pruning plus recovery): the train-small baseline. Its weights are
+saved beside the dense model's.
+
+Run it::
+
+    python examples/recovery_llm.py [--seed N] [--fractions 0.25,0.4] [--criteria norm,taylor,fluctuation]
+        [--no-oneshot] [--no-small] [--threads N] [--weights DIR]
+
+Results (see the end of this docstring; filled in from the runs made).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+
+import argparse  # noqa: E402
+import math  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+from dataclasses import dataclass, field, replace  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import transformers  # noqa: E402
+
+import depth_width_llm as dw  # noqa: E402
+import funcprune as fp  # noqa: E402
+import oneshot_llm as ol  # noqa: E402
+
+Tensor = torch.Tensor
+
+#: Recovery steps: 5% of the dense model's 600 training steps, of the training's batch (16 x 128 tokens).
+STEPS = 30
+#: The recovery's peak learning rate (AdamW, a cosine decay to a tenth of it, no weight decay).
+LR = 1e-3
+#: The fractions of the parameters removed.
+FRACTIONS = (0.25, 0.40)
+#: The structured criteria, in the order of the table.
+CRITERIA = ("norm", "taylor", "fluctuation")
+#: The recovery routes, in the order of the table.
+ROUTES = ("none", "compensate", "ce", "kd", "ce+kd")
+#: The unit kinds a width plan removes.
+KINDS = ("channels", "kv_groups")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: ``kind`` is ``"structured"``, ``"oneshot"``, ``"dense"`` or ``"small"``."""
+
+    kind: str
+    fraction: float
+    method: str
+    route: str
+    perplexity: float
+    parameters: int
+    seconds: float
+
+
+@dataclass
+class Setup:
+    """The trained model and the data, shared by every row of a seed."""
+
+    config: ol.Config
+    corpus: ol.Corpus
+    model: transformers.LlamaForCausalLM
+    params: dict[str, Tensor]
+    calibration: list[dict[str, Tensor]]
+    heldout: Tensor
+    structure: fp.Structure
+    moments: dict[str, fp.Moments] = field(default_factory=dict)
+    rows: list[Row] = field(default_factory=list)
+
+
+def setup(config: ol.Config, weights: Path | None) -> Setup:
+    """Load (or train) the depth-width example's model and build the data and the structure."""
+    corpus = ol.make_corpus(config)
+    model = dw.trained(config, corpus, weights).model
+    for p in model.parameters():
+        p.requires_grad_(False)
+    calibration, heldout = dw.data(config, corpus)
+    structure = fp.structure(model, calibration[0]["input_ids"][:4])
+    params = dict(model.named_parameters())
+    names = [n for n in params if n.endswith(("o_proj.weight", "down_proj.weight"))]
+    moments = fp.input_moments(model, calibration, names)
+    return Setup(config, corpus, model, params, calibration, heldout, structure, moments)
+
+
+def scores_of(s: Setup, criterion: str) -> tuple[dict[str, Tensor] | None, int]:
+    """The scores a plan ranks by (``None``: the weights) and the norm ``n`` it takes of each unit's."""
+    if criterion == "norm":
+        return None, 2
+    if criterion == "taylor":
+        student = {n: p.detach().clone().requires_grad_() for n, p in s.params.items()}
+        total = {n: torch.zeros_like(p) for n, p in student.items()}
+        for batch in s.calibration:
+            ids = batch["input_ids"]
+            logits = torch.func.functional_call(s.model, student, (ids,)).logits
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+            grads = torch.autograd.grad(loss, list(student.values()))
+            total = {n: total[n] + g for n, g in zip(student, grads)}
+        return fp.taylor(s.params, total), 1
+    if criterion == "fluctuation":
+        zeros = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in s.params.items()}
+        return zeros | fp.fluctuation(s.params, s.moments), 2
+    raise ValueError(f"criterion: expected one of {CRITERIA}, got {criterion!r}")
+
+
+def masks_at(s: Setup, fraction: float, scores: dict[str, Tensor] | None, n: int) -> dict[str, Tensor]:
+    """The masks of the fewest globally ranked units whose removal takes ``fraction`` of the parameters."""
+    total = sum(p.numel() for p in s.params.values())
+    units = sum(g.size - 1 for g in s.structure.of_kinds(*KINDS).groups.values())
+
+    def plan(k: int) -> dict[str, Tensor]:
+        p = fp.structured(s.structure, fp.LnStructured(k, n=n), kinds=KINDS, normalize="mean")
+        return p(s.params) if scores is None else p(s.params, scores=scores)
+
+    lo, hi = 0, units  # the smallest k with kept <= (1 - fraction) * total
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if dw.kept_parameters(s.params, plan(mid)) <= (1 - fraction) * total:
+            hi = mid
+        else:
+            lo = mid + 1
+    return plan(lo)
+
+
+def batches(s: Setup, steps: int) -> list[Tensor]:
+    """The recovery's batches: ``steps`` of the training's size at random offsets of the training stream."""
+    generator = torch.Generator().manual_seed(s.config.seed + 2)
+    offsets = torch.arange(s.config.context + 1)
+    return [s.corpus.train[torch.randint(0, len(s.corpus.train) - s.config.context - 1, (s.config.batch, 1),
+                                         generator=generator) + offsets] for _ in range(steps)]  # fmt: skip
+
+
+def recover(s: Setup, masks: dict[str, Tensor], route: str, data: Sequence[Tensor]) -> dict[str, Tensor]:
+    """Train one copy of the parameters through the masks on ``data`` with the route's loss; the teacher is
+    the module's own frozen parameters (one module, one copy of the frozen weights)."""
+    teacher = s.params
+    student = {n: p.detach().clone().requires_grad_() for n, p in teacher.items()}
+    optimizer = torch.optim.AdamW(list(student.values()), lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
+    for step, batch in enumerate(data):
+        for group in optimizer.param_groups:
+            group["lr"] = LR * (0.1 + 0.45 * (1 + math.cos(math.pi * step / max(1, len(data) - 1))))
+        x, y = batch[:, :-1], batch[:, 1:]
+        logits = fp.functional_call_masked(s.model, student, masks, (x,)).logits
+        ce = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        if route == "ce":
+            loss = ce
+        else:
+            with torch.no_grad():
+                t = torch.func.functional_call(s.model, teacher, (x,)).logits
+            kd = fp.distill_loss(logits, t)
+            loss = kd if route == "kd" else 0.5 * (ce + kd)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return {n: p.detach() for n, p in student.items()}
+
+
+def structured_rows(s: Setup, fraction: float, criterion: str, say: Callable[[str], None]) -> None:
+    """Every route of one criterion at one fraction."""
+    start = time.perf_counter()
+    scores, n = scores_of(s, criterion)
+    masks = masks_at(s, fraction, scores, n)
+    base = time.perf_counter() - start  # the scores and the masks, counted in every route's time
+    kept = dw.kept_parameters(s.params, masks)
+    data = batches(s, STEPS)
+    for route in ROUTES:
+        start = time.perf_counter()
+        if route == "none":
+            value = ol.perplexity(s.model, s.heldout, s.params, masks)
+        elif route == "compensate":
+            model = fp.with_biases(s.model, fp.compensate(s.params, masks, s.moments))
+            value = ol.perplexity(model, s.heldout, dict(model.named_parameters()), masks)
+        else:
+            value = ol.perplexity(s.model, s.heldout, recover(s, masks, route, data), masks)
+        seconds = base + time.perf_counter() - start
+        s.rows.append(Row("structured", fraction, criterion, route, value, kept, seconds))
+        say(f"-{100 * fraction:.0f}% {criterion} {route}: perplexity {value:.3f}, {kept} parameters ({seconds:.1f} s)")
+
+
+def oneshot_rows(s: Setup, fraction: float, say: Callable[[str], None]) -> None:
+    """The one-shot unstructured methods removing as many decoder Linear weights as the fraction of all."""
+    total = sum(p.numel() for p in s.params.values())
+    linear = sum(p.numel() for n, p in s.params.items() if n.startswith("model.layers.") and p.dim() == 2)
+    sparsity = fraction * total / linear
+    for method in ol.METHODS:
+        start = time.perf_counter()
+        params, masks = fp.oneshot(s.model, s.calibration, method=method, spec=fp.L1Unstructured(sparsity))
+        value = ol.perplexity(s.model, s.heldout, params, masks)
+        seconds = time.perf_counter() - start
+        kept = total - sum(int((~m).sum()) for m in masks.values())
+        s.rows.append(Row("oneshot", fraction, method, "none", value, kept, seconds))
+        say(f"-{100 * fraction:.0f}% oneshot {method} ({100 * sparsity:.1f}% of the decoder's Linear weights): "
+            f"perplexity {value:.3f}, {kept} nonzero parameters ({seconds:.1f} s)")  # fmt: skip
+
+
+def small_config(config: ol.Config, fraction: float) -> ol.Config:
+    """The dense configuration of ``fraction`` fewer parameters: the MLP width reduced (to a multiple of 4),
+    trained for the dense model's steps plus :data:`STEPS`."""
+    per_channel = 3 * config.hidden * config.layers
+    total = sum(p.numel() for p in transformers.LlamaForCausalLM(config.llama()).parameters())
+    width = config.intermediate - round(fraction * total / per_channel / 4) * 4
+    return replace(config, intermediate=width, steps=config.steps + STEPS)
+
+
+def small_row(s: Setup, fraction: float, weights: Path | None, say: Callable[[str], None]) -> None:
+    """The train-small baseline of one fraction (trained, or loaded if saved)."""
+    config = small_config(s.config, fraction)
+    model = ol.make_model(config)
+    got = dw.saved_or_trained(model, lambda: ol.train_(model, s.corpus.train, config),
+                              None if weights is None else dw.weights_path(config, weights))  # fmt: skip
+    value = ol.perplexity(got.model, s.heldout)
+    parameters = sum(p.numel() for p in got.model.parameters())
+    s.rows.append(Row("small", fraction, f"MLP {config.intermediate}", f"{config.steps} steps", value, parameters,
+                      got.seconds))  # fmt: skip
+    say(f"-{100 * fraction:.0f}% trained small (MLP {config.intermediate}, {config.steps} steps, "
+        f"{'reused' if got.reused else 'trained'}): perplexity {value:.3f}, {parameters} parameters "
+        f"({got.seconds:.0f} s)")  # fmt: skip
+
+
+def report(s: Setup) -> str:
+    """The table of one seed."""
+    lines = [f"seed {s.config.seed}; recovery {STEPS} steps of {s.config.batch}x{s.config.context} tokens, "
+             f"AdamW lr {LR}; threads {torch.get_num_threads()}",
+             f"{'kind':<10} {'removed':>7} {'method':<12} {'route':<10} {'params':>8} {'perplexity':>10} {'time':>7}"]  # fmt: skip
+    for r in s.rows:
+        lines.append(f"{r.kind:<10} {100 * r.fraction:6.0f}% {r.method:<12} {r.route:<10} {r.parameters:>8} "
+                     f"{r.perplexity:10.3f} {r.seconds:6.1f}s")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The command line (module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fractions", default=",".join(map(str, FRACTIONS)))
+    parser.add_argument("--criteria", default=",".join(CRITERIA))
+    parser.add_argument("--no-oneshot", action="store_true")
+    parser.add_argument("--no-small", action="store_true")
+    parser.add_argument("--only-small", action="store_true", help="the train-small baselines alone")
+    parser.add_argument("--threads", type=int, default=1)
+    default = Path(tempfile.gettempdir()) / "funcprune-depth-width"
+    parser.add_argument("--weights", type=Path, default=default)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    config = dw.config_of(args.seed)
+    s = setup(config, args.weights)
+    start = time.perf_counter()
+    dense = ol.perplexity(s.model, s.heldout)
+    s.rows.append(Row("dense", 0.0, "-", "-", dense, sum(p.numel() for p in s.params.values()),
+                      time.perf_counter() - start))  # fmt: skip
+    say(f"dense: perplexity {dense:.3f}")
+    for fraction in (float(f) for f in args.fractions.split(",")):
+        if not args.only_small:
+            for criterion in args.criteria.split(","):
+                structured_rows(s, fraction, criterion, say)
+            if not args.no_oneshot:
+                oneshot_rows(s, fraction, say)
+        if not args.no_small:
+            small_row(s, fraction, args.weights, say)
+    print(report(s))
+
+
+if __name__ == "__main__":
+    main()
