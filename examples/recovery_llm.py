@@ -309,9 +309,9 @@ def small_row(s: Setup, fraction: float, weights: Path | None, say: Callable[[st
 
 def report(s: Setup) -> str:
     """The table of one seed."""
+    header = f"{'kind':<10} {'removed':>7} {'method':<12} {'route':<10} {'params':>8} {'perplexity':>10} {'time':>7}"
     lines = [f"seed {s.config.seed}; recovery {STEPS} steps of {s.config.batch}x{s.config.context} tokens, "
-             f"AdamW lr {LR}; threads {torch.get_num_threads()}",
-             f"{'kind':<10} {'removed':>7} {'method':<12} {'route':<10} {'params':>8} {'perplexity':>10} {'time':>7}"]  # fmt: skip
+             f"AdamW lr {LR}; threads {torch.get_num_threads()}", header]  # fmt: skip
     for r in s.rows:
         lines.append(f"{r.kind:<10} {100 * r.fraction:6.0f}% {r.method:<12} {r.route:<10} {r.parameters:>8} "
                      f"{r.perplexity:10.3f} {r.seconds:6.1f}s")  # fmt: skip
