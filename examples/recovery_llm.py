@@ -92,8 +92,9 @@ and to +0.06 to +0.12 at -40%. Does pruning plus recovery beat training
 small? These runs do not settle it: the dense model of the pruned size
 trained from scratch for the same total tokens is within 0.03 of the best
 route on seed 0 (4.932 and 4.964 against 4.902 and 4.959); on seed 1 it
-beats every route and the dense model itself at -25% (4.881) and loses to
-every route with recovery at -40% (5.325 against 5.09 to 5.34). The
+beats every route and the dense model itself at -25% (4.881) and at -40%
+loses to every Taylor and fluctuation route with training and to norm's
+ce+kd (5.325 against 5.09 to 5.28). The
 baseline itself varies by 0.44 between seeds at -40%: one training run
 per seed and size is too few to say more. Unstructured pruning at the same count of nonzeros
 keeps more than any structured route without recovery, but makes no
