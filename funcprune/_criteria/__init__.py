@@ -17,6 +17,7 @@ from ._collect import collect as collect
 from ._hessians import GRAMS as GRAMS
 from ._hessians import hessians as hessians
 from ._hooks import Statistic as Statistic
+from ._hooks import token_rows as token_rows
 from ._owl import owl_sparsity as owl_sparsity
 from ._scores import saliency as saliency
 from ._scores import taylor as taylor
