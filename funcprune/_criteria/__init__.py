@@ -22,6 +22,7 @@ from ._flap import fluctuation as fluctuation
 from ._hessians import GRAMS as GRAMS
 from ._hessians import hessians as hessians
 from ._hooks import Statistic as Statistic
+from ._hooks import token_rows as token_rows
 from ._moments import MOMENTS as MOMENTS
 from ._moments import Moments as Moments
 from ._moments import input_moments as input_moments

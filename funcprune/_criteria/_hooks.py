@@ -26,7 +26,7 @@ from .._types import Tensor, is_conv1d
 
 __all__ = [
     "ExpertTarget", "Running", "Statistic", "Target", "check_names", "collector", "expert_target_of",
-    "experts_collector", "holder", "target_of",
+    "experts_collector", "holder", "target_of", "token_rows",
 ]  # fmt: skip
 
 
@@ -230,6 +230,23 @@ def _rows(fn: str, target: Target, x: Tensor, tokens: Tensor | None) -> Tensor:
     return rows.to(dtype)
 
 
+def token_rows(fn: str, who: str, count: int, tokens: Tensor | None, remedy: str = "") -> Tensor | None:
+    """Which of ``count`` flattened ``(batch * tokens)`` rows are real tokens (the batch's ``attention_mask``
+    flattened), or ``None`` where every token counts; refused where the mask marks another number of tokens.
+
+    ``who`` names what received the rows; ``remedy`` starts the error's advice (``"leave ... , or "``).
+    """
+    if tokens is None:
+        return None
+    if count != tokens.numel():
+        raise ValueError(
+            f"{fn}: {who} received {count} tokens, where the batch's attention_mask of shape "
+            f"{tuple(tokens.shape)} has {tokens.numel()}, so its padding cannot be left out; {remedy}pass "
+            "batches without an attention_mask"
+        )
+    return tokens.reshape(-1)
+
+
 def _squeezed(shape: Sequence[int]) -> tuple[int, ...]:
     """A shape without its dims of size 1 (they do not change the order of the entries)."""
     return tuple(n for n in shape if n != 1)
@@ -311,16 +328,8 @@ def experts_collector(
             got = f"shape {tuple(hidden.shape)}" if isinstance(hidden, torch.Tensor) else type(hidden).__name__
             raise ValueError(f"{fn}: {holder(path)} (experts) must be called with its hidden states as a "
                              f"floating-point (tokens, hidden) tensor first, got {got}")  # fmt: skip
-        tokens = current.tokens
-        rows = None
-        if tokens is not None:
-            if hidden.shape[0] != tokens.numel():
-                raise ValueError(
-                    f"{fn}: {holder(path)} (experts) received {hidden.shape[0]} tokens, where the batch's "
-                    f"attention_mask of shape {tuple(tokens.shape)} has {tokens.numel()}, so its padding cannot "
-                    "be left out; leave its weights out of names, or pass batches without an attention_mask"
-                )
-            rows = tokens.reshape(-1)
+        rows = token_rows(fn, f"{holder(path)} (experts)", hidden.shape[0], current.tokens,
+                          "leave its weights out of names, or ")  # fmt: skip
         dtype = torch.float64 if hidden.dtype.itemsize < 4 else hidden.dtype
         for t in targets:
             if t.name not in sums:

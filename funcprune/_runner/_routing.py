@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._criteria import Call, calls
+from .._criteria import Call, calls, token_rows
 from .._experts import Router, routers
 from .._families import takes_use_cache
 from .._types import Tensor
@@ -196,7 +196,7 @@ class _Watched:
                 f"{self.fn}: the experts {self.layer.experts!r} ran on {hidden.shape[0]} tokens after {got}; "
                 "expected the router to run on the same tokens just before"
             )
-        real = _real(self.fn, self.layer, self.tokens, hidden.shape[0])
+        real = token_rows(self.fn, f"the experts {self.layer.experts!r}", hidden.shape[0], self.tokens)
         if real is not None:
             hidden, index, logits = hidden[real], index[real], logits[real]
         gates = torch.softmax(logits.to(torch.float64), dim=-1)
@@ -267,18 +267,6 @@ def _routed(fn: str, layer: Router, args: tuple[Any, ...], kwargs: Mapping[str, 
             f"{tuple(index.shape)} ({index.dtype}); expected (tokens, hidden) and integer (tokens, top_k)"
         )
     return hidden.detach(), index, weights
-
-
-def _real(fn: str, layer: Router, tokens: Tensor | None, rows: int) -> Tensor | None:
-    """The experts' rows that are real tokens (a batch's flattened ``attention_mask``), or ``None`` for all."""
-    if tokens is None:
-        return None
-    if tokens.numel() != rows:
-        raise ValueError(
-            f"{fn}: the experts {layer.experts!r} ran on {rows} tokens, but the batch's attention_mask "
-            f"{tuple(tokens.shape)} marks {tokens.numel()}: cannot tell its padding"
-        )
-    return tokens.reshape(-1).bool()
 
 
 def super_experts(
