@@ -122,6 +122,7 @@ import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
 
 import depth_width_llm as dw  # noqa: E402
+import experts_moe as em  # noqa: E402
 import funcprune as fp  # noqa: E402
 import oneshot_llm as ol  # noqa: E402
 
@@ -139,6 +140,11 @@ CRITERIA = ("norm", "taylor", "fluctuation")
 ROUTES = ("none", "compensate", "ce", "kd", "ce+kd")
 #: The unit kinds a width plan removes.
 KINDS: tuple[fp.Kind, ...] = ("channels", "kv_groups")
+#: The parts of the table: MLP channels and KV groups (``width``), blocks (``depth``), the hidden size
+#: (``hidden``), and experts of the mixture-of-experts example's model (``experts``).
+PARTS = ("width", "depth", "hidden", "experts")
+#: The routes of the depth, hidden-size and expert rows (compensation has no Linear input column to act on).
+TRAINED_ROUTES = ("none", "ce", "kd", "ce+kd")
 
 
 @dataclass(frozen=True)
@@ -160,7 +166,7 @@ class Setup:
 
     config: ol.Config
     corpus: ol.Corpus
-    model: transformers.LlamaForCausalLM
+    model: transformers.PreTrainedModel
     params: dict[str, Tensor]
     calibration: list[dict[str, Tensor]]
     heldout: Tensor
@@ -183,6 +189,18 @@ def setup(config: ol.Config, weights: Path | None) -> Setup:
     return Setup(config, corpus, model, params, calibration, heldout, structure, moments)
 
 
+def moe_setup(config: em.Config, weights: Path | None) -> Setup:
+    """Load (or train) the mixture-of-experts example's model (:mod:`experts_moe`) and its data and structure."""
+    corpus = ol.make_corpus(config)
+    model = em.trained(config, corpus, weights).model
+    for p in model.parameters():
+        p.requires_grad_(False)
+    calibration, heldout = dw.data(config, corpus)
+    structure = fp.structure(model, calibration[0]["input_ids"][:4])
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    return Setup(config, corpus, model, params, calibration, heldout, structure)
+
+
 def scores_of(s: Setup, criterion: str) -> tuple[dict[str, Tensor] | None, int]:
     """The scores a plan ranks by (``None``: the weights) and the norm ``n`` it takes of each unit's."""
     if criterion == "norm":
@@ -203,23 +221,69 @@ def scores_of(s: Setup, criterion: str) -> tuple[dict[str, Tensor] | None, int]:
     raise ValueError(f"criterion: expected one of {CRITERIA}, got {criterion!r}")
 
 
+def fewest(
+    s: Setup, fraction: float, plan: Callable[[int], dict[str, Tensor]], units: int, *, nearest: bool = False
+) -> dict[str, Tensor]:
+    """The masks of ``plan(k)`` for the smallest ``k`` (of at most ``units``) whose removal takes ``fraction`` of
+    the parameters (``nearest``: or ``k - 1`` where its count of parameters is nearer the fraction's)."""
+    total = sum(p.numel() for p in s.params.values())
+    goal = (1 - fraction) * total
+    lo, hi = 0, units  # the smallest k with kept <= goal
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if dw.kept_parameters(s.params, plan(mid)) <= goal:
+            hi = mid
+        else:
+            lo = mid + 1
+    masks = plan(lo)
+    if nearest and lo > 0:
+        fewer = plan(lo - 1)
+        if abs(dw.kept_parameters(s.params, fewer) - goal) < abs(dw.kept_parameters(s.params, masks) - goal):
+            return fewer
+    return masks
+
+
 def masks_at(s: Setup, fraction: float, scores: dict[str, Tensor] | None, n: int) -> dict[str, Tensor]:
     """The masks of the fewest globally ranked units whose removal takes ``fraction`` of the parameters."""
-    total = sum(p.numel() for p in s.params.values())
     units = sum(g.size - 1 for g in s.structure.of_kinds(*KINDS).groups.values())
 
     def plan(k: int) -> dict[str, Tensor]:
         p = fp.structured(s.structure, fp.LnStructured(k, n=n), kinds=KINDS, normalize="mean")
         return p(s.params) if scores is None else p(s.params, scores=scores)
 
-    lo, hi = 0, units  # the smallest k with kept <= (1 - fraction) * total
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if dw.kept_parameters(s.params, plan(mid)) <= (1 - fraction) * total:
-            hi = mid
-        else:
-            lo = mid + 1
-    return plan(lo)
+    return fewest(s, fraction, plan, units)
+
+
+def unit_masks(s: Setup, part: str, fraction: float) -> tuple[str, dict[str, Tensor]]:
+    """One part's scores and masks at ``fraction``: ``depth``, the blocks of lowest block influence
+    (:func:`funcprune.layer_scores`, ``"bi"``), as many as come nearest the fraction; ``hidden``, the hidden
+    channels of lowest activation (:func:`funcprune.hidden_scores`); ``experts``, the experts of lowest REAP
+    score (:func:`funcprune.expert_stats`) over the whole model (``scope="global"``, each layer keeping its
+    router's top k). Returns the criterion's name and the masks."""
+    kind: fp.Kind
+    if part == "depth":
+        kind, criterion, scores = "layers", "bi", {"": fp.layer_scores(s.model, s.calibration, metric="bi")}
+    elif part == "hidden":
+        kind, criterion, scores = "hidden", "activation", {"": fp.hidden_scores(s.model, s.calibration)}
+    elif part == "experts":
+        stats = fp.expert_stats(s.model, s.calibration)
+        kind, criterion, scores = "experts", "reap", {g: values["reap"] for g, values in stats.items()}
+    else:
+        raise ValueError(f"part: expected one of {PARTS[1:]}, got {part!r}")
+    groups = s.structure.of_kinds(kind).groups
+    if "" in scores:  # one group of this kind: depth's blocks, the hidden size
+        name = dw.only_group(s.structure, kind)
+        if name is None:
+            raise ValueError(f"the structure has no {kind!r} group")
+        scores = {name: scores[""]}
+    units = sum(g.size - g.least for g in groups.values())
+
+    def plan(k: int) -> dict[str, Tensor]:
+        scope: em.Scope = "global" if len(groups) > 1 else "group"
+        return fp.structured(s.structure, fp.LnStructured(k, n=2), kinds=kind, scope=scope)(s.params,
+                                                                                            unit_scores=scores)
+
+    return criterion, fewest(s, fraction, plan, units, nearest=part == "depth")
 
 
 def batches(s: Setup, steps: int) -> list[Tensor]:
@@ -228,6 +292,28 @@ def batches(s: Setup, steps: int) -> list[Tensor]:
     offsets = torch.arange(s.config.context + 1)
     return [s.corpus.train[torch.randint(0, len(s.corpus.train) - s.config.context - 1, (s.config.batch, 1),
                                          generator=generator) + offsets] for _ in range(steps)]  # fmt: skip
+
+
+def unit_rows(s: Setup, part: str, fraction: float, say: Callable[[str], None]) -> None:
+    """The rows of one part (depth, hidden size or experts) at one fraction: no recovery and the training
+    routes."""
+    start = time.perf_counter()
+    criterion, masks = unit_masks(s, part, fraction)
+    base = time.perf_counter() - start
+    kept = dw.kept_parameters(s.params, masks)
+    kinds: dict[str, fp.Kind] = {"depth": "layers", "hidden": "hidden", "experts": "experts"}
+    kind = kinds[part]
+    removed = [len(dw.pruned_units(g, masks)) for g in s.structure.of_kinds(kind).groups.values()]
+    say(f"-{100 * fraction:.0f}% {part} by {criterion}: units removed {removed}")
+    data = batches(s, STEPS)
+    for route in TRAINED_ROUTES:
+        start = time.perf_counter()
+        params = s.params if route == "none" else recover(s, masks, route, data)
+        value = ol.perplexity(s.model, s.heldout, params, masks)
+        seconds = base + time.perf_counter() - start
+        s.rows.append(Row(part, fraction, criterion, route, value, kept, seconds))
+        say(f"-{100 * fraction:.0f}% {part} {criterion} {route}: perplexity {value:.3f}, {kept} parameters "
+            f"({seconds:.1f} s)")  # fmt: skip
 
 
 def recover(s: Setup, masks: dict[str, Tensor], route: str, data: Sequence[Tensor]) -> dict[str, Tensor]:
@@ -326,10 +412,38 @@ def small_row(s: Setup, fraction: float, weights: Path | None, say: Callable[[st
         f"({got.seconds:.0f} s)")  # fmt: skip
 
 
+def moe_small_config(config: em.Config, fraction: float) -> em.Config:
+    """The mixture-of-experts configuration of about ``fraction`` fewer parameters: fewer experts in every
+    layer (the count nearest), trained for the dense model's steps plus :data:`STEPS`."""
+
+    def size(experts: int) -> int:
+        return sum(p.numel() for p in transformers.Qwen3MoeForCausalLM(
+            replace(config, experts=experts).qwen3_moe()).parameters())  # fmt: skip
+
+    goal = (1 - fraction) * size(config.experts)
+    experts = min(range(config.top_k, config.experts + 1), key=lambda e: abs(size(e) - goal))
+    return replace(config, experts=experts, steps=config.steps + STEPS)
+
+
+def moe_small_row(s: Setup, fraction: float, weights: Path | None, say: Callable[[str], None]) -> None:
+    """The mixture-of-experts train-small baseline of one fraction (trained, or loaded if saved)."""
+    if not isinstance(s.config, em.Config):
+        raise TypeError(f"expected the experts example's configuration, got {type(s.config).__name__}")
+    config = moe_small_config(s.config, fraction)
+    got = em.trained(config, s.corpus, weights)
+    value = ol.perplexity(got.model, s.heldout)
+    parameters = sum(p.numel() for p in got.model.parameters())
+    s.rows.append(Row("small", fraction, f"{config.experts} experts", f"{config.steps} steps", value, parameters,
+                      got.seconds))  # fmt: skip
+    say(f"-{100 * fraction:.0f}% trained small ({config.experts} experts, {config.steps} steps, "
+        f"{'reused' if got.reused else 'trained'}): perplexity {value:.3f}, {parameters} parameters "
+        f"({got.seconds:.0f} s)")  # fmt: skip
+
+
 def report(s: Setup) -> str:
     """The table of one seed."""
     header = f"{'kind':<10} {'removed':>7} {'method':<12} {'route':<10} {'params':>8} {'perplexity':>10} {'time':>7}"
-    lines = [f"seed {s.config.seed}; recovery {STEPS} steps of {s.config.batch}x{s.config.context} tokens, "
+    lines = [f"{type(s.model).__name__}, seed {s.config.seed}; recovery {STEPS} steps of {s.config.batch}x{s.config.context} tokens, "
              f"AdamW lr {LR}; threads {torch.get_num_threads()}", header]  # fmt: skip
     for r in s.rows:
         lines.append(f"{r.kind:<10} {100 * r.fraction:6.0f}% {r.method:<12} {r.route:<10} {r.parameters:>8} "
@@ -343,35 +457,61 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fractions", default=",".join(map(str, FRACTIONS)))
     parser.add_argument("--criteria", default=",".join(CRITERIA))
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"of {','.join(PARTS)}")
     parser.add_argument("--no-oneshot", action="store_true")
     parser.add_argument("--no-small", action="store_true")
     parser.add_argument("--only-small", action="store_true", help="the train-small baselines alone")
     parser.add_argument("--threads", type=int, default=1)
     default = Path(tempfile.gettempdir()) / "funcprune-depth-width"
     parser.add_argument("--weights", type=Path, default=default)
+    moe_default = Path(tempfile.gettempdir()) / "funcprune-experts"
+    parser.add_argument("--moe-weights", type=Path, default=moe_default)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    config = dw.config_of(args.seed)
-    s = setup(config, args.weights)
+    parts = args.parts.split(",")
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        parser.error(f"--parts: expected some of {','.join(PARTS)}, got {','.join(unknown)}")
+    fractions = [float(f) for f in args.fractions.split(",")]
+    llama = [p for p in parts if p != "experts"]
+    if llama:
+        s = setup(dw.config_of(args.seed), args.weights)
+        dense_row(s, say)
+        for fraction in fractions:
+            if not args.only_small:
+                if "width" in llama:
+                    for criterion in args.criteria.split(","):
+                        structured_rows(s, fraction, criterion, say)
+                    if not args.no_oneshot:
+                        oneshot_rows(s, fraction, say)
+                for part in llama:
+                    if part != "width":
+                        unit_rows(s, part, fraction, say)
+            if not args.no_small:
+                small_row(s, fraction, args.weights, say)
+        print(report(s))
+    if "experts" in parts:
+        s = moe_setup(em.config_of(args.seed), args.moe_weights)
+        dense_row(s, say)
+        for fraction in fractions:
+            if not args.only_small:
+                unit_rows(s, "experts", fraction, say)
+            if not args.no_small:
+                moe_small_row(s, fraction, args.moe_weights, say)
+        print(report(s))
+
+
+def dense_row(s: Setup, say: Callable[[str], None]) -> None:
+    """The dense model's row."""
     start = time.perf_counter()
     dense = ol.perplexity(s.model, s.heldout)
     s.rows.append(Row("dense", 0.0, "-", "-", dense, sum(p.numel() for p in s.params.values()),
                       time.perf_counter() - start))  # fmt: skip
-    say(f"dense: perplexity {dense:.3f}")
-    for fraction in (float(f) for f in args.fractions.split(",")):
-        if not args.only_small:
-            for criterion in args.criteria.split(","):
-                structured_rows(s, fraction, criterion, say)
-            if not args.no_oneshot:
-                oneshot_rows(s, fraction, say)
-        if not args.no_small:
-            small_row(s, fraction, args.weights, say)
-    print(report(s))
-
+    say(f"{type(s.model).__name__} dense: perplexity {dense:.3f}")
 
 if __name__ == "__main__":
     main()

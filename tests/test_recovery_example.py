@@ -3,7 +3,10 @@
 The pipeline, not the quality of a model trained 2 steps: the global
 ranking reaches the parameter fraction asked for with the fewest units, the
 recovery trains one copy through the masks while the module's own tensors
-(the teacher) stay as they were, and every route gives a finite perplexity.
+(the teacher) stay as they were, and every route gives a finite perplexity;
+the depth, hidden-size and expert rows (the last on the experts example's
+tiny mixture of experts) likewise. The whole module runs under the ci
+profile (about 40 s on 2 cores): the library's own tests cover what it calls.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import math
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,8 +28,10 @@ transformers = pytest.importorskip("transformers", reason="needs transformers (t
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import depth_width_llm as dw  # noqa: E402
+import experts_moe as em  # noqa: E402
 import recovery_llm as rl  # noqa: E402
 
+pytestmark = pytest.mark.ci
 CONFIG = dw.config_of(0, quick=True, steps=2)
 
 
@@ -79,3 +85,48 @@ def test_every_route_and_baseline_runs(s: rl.Setup) -> None:
     assert all(abs(r.parameters - 0.75 * total) < 1e-3 * total for r in s.rows[5:8])  # as many nonzeros
     assert abs(s.rows[-1].parameters - 0.75 * total) < 0.05 * total  # the train-small model is of the pruned size
     assert "fluctuation" in rl.report(s)
+
+
+@pytest.mark.parametrize("part", ["depth", "hidden"])
+def test_depth_and_hidden_rows_reach_the_fraction(s: rl.Setup, part: str) -> None:
+    total = sum(p.numel() for p in s.params.values())
+    criterion, masks = rl.unit_masks(s, part, 0.25)
+    kept = dw.kept_parameters(s.params, masks)
+    kind: fp.Kind = "layers" if part == "depth" else "hidden"
+    (group,) = s.structure.of_kinds(kind).groups.values()
+    removed = len(dw.pruned_units(group, masks))
+    per_unit = (total - kept) / removed
+    if part == "depth":  # the nearest count of whole blocks (4 blocks: one of them is the nearest to 25%)
+        assert criterion == "bi" and removed == 1 and abs(kept - 0.75 * total) <= per_unit / 2
+    else:  # the fewest channels reaching the fraction
+        assert criterion == "activation" and kept <= 0.75 * total < kept + 1.5 * per_unit
+    s.rows.clear()
+    rl.unit_rows(s, part, 0.25, lambda line: None)
+    assert [(r.kind, r.method, r.route, r.parameters) for r in s.rows] == [
+        (part, criterion, route, kept) for route in rl.TRAINED_ROUTES
+    ]
+    assert all(math.isfinite(r.perplexity) and r.perplexity > 1 for r in s.rows)
+
+
+def test_expert_rows_and_their_train_small_baseline() -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        config = replace(em.config_of(0, quick=True), steps=2)
+        m = rl.moe_setup(config, None)
+        total = sum(p.numel() for p in m.params.values())
+        criterion, masks = rl.unit_masks(m, "experts", 0.25)
+        groups = list(m.structure.of_kinds("experts").groups.values())
+        removed = [len(dw.pruned_units(g, masks)) for g in groups]
+        assert criterion == "reap" and sum(removed) > 0
+        assert all(g.size - r >= config.top_k for g, r in zip(groups, removed))  # each layer keeps its top k
+        assert dw.kept_parameters(m.params, masks) <= 0.75 * total
+        rl.unit_rows(m, "experts", 0.25, lambda line: None)
+        rl.moe_small_row(m, 0.25, None, lambda line: None)
+    finally:
+        torch.set_num_threads(threads)
+    assert [(r.kind, r.route) for r in m.rows] == [("experts", route) for route in rl.TRAINED_ROUTES] + [
+        ("small", f"{2 + rl.STEPS} steps")
+    ]
+    assert all(math.isfinite(r.perplexity) and r.perplexity > 1 for r in m.rows)
+    assert abs(m.rows[-1].parameters - 0.75 * total) < 0.1 * total  # the small MoE is of about the pruned size

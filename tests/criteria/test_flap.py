@@ -179,6 +179,7 @@ def test_compensate_adds_to_a_bias_and_leaves_unpruned_layers_alone() -> None:
     assert fp.compensate(params, {}, m)["bias"] is params["bias"]
 
 
+@pytest.mark.ci  # a shrink and a reload: CI runs it (the default suite's 5 minutes)
 def test_a_compensated_llama_shrinks_saves_and_reloads_with_plain_from_pretrained(tmp_path: Path) -> None:
     model = _llama(torch.float32)
     names = _names(model)

@@ -101,6 +101,7 @@ def test_the_forms_oneshot_takes_give_one_value() -> None:
     assert fp.perplexity(model, iter([x])).nll in values  # a generator, read once
 
 
+@pytest.mark.ci  # a shrink and a reload: CI runs it (the default suite's 5 minutes)
 def test_masked_equals_baked_and_shrunk_and_the_model_is_untouched() -> None:
     t = _hf.tiny("llama")
     model = t.model

@@ -109,6 +109,7 @@ def test_hidden_states_and_lm_loss_mix_keep_pruned_gradients_zero() -> None:
     assert all(bool(g.abs().sum() > 0) for n, g in grads.items() if n in masks)
 
 
+@pytest.mark.ci  # a shrink and a reload: CI runs it (the default suite's 5 minutes)
 def test_a_shrunk_student_starts_as_the_masked_one_and_learns_from_the_dense_teacher() -> None:
     model, x, masks = setup()
     teacher_loss = float(distill_step(model, dict(model.named_parameters()), masks)(
