@@ -14,6 +14,7 @@ not an install of it (editable, elsewhere, or none) put a script on PATH.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -68,3 +69,30 @@ def funcprune(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     env["HF_HUB_OFFLINE"] = "1"
     command = [sys.executable, "-m", "funcprune._cli", *map(str, args)]
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def write_calibration(directory: Path) -> tuple[Path, Path]:
+    """``calib.txt`` (:data:`TEXT` 8 times) and ``calib.jsonl`` (its lines as records) in ``directory``."""
+    text = directory / "calib.txt"
+    text.write_text(TEXT * 8, encoding="utf-8")
+    jsonl = directory / "calib.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": line}) + "\n" for line in (TEXT * 4).splitlines()), encoding="utf-8")
+    return text, jsonl
+
+
+def windows(path: Path, words: Any, *, samples: int, seq_len: int, seed: int) -> list[torch.Tensor]:
+    """The calibration batches the command draws, transcribed from the docs: the documents (the text file whole,
+    or each .jsonl record) tokenized without special tokens, joined by the end-of-sequence token, and
+    ``samples`` windows of ``seq_len`` tokens at ``torch.randint(0, n - seq_len + 1, (samples,))`` starts."""
+    content = path.read_text(encoding="utf-8")
+    texts = [json.loads(line)["text"] for line in content.splitlines()] if path.suffix == ".jsonl" else [content]
+    ids: list[int] = []
+    for i, text in enumerate(texts):
+        ids += ([words.eos_token_id] if i else []) + words(text, add_special_tokens=False)["input_ids"]
+    starts = torch.randint(0, len(ids) - seq_len + 1, (samples,), generator=torch.Generator().manual_seed(seed))
+    return [torch.tensor(ids[s : s + seq_len]).unsqueeze(0) for s in starts.tolist()]
+
+
+def left_behind(directory: Path, out: str = "out") -> list[str]:
+    """What a run left in ``directory`` under ``out``'s name: OUT itself, ``OUT.tmp-*``, ``OUT.old-*``."""
+    return sorted(p.name for p in directory.iterdir() if p.name == out or p.name.startswith(f"{out}."))
