@@ -62,6 +62,8 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._demo": BASE
     | {"funcprune._specs", "funcprune._plans", "funcprune._targets", "funcprune._apply", "funcprune._payoff"}
     | {"funcprune.compat"},
+    # the command line sits on top: the public names (``import funcprune``) and the doors it needs
+    "funcprune._cli": frozenset({"funcprune", "funcprune._demo", "funcprune._runner"}),
 }
 #: Above every room: the public facade and ``python -m funcprune`` may import any door.
 TOP = frozenset({"funcprune", "funcprune.__main__"})

@@ -1,9 +1,10 @@
 """One-shot pruning of a model block by block, on calibration batches (the door).
 
-``_layers.py`` finds a model's repeated layers (its blocks) and captures
-what reaches them; ``_methods.py`` holds the one-shot methods as values
-(``Method``: the statistic to collect, a pure ``prune``; ``Magnitude``,
-``Wanda``, ``SparseGPT``); ``_weights.py`` chooses the weights and each
+``_layers.py`` finds a model's repeated layers (its blocks: ``find_layers``,
+also read by the command line's progress bars) and captures what reaches
+them; ``_methods.py`` holds the one-shot methods as values (``Method``:
+the statistic to collect, a pure ``prune``; ``Magnitude``, ``Wanda``,
+``SparseGPT``); ``_weights.py`` chooses the weights and each
 one's spec (uniform, a mapping, OWL's); ``_oneshot.py`` walks the blocks
 (``oneshot``): statistics from the criteria layer's engine, masks from the
 method, each block advanced through ``functional_call_masked``;
@@ -16,6 +17,7 @@ do on calibration tokens (``expert_stats``: REAP's statistics;
 
 from ._depth import hidden_scores as hidden_scores
 from ._depth import layer_scores as layer_scores
+from ._layers import find_layers as find_layers
 from ._methods import Magnitude as Magnitude
 from ._methods import Method as Method
 from ._methods import SparseGPT as SparseGPT

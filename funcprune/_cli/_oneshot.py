@@ -1,0 +1,170 @@
+"""``funcprune oneshot``: a checkpoint pruned by ``fp.oneshot``, baked, saved with its masks and a report.
+
+The run, inside the staged output directory (``_checkpoint.staged``):
+
+1. load: the model (``--dtype``, on ``--device``) and its tokenizer;
+2. calibration: the calibration file tokenized, ``--samples`` random
+   windows of ``--seq-len`` tokens drawn with ``--seed`` (``_data.py``), one
+   window per batch (not read by magnitude without ``--allocation owl``);
+3. prune: :func:`prune`, the one call that says how the model is pruned
+   (today ``fp.oneshot`` on the model in memory);
+4. save: the new weights (SparseGPT's) copied in and the masks applied in
+   place (``fp.bake``'s result, without a second copy of the model), then
+   ``save_pretrained`` of the model and the tokenizer, ``fp.save_masks`` to
+   ``masks.safetensors`` and ``report.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import funcprune as fp
+
+from ._checkpoint import check_model_dir, check_out, load, staged
+from ._data import check_text_file, documents, random_windows, tokens
+from ._options import Sparsity, UsageError
+from ._progress import Progress
+from ._report import Stages, peak_memory, sparsity_of, versions
+
+__all__ = ["Job", "arguments", "bake_", "prune", "run", "spec_of"]
+
+MASKS = "masks.safetensors"
+REPORT = "report.json"
+
+
+def spec_of(sparsity: Sparsity, *, per_row: bool) -> fp.Spec:
+    """The spec of ``--sparsity`` (and ``--per-row``): ``L1Unstructured(f)``, its ``PerSlice`` by row, or ``NM``."""
+    if isinstance(sparsity, tuple):
+        if per_row:
+            raise UsageError("--per-row", f"given with the N:M sparsity {sparsity[0]}:{sparsity[1]}",
+                             "a fraction sparsity (N:M is already within each row)")  # fmt: skip
+        return fp.NM(*sparsity)
+    spec = fp.L1Unstructured(sparsity)
+    return fp.PerSlice(spec, dim=0) if per_row else spec
+
+
+@dataclass(frozen=True)
+class Job:
+    """What :func:`prune` is asked: the checkpoint (its directory and the model loaded from it), the
+    calibration batches, and the method, spec, allocation and device of ``fp.oneshot``."""
+
+    model_dir: str
+    model: torch.nn.Module
+    batches: list[torch.Tensor]
+    method: str
+    spec: fp.Spec
+    allocation: str
+    device: str | None
+
+    @property
+    def reads_batches(self) -> bool:
+        """Whether the method reads calibration batches (magnitude only for OWL's allocation)."""
+        return self.method != "magnitude" or self.allocation == "owl"
+
+
+def prune(job: Job, progress: Progress) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """How the model is pruned: ``fp.oneshot`` on the model in memory; returns ``(params, masks)``."""
+    with progress.oneshot(job.model, job.batches if job.reads_batches else []) as batches:
+        return fp.oneshot(job.model, batches if job.reads_batches else [], method=job.method, spec=job.spec,
+                          allocation=None if job.allocation == "uniform" else job.allocation,
+                          device=job.device)  # fmt: skip
+
+
+def bake_(model: torch.nn.Module, params: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Tensor]) -> None:
+    """``model`` made ``fp.bake(model-with-params, masks)`` in place: new weights copied in, pruned entries 0."""
+    with torch.no_grad():
+        for name, mask in masks.items():
+            weight = model.get_parameter(name)
+            if params[name] is not weight:
+                weight.copy_(params[name])
+            weight.mul_(mask.to(weight.device))
+
+
+def check(options: dict[str, Any]) -> tuple[dict[str, Any], Path, fp.Spec]:
+    """The options checked before anything runs: the config, OUT_DIR and the spec."""
+    config = check_model_dir(_required(options, "model", "MODEL_DIR", "a transformers checkpoint directory"))
+    method = _required(options, "method", "--method", "one of magnitude, wanda, sparsegpt")
+    sparsity = _required(options, "sparsity", "--sparsity", "a fraction (0.5) or N:M (2:4)")
+    spec = spec_of(sparsity, per_row=options["per_row"])
+    if options["allocation"] == "owl" and isinstance(sparsity, tuple):
+        raise UsageError("--allocation", f"owl given with the N:M sparsity {sparsity[0]}:{sparsity[1]}",
+                         "a fraction sparsity (OWL sets each block's fraction)")  # fmt: skip
+    if method != "magnitude" or options["allocation"] == "owl":
+        calibration = _required(options, "calibration", "--calibration", 'a text file or a .jsonl of {"text": ...} '
+                                f"records (method {method} with allocation {options['allocation']} calibrates)")
+        check_text_file("--calibration", calibration)
+    out = check_out(options.get("out"), options["overwrite"])
+    return config, out, spec
+
+
+def _required(options: dict[str, Any], key: str, argument: str, expected: str) -> Any:
+    value = options.get(key)
+    if value is None:
+        raise UsageError(argument, "missing", expected)
+    return value
+
+
+def run(options: dict[str, Any]) -> dict[str, Any]:
+    """Run ``funcprune oneshot`` with ``options`` (merged, see ``_options.merged``); returns the report."""
+    config, out, spec = check(options)
+    progress = Progress(Progress.wanted(options["quiet"]))
+    stages = Stages()
+    with staged(out, overwrite=options["overwrite"]) as tmp:
+        with stages("load"):
+            loaded = load(options["model"], config, dtype=options["dtype"], device=options["device"])
+        job = Job(options["model"], loaded.model, [], options["method"], spec, options["allocation"],
+                  options["device"])  # fmt: skip
+        with stages("calibration"):
+            if job.reads_batches:
+                job = Job(job.model_dir, job.model, _calibration(options, loaded.tokenizer, progress), job.method,
+                          spec, job.allocation, job.device)  # fmt: skip
+        with stages("prune"):
+            params, masks = prune(job, progress)
+        with stages("save"):
+            bake_(loaded.model, params, masks)
+            del params
+            loaded.model.save_pretrained(tmp)
+            loaded.tokenizer.save_pretrained(tmp)
+            fp.save_masks(masks, tmp / MASKS)
+        report = {
+            "command": "oneshot",
+            "arguments": arguments(options),
+            "versions": versions(),
+            "stages": stages.seconds,
+            "peak_memory": peak_memory(options["device"]),
+            "calibration": {"windows": len(job.batches), "tokens": sum(b.numel() for b in job.batches)},
+            "sparsity": sparsity_of(masks),
+        }
+        (tmp / REPORT).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return report
+
+
+def _calibration(options: dict[str, Any], tokenizer: Any, progress: Progress) -> list[torch.Tensor]:
+    path = options["calibration"]
+    texts = documents("--calibration", path)
+    bar = progress.bar("tokenizing", len(texts), "doc")
+    try:
+        stream = tokens("--calibration", path, tokenizer, texts, step=lambda: bar.update(1))
+    finally:
+        bar.close()
+    return random_windows("--calibration", path, stream, samples=options["samples"], seq_len=options["seq_len"],
+                          seed=options["seed"])  # fmt: skip
+
+
+def arguments(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options as JSON values, for a report (a sparsity pair as "N:M", kinds as a list)."""
+    shown: dict[str, Any] = {}
+    for key, value in options.items():
+        if isinstance(value, tuple) and len(value) == 2 and key == "sparsity":
+            value = f"{value[0]}:{value[1]}"
+        elif isinstance(value, tuple):
+            value = list(value)
+        shown[key] = value
+    return shown
+
