@@ -60,7 +60,7 @@ DESIGN_SIGNATURES = {
     # issue 25's, with keyword-only extras
     fp.hessians: "(module, batches, names, *, across=None)",
     fp.sparsegpt: "(params, hessians, spec, *, blocksize=128, percdamp=0.01, input_dims=None)",
-    fp.oneshot: "(model, batches, *, method, spec, names=None, allocation=None, device=None)",  # issue 37's
+    fp.oneshot: "(model, batches, *, method, spec, names=None, allocation=None, device=None, group=None)",  # issue 41
     fp.Magnitude: "()",
     fp.Wanda: "()",
     fp.SparseGPT: "(blocksize=128, percdamp=0.01)",  # issue 37's: SparseGPT's knobs live in its value only

@@ -16,6 +16,7 @@ from ._activations import NORMS as NORMS
 from ._activations import input_norms as input_norms
 from ._calls import Call as Call
 from ._calls import calls as calls
+from ._collect import check_group as check_group
 from ._collect import collect as collect
 from ._flap import compensate as compensate
 from ._flap import fluctuation as fluctuation

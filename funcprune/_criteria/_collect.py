@@ -26,7 +26,7 @@ from ._hooks import (
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-__all__ = ["collect"]
+__all__ = ["check_group", "collect"]
 
 
 def collect(
@@ -40,6 +40,7 @@ def collect(
     run: Callable[[Call], object] | None = None,
     experts: Mapping[str, int] | None = None,
     routed: dict[str, Tensor] | None = None,
+    device: torch.device | None = None,
 ) -> dict[str, Tensor]:
     """Sum ``statistic`` over every token reaching each named weight's module, in ``calls`` of ``module``.
 
@@ -62,7 +63,13 @@ def collect(
     in)`` norms (``(count, in, 1)`` for slices stored ``(in, out)``),
     ``(count, in, in)`` Gram matrices; zeros for an expert no token reached.
     ``routed`` receives each one's ``(count,)`` number of tokens per expert.
-    Not with ``across``.
+
+    With ``across``, every process of the group calls this with its own
+    calls and gets the same sums: those of every process's calls, added by
+    one ``all_reduce`` (see :func:`_across`; expert sums and token counts
+    included). ``device``: where the sums lie (where ``run`` runs the
+    calls), for that ``all_reduce``'s buffer; default: the first weight's
+    device.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
@@ -70,9 +77,7 @@ def collect(
     chosen = list(dict.fromkeys(check_names(fn, names)))
     targets = [target_of(fn, module, name, statistic) for name in chosen if name not in stacked]
     expert_targets = [expert_target_of(fn, module, name, stacked[name]) for name in chosen if name in stacked]
-    _check_across(fn, across)
-    if across is not None and expert_targets:
-        raise ValueError(f"{fn}: stacked expert weights are collected on one process, not across a group")
+    check_group(fn, across)
     if not targets and not expert_targets:
         return {}
     sums: dict[str, Tensor] = {}  # by weight name
@@ -89,7 +94,11 @@ def collect(
             hook = experts_collector(fn, path, group, sums, counts, wide, statistic, current)
             handles.append(group[0].owner.register_forward_pre_hook(hook, with_kwargs=True))
         if across is not None:  # every process's calls: fail together, count together
-            return _across(fn, run or _caller(module), calls, targets, sums, wide, statistic, current, across)
+            every = _across(fn, run or _caller(module), calls, targets, expert_targets, sums, counts, wide, statistic,
+                            current, across, device)  # fmt: skip
+            if routed is not None:
+                routed.update({t.name: counts[t.name] for t in expert_targets})
+            return {name: every[name] for name in chosen}
         ran = _run(run or _caller(module), calls, current)
     finally:
         for handle in handles:
@@ -150,19 +159,23 @@ def _totals(
     return out
 
 
-def _check_across(fn: str, across: object) -> None:
-    """Refuse, before any batch runs, an ``across`` that is no process group of an initialized ``torch.distributed``."""
-    if across is None:
+def check_group(fn: str, group: object, argument: str = "across") -> None:
+    """Refuse, before any batch runs, a ``group`` that is no process group of an initialized ``torch.distributed``.
+
+    ``argument`` names it in the errors (``across``, ``group``).
+    """
+    if group is None:
         return
     import torch.distributed as dist
 
-    if not dist.is_available() or not isinstance(across, dist.ProcessGroup):
+    if not dist.is_available() or not isinstance(group, dist.ProcessGroup):
         raise TypeError(
-            f"{fn}: across must be a torch.distributed process group (dist.group.WORLD, or one from "
-            f"dist.new_group) or None, got {across!r} of type {type(across).__name__}"
+            f"{fn}: {argument} must be a torch.distributed process group (dist.group.WORLD, or one from "
+            f"dist.new_group) or None, got {group!r} of type {type(group).__name__}"
         )
     if not dist.is_initialized():
-        raise ValueError(f"{fn}: across is a process group, but torch.distributed is not initialized")
+        raise ValueError(f"{fn}: {argument} is a process group, but torch.distributed is not initialized "
+                         "(call dist.init_process_group first)")  # fmt: skip
 
 
 def _across(
@@ -170,20 +183,27 @@ def _across(
     run: Callable[[Call], object],
     calls: Iterable[Call],
     targets: list[Target],
+    expert_targets: list[ExpertTarget],
     sums: dict[str, Tensor],
+    counts: dict[str, Tensor],
     wide: set[str],
     statistic: Statistic,
     current: Running,
     group: ProcessGroup,
+    device: torch.device | None,
 ) -> dict[str, Tensor]:
-    """:func:`collect` over every process of ``group``, each with its own calls.
+    """:func:`collect` over every process of ``group``, each with its own calls; the totals by name.
 
     One ``all_reduce`` (``float64``) carries whether each process failed,
-    how many calls it ran, and per target whether it was called, had a
+    how many calls it ran, and per weight whether it was called, had a
     ``float64`` input, summed in ``float64`` (an input narrower than
-    ``float32``), and its sums (zeros where it was not called here): so
+    ``float32``), its sums (zeros where it was not called here) and, for a
+    stacked expert weight, its tokens per expert (into ``counts``): so
     every process decides from the same numbers, and a failure on one (a
-    bad batch) fails all instead of leaving them waiting.
+    bad batch) fails all instead of leaving them waiting. Each process's
+    sums are added to the others' in ``float64`` (``float32`` sums exactly
+    so; then cast back): the totals are those of one process over every
+    process's calls, up to the order in which the sums are added.
     """
     import torch.distributed as dist
 
@@ -193,19 +213,25 @@ def _across(
         ran = _run(run, calls, current)
     except Exception as e:  # noqa: BLE001 (raised below, on every process)
         failure = e
+    every: list[Target | ExpertTarget] = [*targets, *expert_targets]
     shapes = [statistic.shape(t.features) for t in targets]
+    shapes += [(t.count, *statistic.shape(t.features)) for t in expert_targets]
     sizes = [math.prod(shape) for shape in shapes]
-    k = len(targets)
-    head = [float(failure is not None), float(ran)] + [float(t.name in sums) for t in targets]
-    head += [float(t.name in wide) for t in targets]
-    head += [float(t.name in sums and sums[t.name].dtype == torch.float64) for t in targets]
-    weight = targets[0].owner.weight
-    assert isinstance(weight, torch.Tensor)  # a Linear's, Conv1D's or Conv's
-    device = weight.device  # the same on every process, batches run or not (a CUDA group's)
+    k = len(every)
+    head = [float(failure is not None), float(ran)] + [float(t.name in sums) for t in every]
+    head += [float(t.name in wide) for t in every]
+    head += [float(t.name in sums and sums[t.name].dtype == torch.float64) for t in every]
+    if device is None:
+        first = targets[0].owner.weight if targets else getattr(expert_targets[0].owner, expert_targets[0].attr)
+        assert isinstance(first, torch.Tensor)  # a Linear's, Conv1D's or Conv's weight, or a stacked one
+        device = first.device  # the same on every process, batches run or not (a CUDA group's)
     parts = [torch.tensor(head, dtype=torch.float64, device=device)]
-    for t, n in zip(targets, sizes, strict=True):
-        mine = sums[t.name].to(torch.float64).flatten() if t.name in sums else None
+    for t, n in zip(every, sizes, strict=True):
+        mine = sums[t.name].to(device, torch.float64).flatten() if t.name in sums else None
         parts.append(mine if mine is not None else torch.zeros(n, dtype=torch.float64, device=device))
+    for t in expert_targets:
+        tokens = counts[t.name].to(device, torch.float64) if t.name in counts else None
+        parts.append(tokens if tokens is not None else torch.zeros(t.count, dtype=torch.float64, device=device))
     flat = torch.cat(parts)
     dist.all_reduce(flat, group=group)
     if failure is not None:
@@ -215,12 +241,18 @@ def _across(
     called, widened, narrow = flat[2 : 2 + k], flat[2 + k : 2 + 2 * k], flat[2 + 2 * k : 2 + 3 * k]
     total: dict[str, Tensor] = {}
     start = 2 + 3 * k
-    for i, (t, n, shape) in enumerate(zip(targets, sizes, shapes, strict=True)):
+    for i, (t, n, shape) in enumerate(zip(every, sizes, shapes, strict=True)):
         if called[i]:
             dtype = torch.float64 if widened[i] or narrow[i] else torch.float32
             total[t.name] = flat[start : start + n].reshape(shape).to(dtype)
         start += n
-    return _totals(fn, int(flat[1]), targets, total, {t.name for i, t in enumerate(targets) if widened[i]}, statistic)
+    for t in expert_targets:
+        counts[t.name] = flat[start : start + t.count].to("cpu", torch.int64)
+        start += t.count
+    wider = {t.name for i, t in enumerate(every) if widened[i]}
+    out = _totals(fn, int(flat[1]), targets, total, wider, statistic)
+    out.update(_expert_totals(fn, expert_targets, total, wider, statistic))
+    return out
 
 
 def _caller(module: nn.Module) -> Callable[[Call], object]:

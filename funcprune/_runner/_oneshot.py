@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from .._apply import functional_call_masked
-from .._criteria import NORMS, Call, Statistic, calls, collect
+from .._criteria import NORMS, Call, Statistic, calls, check_group, collect
 from .._expert_linears import expert_input_dims
 from .._experts import routers
 from .._specs import Spec
@@ -19,6 +19,9 @@ from .._types import Tensor
 from ._layers import Capture, find_layers, hidden_of
 from ._methods import Magnitude, Method, method_of, prune_with
 from ._weights import check_groups, owl_specs, specs_of, weights_named
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["UnroutedExpertsWarning", "oneshot"]
 
@@ -46,6 +49,7 @@ def oneshot(
     names: Iterable[str] | None = None,
     allocation: str | Mapping[str, float] | None = None,
     device: torch.device | str | None = None,
+    group: ProcessGroup | None = None,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Prune ``model`` once, block by block, on calibration batches; return its new params and masks.
 
@@ -149,6 +153,27 @@ def oneshot(
             params returned for the blocks' weights are copies, not the
             model's tensors). The capture pass (the embeddings and block 0)
             runs where the model is. ``None``: where the model is.
+        group: a ``torch.distributed`` process group (``dist.group.WORLD``,
+            or one from ``dist.new_group``) to calibrate data-parallel:
+            every process of it calls ``oneshot`` with the same model and
+            arguments and its *own share* of the calibration batches (a
+            process may hold none while others hold some). For each block,
+            the statistics of every process (input norms or Hessians, and
+            an MoE layer's tokens per expert) are added by one
+            ``all_reduce`` in ``float64``, so every process gets the same
+            params and masks: those of one process over the union of the
+            batches, up to the order in which the sums are added (exactly
+            those where each sum has at most two terms: two processes of
+            one batch each; see the guide's "Over several processes"). So
+            are OWL's statistics and those of the weights outside the
+            blocks, each in one more ``all_reduce``, and the capture pass
+            agrees in one: a batch that fails on one process raises on
+            every process (its own error there, "another process of the
+            group failed" elsewhere), and no batch on any process is the
+            error of no batches on every process. ``None``: this process
+            alone. Launch with ``torchrun`` and
+            ``dist.init_process_group("gloo")`` (CPU) or ``"nccl"`` (one
+            GPU per process, ``device=`` its GPU).
 
     Returns:
         ``(params, masks)``: a new dict of every parameter by name (the
@@ -160,14 +185,17 @@ def oneshot(
         :func:`~funcprune.shrink`.
 
     Raises:
-        TypeError: if an argument has the wrong type.
+        TypeError: if an argument has the wrong type (``group``: not a
+            process group).
         UnknownNameError: if a name is not a parameter of ``model``.
         ValueError: if the method, spec, allocation or a name is not one
             this supports (raised before any batch runs), if no repeated
             blocks are found, if there are no batches, if a block is
             called other than once per forward with its hidden states, or
             if a method's ``prune`` returns other than a mask of each
-            weight it was given (and new weights like them).
+            weight it was given (and new weights like them), or if
+            ``group`` is given but ``torch.distributed`` is not
+            initialized.
     """
     fn = "oneshot"
     if not isinstance(model, nn.Module):
@@ -186,6 +214,7 @@ def oneshot(
     experts = {n: d for n in chosen if (d := expert_dims.get(n)) is not None}  # stacks: one weight per expert
     check_groups(fn, specs, params, dims, experts)
     where = torch.device(device) if device is not None else None
+    check_group(fn, group, "group")
     stream = calls(fn, batches)
     owl = allocation == "owl"
     inside = [[n for n in chosen if n.startswith(layers.prefix(i))] for i in range(len(layers.modules))]
@@ -205,13 +234,12 @@ def oneshot(
     with capture:
         if owl:
             named = [n for block in inside for n in block]
-            norms = collect(fn, model, stream, named, NORMS, run=capture, experts=experts)
+            norms = collect(fn, model, stream, named, NORMS, across=group, run=capture, experts=experts)
             specs.update(owl_specs(fn, spec, {n: params[n] for n in named}, norms, layers, experts))
         else:
-            for call in stream:
-                capture(call)
+            _capture_all(fn, capture, stream, group, where or _device_of(model))
     held = capture.captured
-    if not held.hidden:
+    if not held.hidden and group is None:  # (across a group: checked on the union, above)
         raise ValueError(f"{fn}: no batches: batches was empty; pass at least one calibration batch")
     if statistic is None:  # OWL's sparsities were all it needed the batches for
         return _at_once(fn, chosen_method, params, specs, dims, experts)
@@ -229,7 +257,7 @@ def oneshot(
             # needed as they are to advance
             block_calls = (held.call(i, b, held.hidden[b].clone()) for b in range(len(held.hidden)))
             changed, got = _prune_block(fn, chosen_method, statistic, block, prefix, moved, buffers, where,
-                                        inside[i], block_calls, specs, dims, experts)  # fmt: skip
+                                        inside[i], block_calls, specs, dims, experts, group)  # fmt: skip
             for full, mask in got.items():
                 local_name = full[len(prefix) :]
                 these[local_name] = mask
@@ -245,7 +273,7 @@ def oneshot(
     del held
     if outside:
         weights, more = _outside(fn, chosen_method, statistic, model, new, masks, outside, specs, dims, experts,
-                                 kept_calls)  # fmt: skip
+                                 kept_calls, group)  # fmt: skip
         new.update(weights)
         masks.update(more)
     return new, {n: masks[n] for n in chosen}
@@ -329,6 +357,45 @@ def _pruned(
     return new, masks
 
 
+def _device_of(model: nn.Module) -> torch.device:
+    """Where the model's first parameter lies (the capture pass runs there)."""
+    return next(model.parameters()).device
+
+
+def _capture_all(
+    fn: str, capture: Capture, stream: Iterable[Call], group: ProcessGroup | None, device: torch.device
+) -> None:
+    """Run ``capture`` on every call; across ``group``, agree on the outcome in one ``all_reduce``.
+
+    Every process learns whether any failed (then each raises: its own
+    error, or one saying another failed) and how many batches they hold
+    together (none: the error of no batches, on every process); a process
+    with no batch of its own is fine while another has some.
+    """
+    if group is None:
+        for call in stream:
+            capture(call)
+        return
+    import torch.distributed as dist
+
+    failure: Exception | None = None
+    try:
+        for call in stream:
+            capture(call)
+    except Exception as e:  # noqa: BLE001 (raised below, on every process)
+        failure = e
+    flat = torch.tensor([float(failure is not None), float(len(capture.captured.hidden))], dtype=torch.float64,
+                        device=device)  # fmt: skip
+    dist.all_reduce(flat, group=group)
+    if failure is not None:
+        raise failure
+    if flat[0]:
+        raise ValueError(f"{fn}: another process of the group failed on its batches (its own error says why)")
+    if not flat[1]:
+        raise ValueError(f"{fn}: no batches: batches was empty on every process of group; pass at least one "
+                         "calibration batch")  # fmt: skip
+
+
 def _kept(stream: Iterable[Call], into: list[Call]) -> Iterator[Call]:
     """The calls of ``stream``, each also appended to ``into`` (for a second pass)."""
     for call in stream:
@@ -382,13 +449,18 @@ def _prune_block(
     specs: dict[str, Spec],
     dims: Mapping[str, int],
     experts: Mapping[str, int],
+    group: ProcessGroup | None,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """One block's new weights and masks from ``method``, by full name (so that errors name them whole)."""
+    """One block's new weights and masks from ``method``, by full name (so that errors name them whole).
+
+    Across ``group``, the block's statistics (and tokens per expert) of every process are added by one
+    ``all_reduce`` (:func:`~funcprune._criteria.collect`'s ``across``).
+    """
     local = [n[len(prefix) :] for n in names]
     stacked = {n[len(prefix) :]: experts[n] for n in names if n in experts}
     counts: dict[str, Tensor] = {}
-    sums = collect(fn, block, block_calls, local, statistic, run=_runner(block, params, buffers, where),
-                   experts=stacked, routed=counts)  # fmt: skip
+    sums = collect(fn, block, block_calls, local, statistic, across=group, run=_runner(block, params, buffers, where),
+                   experts=stacked, routed=counts, device=where)  # fmt: skip
     weights = {prefix + n: params[n] for n in local}
     statistics = {prefix + n: s for n, s in sums.items()}
     routed = {prefix + n: c for n, c in counts.items()}
@@ -407,6 +479,7 @@ def _outside(
     dims: Mapping[str, int],
     experts: Mapping[str, int],
     kept: list[Call],
+    group: ProcessGroup | None,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The weights named outside the blocks: pruned from one pass of the model pruned so far."""
 
@@ -415,5 +488,5 @@ def _outside(
 
     counts: dict[str, Tensor] = {}
     stacked = {n: experts[n] for n in names if n in experts}
-    sums = collect(fn, model, kept, names, statistic, run=run, experts=stacked, routed=counts)
+    sums = collect(fn, model, kept, names, statistic, across=group, run=run, experts=stacked, routed=counts)
     return _pruned(fn, method, names, params, sums, counts, specs, dims, experts)
