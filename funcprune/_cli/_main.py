@@ -20,9 +20,11 @@ from .._demo import run as run_demo
 from ._checkpoint import bars
 from ._inspect import evaluate, printed, report, show_eval, show_report
 from ._oneshot import run as run_oneshot
+from ._oneshot import run_worker
 from ._options import COMMANDS, UsageError, merged, options_of
 from ._progress import Progress
 from ._structured import run as run_structured
+from ._world import worker_job
 
 __all__ = ["main", "parser"]
 
@@ -104,6 +106,10 @@ _RUNS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``funcprune`` on ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    job = worker_job()
+    if job is not None:  # a process of ``funcprune oneshot --nproc N`` (_world.py): its input was checked
+        run_worker(*job)
+        return 0
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["demo"]:
         run_demo(args[1:], prog=f"{PROG} demo")

@@ -26,13 +26,14 @@ import torch
 
 import funcprune as fp
 
-from ._checkpoint import check_model_dir, check_out, load, staged
+from ._checkpoint import check_model_dir, check_out, load, staged, transformers
 from ._data import check_text_file, documents, random_windows, tokens
-from ._options import Sparsity, UsageError
+from ._options import Sparsity, UsageError, sparsity
 from ._progress import Progress
 from ._report import Stages, peak_memory, sparsity_of, versions
+from ._world import World, launch, world
 
-__all__ = ["Job", "arguments", "bake_", "prune", "run", "spec_of"]
+__all__ = ["Job", "arguments", "bake_", "prune", "run", "run_worker", "spec_of"]
 
 MASKS = "masks.safetensors"
 REPORT = "report.json"
@@ -68,12 +69,15 @@ class Job:
         return self.method != "magnitude" or self.allocation == "owl"
 
 
-def prune(job: Job, progress: Progress) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """How the model is pruned: ``fp.oneshot`` on the model in memory; returns ``(params, masks)``."""
+def prune(
+    job: Job, progress: Progress, group: Any = None
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """How the model is pruned: ``fp.oneshot`` on the model in memory (``group``: with the other processes of
+    a ``--nproc`` run, ``job.batches`` this process's share); returns ``(params, masks)``."""
     with progress.oneshot(job.model, job.batches if job.reads_batches else []) as batches:
         return fp.oneshot(job.model, batches if job.reads_batches else [], method=job.method, spec=job.spec,
                           allocation=None if job.allocation == "uniform" else job.allocation,
-                          device=job.device)  # fmt: skip
+                          device=job.device, group=group)  # fmt: skip
 
 
 def bake_(model: torch.nn.Module, params: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Tensor]) -> None:
@@ -113,34 +117,67 @@ def _required(options: dict[str, Any], key: str, argument: str, expected: str) -
 def run(options: dict[str, Any]) -> dict[str, Any]:
     """Run ``funcprune oneshot`` with ``options`` (merged, see ``_options.merged``); returns the report."""
     config, out, spec = check(options)
-    progress = Progress(Progress.wanted(options["quiet"]))
-    stages = Stages()
     with staged(out, overwrite=options["overwrite"]) as tmp:
-        with stages("load"):
-            loaded = load(options["model"], config, dtype=options["dtype"], device=options["device"])
-        job = Job(options["model"], loaded.model, [], options["method"], spec, options["allocation"],
-                  options["device"])  # fmt: skip
-        with stages("calibration"):
-            if job.reads_batches:
-                job = Job(job.model_dir, job.model, _calibration(options, loaded.tokenizer, progress), job.method,
-                          spec, job.allocation, job.device)  # fmt: skip
-        with stages("prune"):
-            params, masks = prune(job, progress)
+        if options["nproc"] > 1:  # the workers write into tmp (_world.py)
+            if options["method"] != "magnitude" or options["allocation"] == "owl":  # bad text: exit 2 here
+                words = transformers().AutoTokenizer.from_pretrained(options["model"], local_files_only=True)
+                _calibration(options, words, Progress(False))
+            launch(options["nproc"], arguments(options), tmp)
+            report: dict[str, Any] = json.loads((tmp / REPORT).read_text(encoding="utf-8"))
+        else:
+            report = _into(tmp, options, config, spec, None)
+    return report
+
+
+def run_worker(shown: dict[str, Any], stage: Path) -> None:
+    """One worker of ``--nproc N`` (``_world.py``): ``shown`` the options as :func:`arguments` wrote them."""
+    options = dict(shown)
+    value = options["sparsity"]
+    options["sparsity"] = sparsity(value) if isinstance(value, str) else float(value)
+    config = check_model_dir(options["model"])
+    spec = spec_of(options["sparsity"], per_row=options["per_row"])
+    with world() as here:
+        _into(stage, options, config, spec, here)
+
+
+def _into(tmp: Path, options: dict[str, Any], config: dict[str, Any], spec: fp.Spec, here: World | None
+          ) -> dict[str, Any]:  # fmt: skip
+    """The run, written into ``tmp`` (by rank 0 alone in a ``--nproc`` run: ``here``); returns the report."""
+    writes = here is None or here.rank == 0
+    progress = Progress(Progress.wanted(options["quiet"]) and writes)
+    stages = Stages()
+    with stages("load"):
+        loaded = load(options["model"], config, dtype=options["dtype"], device=options["device"])
+    job = Job(options["model"], loaded.model, [], options["method"], spec, options["allocation"],
+              options["device"])  # fmt: skip
+    with stages("calibration"):
+        if job.reads_batches:
+            job = Job(job.model_dir, job.model, _calibration(options, loaded.tokenizer, progress), job.method,
+                      spec, job.allocation, job.device)  # fmt: skip
+    drawn = job.batches
+    if here is not None:  # this process's share of the windows
+        job = Job(job.model_dir, job.model, drawn[here.rank :: here.size], job.method, spec, job.allocation,
+                  job.device)  # fmt: skip
+    with stages("prune"):
+        params, masks = prune(job, progress, None if here is None else here.group)
+    report = {
+        "command": "oneshot",
+        "arguments": arguments(options),
+        "versions": versions(),
+        "stages": stages.seconds,
+        "processes": 1 if here is None else here.size,
+        "calibration": {"windows": len(drawn), "tokens": sum(b.numel() for b in drawn)},
+        "sparsity": sparsity_of(masks),
+    }
+    if writes:
         with stages("save"):
             bake_(loaded.model, params, masks)
             del params
             loaded.model.save_pretrained(tmp)
             loaded.tokenizer.save_pretrained(tmp)
             fp.save_masks(masks, tmp / MASKS)
-        report = {
-            "command": "oneshot",
-            "arguments": arguments(options),
-            "versions": versions(),
-            "stages": stages.seconds,
-            "peak_memory": peak_memory(options["device"]),
-            "calibration": {"windows": len(job.batches), "tokens": sum(b.numel() for b in job.batches)},
-            "sparsity": sparsity_of(masks),
-        }
+        report["stages"] = stages.seconds
+        report["peak_memory"] = peak_memory(options["device"])  # this process's (rank 0's in a --nproc run)
         (tmp / REPORT).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report
 

@@ -202,6 +202,10 @@ OPTIONS: tuple[Option, ...] = (
            "magnitude (default: L2 norm of each unit's weights), taylor ((w * grad)^2 of the LM loss on the "
            "calibration text) or fluctuation (FLAP's, from the input variance on the calibration text)",
            "{" + ",".join(SCORES) + "}"),
+    Option("--nproc", _ONESHOT, positive, (int,),
+           "processes that calibrate together (default 1): each reads its share of the calibration windows and "
+           "holds its own copy of the model; the statistics are summed across them once per block "
+           "(torch.distributed.run, gloo), and every process computes the same masks", "N"),
     Option("--overwrite", _PRUNE, text, (bool,), "replace OUT_DIR if it exists (only once the run succeeded)"),
     Option("--json", _EVAL + _REPORT, text, (bool,), "print one JSON object instead of text"),
     Option("--quiet", _ALL, text, (bool,), "no progress bars and no summary on stderr"),
@@ -211,7 +215,7 @@ OPTIONS: tuple[Option, ...] = (
 
 #: Each command's defaults, applied under the recipe and the flags (``None``: no value, checked where needed).
 DEFAULTS: Mapping[str, Mapping[str, Any]] = {
-    "oneshot": {"allocation": "uniform", "samples": 128, "seq_len": 2048, "seed": 0, "dtype": "float32",
+    "oneshot": {"allocation": "uniform", "nproc": 1, "samples": 128, "seq_len": 2048, "seed": 0, "dtype": "float32",
                 "per_row": False, "overwrite": False, "quiet": False},
     "structured": {"scope": "global", "normalize": "none", "scores": "magnitude", "samples": 128,
                    "seq_len": 2048, "seed": 0, "dtype": "float32", "overwrite": False, "quiet": False},

@@ -212,6 +212,30 @@ def test_oneshot_script_equals_the_api(tmp_path: Path, method: str, sparsity: st
     assert_same_checkpoint(tmp_path / "out", expected, masks)
 
 
+@pytest.mark.ci
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+def test_oneshot_over_two_processes_equals_one(tmp_path: Path, method: str) -> None:
+    """``--nproc 2`` (torch.distributed.run, gloo): each process calibrates on half the windows, the statistics
+    summed once per block; the masks equal one process's over all of them, the weights within float32's
+    rounding of sums taken in another order (bitwise for Wanda, which changes none)."""
+    save_checkpoint(tmp_path / "tiny")
+    write_calibration(tmp_path)
+    done = funcprune(*oneshot_args(tmp_path, "out", method, "2:4", seed=2), "--nproc", "2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    expected, masks = reference(tmp_path, method, "2:4", seed=2)
+    saved = fp.load_masks(tmp_path / "out" / "masks.safetensors")
+    assert saved.keys() == masks.keys() and all(torch.equal(saved[k], masks[k]) for k in masks)
+    got = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").state_dict()
+    for name, want in expected.state_dict().items():
+        if method == "wanda":
+            assert torch.equal(got[name], want), name
+        else:
+            torch.testing.assert_close(got[name], want, rtol=1e-4, atol=1e-5)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["processes"] == 2 and report["calibration"]["windows"] == SAMPLES
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("out.")]  # nothing staged left
+
+
 def structured_reference(directory: Path, scores: str, scope: Literal["global", "group"]) -> tuple[Any, dict[str, Any]]:
     """``fp.structure``, ``fp.structured`` and ``fp.shrink`` on the checkpoint, and the example input."""
     model = transformers.AutoModelForCausalLM.from_pretrained(directory / "tiny").eval()

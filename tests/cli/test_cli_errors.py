@@ -54,6 +54,8 @@ CASES = [
      "value.toml [oneshot] sparsity: '1.5' is out of range"),
     ("too-few-tokens", ["oneshot", "tiny", *RUN[:-1], "4096"], "--calibration", "tokenizes to"),
     ("unknown-flag", ["oneshot", "tiny", *RUN, "--bogus"], "--bogus", "unrecognized"),
+    ("nproc-0", ["oneshot", "tiny", *RUN, "--nproc", "0"], "--nproc", "0 is out of range"),
+    ("nproc-too-few-tokens", ["oneshot", "tiny", *RUN[:-1], "4096", "--nproc", "2"], "--calibration", "tokenizes to"),
 ]  # fmt: skip
 
 
