@@ -61,7 +61,8 @@ def model_and_batches(layers: int, samples: int, tokens: int) -> tuple[Any, list
         num_attention_heads=12, num_key_value_heads=4, tie_word_embeddings=False,
     )  # fmt: skip
     torch.manual_seed(0)
-    model: Any = transformers.LlamaForCausalLM(config).eval()
+    model: Any = transformers.LlamaForCausalLM(config)
+    model.eval()
     ids = torch.randint(0, config.vocab_size, (samples, tokens), generator=torch.Generator().manual_seed(1))
     return model, [{"input_ids": row[None], "use_cache": False} for row in ids]
 
@@ -99,8 +100,8 @@ def _worker(rank: int, size: int, port: int, case: str, args: argparse.Namespace
         finally:
             spent["prune s"] += time.perf_counter() - start
 
-    dist.all_reduce = timed_reduce  # type: ignore[assignment]
-    runner._pruned = timed_pruned  # type: ignore[assignment]
+    setattr(dist, "all_reduce", timed_reduce)  # noqa: B010 (patched for timing, undone below)
+    setattr(runner, "_pruned", timed_pruned)  # noqa: B010
     if group is not None:
         dist.barrier()
     start = time.perf_counter()
@@ -126,8 +127,9 @@ def run(size: int, case: str, args: argparse.Namespace, work: Path) -> list[dict
     """One fresh run of ``size`` processes; each rank's record."""
     outs = [str(work / f"{size}-{r}.pt") for r in range(size)]
     port = _port()
-    context = mp.start_processes(_spawned, args=(size, port, case, args, outs), nprocs=size, join=False,
-                                 start_method="spawn")  # fmt: skip
+    context = mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
+        _spawned, args=(size, port, case, args, outs), nprocs=size, join=False, start_method="spawn"
+    )
     while not context.join(timeout=args.timeout):
         pass
     return [torch.load(o) for o in outs]
