@@ -28,6 +28,7 @@ from .._units import Kind, Member, Structure, UnitGroup
 from .._validate import refuse_in
 from ._hidden import hidden_group
 from ._layers import layer_groups
+from ._shadow import on_meta, shadow_structure
 
 __all__ = ["UnitsLeftOutWarning", "structure", "units_of"]
 
@@ -128,6 +129,8 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
     refuse_in(fn, dict(model.named_parameters()))
     if not isinstance(outputs, bool):
         raise TypeError(f"{fn}: outputs must be a bool, got {outputs!r}")
+    if on_meta(model):  # no values to run on: read off a smaller copy with values
+        return shadow_structure(fn, model, example_inputs, outputs, lambda m, x, o: structure(m, x, outputs=o))
     analysis = graph.analyze(fn, model, graph.as_inputs(fn, model, example_inputs))
     graph.warn_unreached(fn, analysis, stacklevel=2)
     heads = set() if outputs else output_parameters(model)
