@@ -21,10 +21,13 @@ from ._break_even import CSR_BREAK_EVEN as CSR_BREAK_EVEN
 from ._break_even import BreakEven as BreakEven
 from ._break_even import SlowSparseWarning as SlowSparseWarning
 from ._config import ShrunkConfigWarning as ShrunkConfigWarning
+from ._config import is_transformers_model as is_transformers_model
 from ._depth import block_names as block_names
 from ._depth import blocks_of as blocks_of
 from ._depth import depthless as depthless
+from ._depth import describe_depth_ as describe_depth_
 from ._depth import stacks_of as stacks_of
+from ._depth import without_blocks as without_blocks
 from ._hidden import hidden_of as hidden_of
 from ._hidden import narrowed as narrowed
 from ._masks_files import load_masks as load_masks

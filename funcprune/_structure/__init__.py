@@ -3,7 +3,8 @@
 ``_find.py`` reads the unit groups (``funcprune._units``' values) off the
 channel analysis of ``funcprune._graph`` and keeps those whose removal,
 tried through ``funcprune._payoff``, leaves the model computing what the
-masked model computes (:func:`structure`). The plans over units live in
+masked model computes (:func:`structure`); ``_shadow.py`` reads a model on
+the meta device off a smaller copy with values. The plans over units live in
 ``funcprune._plans`` (``structured``). ``README.md`` has the design, and
 says why this room sits above ``_graph`` and ``_payoff``.
 """

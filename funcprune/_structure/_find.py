@@ -28,6 +28,7 @@ from .._units import Kind, Member, Structure, UnitGroup
 from .._validate import refuse_in
 from ._hidden import hidden_group
 from ._layers import layer_groups
+from ._shadow import on_meta, shadow_structure
 
 __all__ = ["UnitsLeftOutWarning", "structure", "units_of"]
 
@@ -87,8 +88,19 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
     layer makes (BERT's pooler), as :func:`~funcprune.prunable` leaves
     output layers out, unless ``outputs=True``.
 
+    A transformers model built on the meta device (shapes, no values: one
+    too large to instantiate) is read off a smaller copy with values: each
+    stack keeps the first two blocks of each kind of block (modules,
+    attributes, tensors and per-layer config entries agreeing) and its last
+    one, the copy is built from the config on the CPU (seeded) and analyzed,
+    and its groups are mapped onto every block of their kind: the result is
+    the structure of the model with values. Example inputs on meta are read
+    as seeded random values (token ids below ``vocab_size``, masks of ones).
+    Warnings say they were read on the copy.
+
     Args:
-        model: the model (not modified). Not in hook mode, no DTensors.
+        model: the model (not modified). Not in hook mode, no DTensors. On
+            the meta device: a transformers model (see above).
         example_inputs: the inputs of ``forward``, as for :func:`~funcprune.shrink`:
             a tensor, a tuple of positional arguments, or a dict of keyword
             arguments (transformers models run with ``use_cache=False``).
@@ -103,7 +115,10 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
         TypeError: if ``model`` is not a module or ``example_inputs`` not
             a tensor, a tuple of tensors or a dict.
         ValueError: if the model is pruned in hook mode, does not run on
-            the inputs, or cannot be exported.
+            the inputs, or cannot be exported; a model on the meta device
+            that is no transformers model, that its config does not build
+            with fewer blocks, or whose blocks of one kind give different
+            groups.
 
     Warns:
         UnitsLeftOutWarning: naming what a user would look for and does not
@@ -128,6 +143,8 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
     refuse_in(fn, dict(model.named_parameters()))
     if not isinstance(outputs, bool):
         raise TypeError(f"{fn}: outputs must be a bool, got {outputs!r}")
+    if on_meta(model):  # no values to run on: read off a smaller copy with values
+        return shadow_structure(fn, model, example_inputs, outputs, lambda m, x, o: structure(m, x, outputs=o))
     analysis = graph.analyze(fn, model, graph.as_inputs(fn, model, example_inputs))
     graph.warn_unreached(fn, analysis, stacklevel=2)
     heads = set() if outputs else output_parameters(model)
