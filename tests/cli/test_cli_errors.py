@@ -111,7 +111,7 @@ def test_a_run_that_fails_midway_leaves_nothing(
     monkeypatch.chdir(workdir)
     seen: list[list[str]] = []
 
-    def fail(job: oneshot_module.Job, progress: object) -> None:
+    def fail(job: oneshot_module.Job, progress: object, group: object = None) -> None:
         seen.append([p.name for p in workdir.iterdir() if p.name.startswith("taken.tmp-")])
         raise error
 
