@@ -77,6 +77,32 @@ train-small row's its training; seed 0 dense 4.897)::
     train small   MLP 332, 630 steps: 4.881 (325 s)   MLP 220, 630 steps: 5.325 (309 s)
     times         as for seed 0 (Taylor's scores 8-12 s more)
 
+Depth (``--parts depth``: 2 and 3 of the 8 blocks, by block influence), hidden
+size (``hidden``: 48 and 77 of 192 channels, by activation) and experts
+(``experts``: 10 and 16 of the 32 experts of the experts example's
+mixture of experts, by REAP over the model; dense 4.231 and 4.450), the
+same routes but ``compensate`` (no Linear keeps an output whose inputs
+these cut)::
+
+    seed 0        -25%                        -40%
+    route         depth   hidden  experts     depth   hidden  experts
+    none          6.075   6.340   4.251       7.374   9.038   4.972
+    ce  (30 st.)  5.276   5.137   4.297       5.586   5.431   4.420
+    kd  (30 st.)  5.246   5.099   4.269       5.539   5.372   4.404
+    ce+kd         5.199   5.063   4.238       5.505   5.342   4.366
+    train small   (MoE: 6 experts, 630 steps: 4.371)   (MoE: 4 experts: 4.388)
+
+    seed 1
+    none          5.913   6.171   4.453       8.389   8.212   5.225
+    ce  (30 st.)  5.318   5.206   4.482       5.853   5.498   4.544
+    kd  (30 st.)  5.299   5.203   4.470       5.787   5.437   4.538
+    ce+kd         5.246   5.148   4.427       5.759   5.416   4.496
+    train small   (MoE: 6 experts, 630 steps: 4.389)   (MoE: 4 experts: 4.479)
+
+    parameters    2,533,824 (depth), 2,509,200 (hidden), 2,168,896 (experts; the
+                  6-expert MoE 2,316,736) at -25%; 2,127,936, 2,003,875 and
+                  1,725,376 (the 4-expert MoE the same) at -40%
+
 Reading (two seeds; their dense models differ by 0.11, as much as many
 of the effects): Taylor and fluctuation rank alike and cost least
 (+0.06 at -25%, +0.32 to +0.44 at -40%); weight norm costs far more, and at
@@ -96,7 +122,13 @@ beats every route and the dense model itself at -25% (4.881) and at -40%
 loses to every Taylor and fluctuation route with training and to norm's
 ce+kd (5.325 against 5.09 to 5.28). The
 baseline itself varies by 0.44 between seeds at -40%: one training run
-per seed and size is too few to say more. Unstructured pruning at the same count of nonzeros
+per seed and size is too few to say more. Depth and hidden-size cuts lose
+far more than width before training (5.9 to 9.0) and 30 steps of ce+kd
+win most of it back (5.06 to 5.76), not all; experts are the cheapest cut
+of the mixture of experts (+0.02 and +0.003 at -25% with no recovery), and
+there the untuned recovery of ce or kd alone makes it worse. The train-small
+MoE, against pruning with ce+kd, wins on one seed and loses on the other at
+both fractions. docs/examples/recovery-llm.md has the whole reading. Unstructured pruning at the same count of nonzeros
 keeps more than any structured route without recovery, but makes no
 smaller dense model. None of this says how the routes order on large
 models.
