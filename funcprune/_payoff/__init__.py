@@ -37,3 +37,7 @@ from ._shrink import propagate as propagate
 from ._shrink import removable as removable
 from ._shrink import shrink as shrink
 from ._sparse import to_sparse as to_sparse
+from ._masks_files import PackedMasks as PackedMasks
+from ._shards import ShardWriter as ShardWriter
+from ._shards import Shards as Shards
+from ._shards import size_in_bytes as size_in_bytes

@@ -25,3 +25,4 @@ from ._oneshot import oneshot as oneshot
 from ._routing import EXPERT_STATISTICS as EXPERT_STATISTICS
 from ._routing import expert_stats as expert_stats
 from ._routing import super_experts as super_experts
+from ._streamed import oneshot_checkpoint as oneshot_checkpoint

@@ -16,11 +16,11 @@ from .._experts import routers
 from .._specs import Spec
 from .._targets import input_dims
 from .._types import Tensor
-from ._layers import Capture, find_layers, hidden_of
+from ._layers import Capture, Captured, find_layers, hidden_of
 from ._methods import Magnitude, Method, method_of, prune_with
 from ._weights import check_groups, owl_specs, specs_of, weights_named
 
-__all__ = ["UnroutedExpertsWarning", "oneshot"]
+__all__ = ["UnroutedExpertsWarning", "oneshot", "step"]
 
 
 class UnroutedExpertsWarning(UserWarning):
@@ -221,27 +221,12 @@ def oneshot(
     for i, block in enumerate(layers.modules[: last + 1]):
         prefix = layers.prefix(i)
         own: dict[str, Tensor] = {n: new[prefix + n] for n, _ in block.named_parameters()}
-        moved = {n: p.detach().to(where) for n, p in own.items()} if where is not None else own
         buffers = {n: b.to(where) for n, b in block.named_buffers()} if where is not None else None
-        these: dict[str, Tensor] = {}  # by local name
-        if inside[i]:
-            # each on a copy of the states held: a block may add to its input in place, and they are
-            # needed as they are to advance
-            block_calls = (held.call(i, b, held.hidden[b].clone()) for b in range(len(held.hidden)))
-            changed, got = _prune_block(fn, chosen_method, statistic, block, prefix, moved, buffers, where,
-                                        inside[i], block_calls, specs, dims, experts)  # fmt: skip
-            for full, mask in got.items():
-                local_name = full[len(prefix) :]
-                these[local_name] = mask
-                moved[local_name] = changed.get(full, moved[local_name])
-                new[full] = moved[local_name].to(params[full].device) if where is not None else moved[local_name]
-                masks[full] = mask.to(params[full].device)
-        if i < last:
-            for b in range(len(held.hidden)):
-                call = _on(held.call(i, b), where)
-                with torch.no_grad():
-                    out = functional_call_masked(block, moved, these, call.args, call.kwargs, buffers=buffers)
-                held.hidden[b] = hidden_of(fn, i, out).detach()
+        weights, got = step(fn, chosen_method, statistic, held, i, block, prefix, own, buffers, where, inside[i],
+                            specs, dims, experts, advance=i < last)  # fmt: skip
+        for full, mask in got.items():
+            new[full] = weights[full].to(params[full].device) if where is not None else weights[full]
+            masks[full] = mask.to(params[full].device)
     del held
     if outside:
         weights, more = _outside(fn, chosen_method, statistic, model, new, masks, outside, specs, dims, experts,
@@ -249,6 +234,51 @@ def oneshot(
         new.update(weights)
         masks.update(more)
     return new, {n: masks[n] for n in chosen}
+
+
+def step(
+    fn: str,
+    method: Method,
+    statistic: Statistic,
+    held: Captured,
+    i: int,
+    block: nn.Module,
+    prefix: str,
+    own: dict[str, Tensor],
+    buffers: dict[str, Tensor] | None,
+    where: torch.device | None,
+    names: list[str],
+    specs: dict[str, Spec],
+    dims: Mapping[str, int],
+    experts: Mapping[str, int],
+    *,
+    advance: bool,
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Block ``i`` (``own``: its parameters by local name) pruned on ``held``, which then advances if ``advance``.
+
+    The new value (on ``where``) and mask of each of ``names``, by full name (oneshot's and the streamed run's).
+    """
+    moved = {n: p.detach().to(where) for n, p in own.items()} if where is not None else dict(own)
+    these: dict[str, Tensor] = {}  # by local name
+    weights: dict[str, Tensor] = {}
+    if names:
+        # each on a copy of the states held: a block may add to its input in place, and they are
+        # needed as they are to advance
+        block_calls = (held.call(i, b, held.hidden[b].clone()) for b in range(len(held.hidden)))
+        changed, got = _prune_block(fn, method, statistic, block, prefix, moved, buffers, where, names, block_calls,
+                                    specs, dims, experts)  # fmt: skip
+        for full, mask in got.items():
+            local_name = full[len(prefix) :]
+            these[local_name] = mask
+            moved[local_name] = changed.get(full, moved[local_name])
+            weights[full] = moved[local_name]
+    if advance:
+        for b in range(len(held.hidden)):
+            call = _on(held.call(i, b), where)
+            with torch.no_grad():
+                out = functional_call_masked(block, moved, these, call.args, call.kwargs, buffers=buffers)
+            held.hidden[b] = hidden_of(fn, i, out).detach()
+    return weights, {full: these[full[len(prefix) :]] for full in weights}
 
 
 def _dims_of(names: list[str], dims: Mapping[str, int]) -> dict[str, int]:
