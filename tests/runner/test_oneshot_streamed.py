@@ -35,11 +35,16 @@ def _batches(count: int = 3, seed: int = 3) -> list[torch.Tensor]:
     return [torch.randint(0, VOCAB, (2, 8), generator=g) for _ in range(count)]
 
 
+def _save(model: Any, where: Path, max_shard_size: str) -> None:
+    """``model.save_pretrained`` (a transformers model: untyped)."""
+    model.save_pretrained(where, max_shard_size=max_shard_size)
+
+
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Llama of 3 blocks saved in shards of 20 KB, with a tokenizer file beside it."""
     where = tmp_path_factory.mktemp("llama")
-    tiny("llama", layers=3).model.save_pretrained(where, max_shard_size="20KB")
+    _save(tiny("llama", layers=3).model, where, "20KB")
     (where / "tokenizer_config.json").write_text('{"model_max_length": 64}\n', encoding="utf-8")
     return where
 
@@ -48,7 +53,7 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny GPT-2 (tied LM head, Conv1D weights) of 3 blocks, in shards of 20 KB."""
     where = tmp_path_factory.mktemp("gpt2")
-    tiny("gpt2", layers=3).model.save_pretrained(where, max_shard_size="20KB")
+    _save(tiny("gpt2", layers=3).model, where, "20KB")
     return where
 
 
@@ -139,7 +144,7 @@ def test_what_a_stream_cannot_do_is_refused_by_name(llama_dir: Path, tmp_path: P
 
 def test_a_checkpoint_whose_tensors_are_named_otherwise_is_refused(tmp_path: Path) -> None:
     source = tmp_path / "mixtral"
-    tiny("mixtral", layers=1).model.save_pretrained(source)  # transformers saves the experts one by one
+    _save(tiny("mixtral", layers=1).model, source, "5GB")  # transformers saves the experts one by one
     with pytest.raises(ValueError, match="holds no tensor 'model.layers.0.mlp.gate.weight'.*named otherwise"):
         fp.oneshot_checkpoint(source, tmp_path / "out", _batches(), method="wanda", spec=fp.L1Unstructured(0.5))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mixtral"]
