@@ -11,16 +11,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._apply import functional_call_masked
 from .._criteria import calls
 from .._expert_linears import expert_input_dims
 from .._experts import routers
-from .._payoff import PackedMasks, Shards, ShardWriter, size_in_bytes
+from .._payoff import PackedMasks, ShardLayout, Shards, size_in_bytes
 from .._specs import Spec
 from .._targets import input_dims
 from .._types import Tensor
-from ._layers import Capture, RepeatedLayers, find_layers
+from ._layers import Capture, Captured, RepeatedLayers, find_layers, hidden_of
 from ._methods import Method, method_of
-from ._oneshot import _at_once, step
+from ._oneshot import _at_once, _on, step
 from ._weights import check_groups, specs_of, weights_named
 
 __all__ = ["MASKS_FILE", "oneshot_checkpoint"]
@@ -153,8 +154,11 @@ def oneshot_checkpoint(
     parent = os.path.dirname(os.path.abspath(target))
     work = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(target)}.partial-")
     try:
-        walk = _Walk(fn, model, layers, shards, stored, ShardWriter(work, limit))
-        pruned = walk.run(chosen_method, statistic, stream, inside, specs, dims, experts, where)
+        walk = _Walk(fn, model, layers, shards, stored, work, limit)
+        try:
+            pruned = walk.run(chosen_method, statistic, stream, inside, specs, dims, experts, where)
+        finally:
+            walk.writer.abort()
         walk.writer.close()
         walk.masks.save(fn, os.path.join(work, MASKS_FILE))
         for name in sorted(os.listdir(source)):
@@ -265,13 +269,16 @@ class _Walk:
     """The streamed walk: reads, prunes and writes the checkpoint's tensors block by block."""
 
     def __init__(self, fn: str, model: nn.Module, layers: RepeatedLayers, shards: Shards, stored: dict[str, str],
-                 writer: ShardWriter) -> None:  # fmt: skip
+                 work: str, limit: int) -> None:  # fmt: skip
         self.fn, self.model, self.layers, self.shards, self.stored = fn, model, layers, shards, stored
-        self.writer, self.masks = writer, PackedMasks()
+        self.masks = PackedMasks()
         prefixes = [layers.prefix(i) for i in range(len(layers.modules))]
         self.block_names = [[n for n in shards.file_of if n.startswith(p)] for p in prefixes]
         self.outside = [n for n in shards.file_of if not n.startswith(tuple(prefixes))]
         self.meta = model.state_dict(keep_vars=True)
+        # every output tensor is the input's, same name, shape and dtype: the shards are laid out before anything runs
+        order = self.outside + [n for names in self.block_names for n in names]
+        self.writer = ShardLayout(work, limit, ((n, shards.shape[n], shards.dtype[n]) for n in order))
 
     def run(self, method: Method, statistic: Any, stream: Any, inside: list[list[str]], specs: dict[str, Spec],
             dims: Mapping[str, int], experts: Mapping[str, int], where: torch.device | None) -> dict[str, float]:  # fmt: skip
@@ -287,6 +294,7 @@ class _Walk:
                 for call in stream:
                     capture(call)
             self._put({n: self.meta[n] for n in first})  # back to meta
+            del first
             held = capture.captured
             if not held.hidden:
                 raise ValueError(f"{self.fn}: no batches: batches was empty; pass at least one calibration batch")
@@ -307,15 +315,37 @@ class _Walk:
                 if where is not None:
                     buffers = {n: b.to(where) for n, b in buffers.items()}
                 weights, masks = step(self.fn, method, statistic, held, i, block, prefix, own, buffers, where,
-                                      inside[i], specs, dims, experts, advance=i < last)  # fmt: skip
+                                      inside[i], specs, dims, experts, advance=False)  # fmt: skip
+                if i < last:
+                    self._advance(held, i, block, prefix, own, weights, masks, buffers, where)
+            del own
             for name in inside[i]:
                 mask = masks[name].cpu()
-                tensors[name] = weights[name].cpu().masked_fill_(~mask, 0.0)  # in place: read for this block alone
+                tensors[name] = weights[name].cpu().masked_fill_(~mask, 0.0)  # (zeroed already where it advanced)
                 self.masks.add(name, mask)
                 pruned[name] = 1.0 - int(mask.sum()) / max(mask.numel(), 1)
-            del own, weights, masks
+            del weights, masks
             self._write(self.block_names[i], tensors)
+            del tensors  # before the next block is read
         return pruned
+
+    def _advance(self, held: Captured, i: int, block: nn.Module, prefix: str, own: dict[str, Tensor],
+                 weights: dict[str, Tensor], masks: dict[str, Tensor], buffers: dict[str, Tensor] | None,
+                 where: torch.device | None) -> None:  # fmt: skip
+        """Advance ``held`` through block ``i`` pruned, as ``step`` does, but with its new weights zeroed where
+        pruned in place (they were read for this block alone) rather than through a masked copy of the block: the
+        same states but for the sign of an exact zero. Only the routers' masks (small) are still applied, for
+        ``never_routed``."""
+        params = {n: p.to(where) for n, p in own.items()} if where is not None else dict(own)
+        for full, mask in masks.items():
+            params[full[len(prefix) :]] = weights[full].masked_fill_(~mask, 0.0)
+        kept = {prefix + r.weight for r in routers(block)}
+        applied = {full[len(prefix) :]: m for full, m in masks.items() if full in kept}
+        for b in range(len(held.hidden)):
+            call = _on(held.call(i, b), where)
+            with torch.no_grad():
+                out = functional_call_masked(block, params, applied, call.args, call.kwargs, buffers=buffers)
+            held.hidden[b] = hidden_of(self.fn, i, out).detach()
 
     def _before_blocks(self) -> None:
         """Read what runs before the blocks (every tensor outside them but the LM head's, if not tied to the
@@ -332,9 +362,11 @@ class _Walk:
                   and self.stored[n] in self.outside]  # fmt: skip
         loaded = self._read(wanted)
         self._put(loaded)
+        by_stored = {self.stored[n]: t for n, t in loaded.items()}
+        del loaded
         for name in self.outside:
-            if name in loaded:
-                self.writer.add(name, loaded[name].to(self.shards.dtype[name]))
+            if name in by_stored:
+                self.writer.write(name, by_stored[name].to(self.shards.dtype[name]))
             else:
                 self._copy([name])
 
@@ -375,9 +407,9 @@ class _Walk:
         """Write the checkpoint tensors ``names`` of one block from ``tensors`` (by the model's names), stored dtypes."""
         by_stored = {self.stored.get(n, n): t for n, t in tensors.items()}
         for name in names:
-            self.writer.add(name, by_stored[name].to(self.shards.dtype[name]))
+            self.writer.write(name, by_stored[name].to(self.shards.dtype[name]))
 
     def _copy(self, names: list[str]) -> None:
         """Copy checkpoint tensors to the output as they are, one at a time."""
         for name in names:
-            self.writer.add(name, self.shards.read([name])[name])
+            self.writer.write(name, self.shards.read([name])[name])
