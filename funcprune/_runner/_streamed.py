@@ -59,10 +59,12 @@ def oneshot_checkpoint(
     weights are calibrated and pruned exactly as ``oneshot`` prunes them,
     the pruned block computes the next block's inputs, and its tensors are
     written to the output, baked (pruned entries ``+0.0``, as
-    :func:`~funcprune.bake`), before the next block is read. Peak memory is
-    one block, the embeddings, the calibration hidden states (and one
-    block's statistics) and one output shard being filled, whatever the
-    depth. The masks and weights written equal ``oneshot``'s on the model
+    :func:`~funcprune.bake`), a tensor at a time into its place in shards
+    laid out from the input's headers before anything runs, before the next
+    block is read. Peak memory is one block (pruned in place: no masked
+    copy), the method's scores and masks of that block, the embeddings and
+    the calibration hidden states (and one block's statistics), whatever the
+    depth; no output shard is held. The masks and weights written equal ``oneshot``'s on the model
     that ``from_pretrained(model_dir)`` loads (bit for bit on the CPU).
 
     Why a function of its own and not ``oneshot(path, ...)``: ``oneshot``
