@@ -69,7 +69,7 @@ def model_and_batches(layers: int, samples: int, tokens: int) -> tuple[Any, list
 
 def _worker(rank: int, size: int, port: int, case: str, args: argparse.Namespace, out: str) -> None:
     import funcprune as fp
-    import funcprune._runner._oneshot as runner
+    import funcprune._runner._blocks as runner
 
     torch.set_num_threads(1)
     model, batches = model_and_batches(args.layers, args.samples, args.tokens)

@@ -23,7 +23,9 @@ functions, usable under ``torch.func.vmap``, ``grad`` and ``torch.compile``:
   ``Magnitude()``, ``Wanda()``, ``SparseGPT(blocksize=128, percdamp=0.01)``
   (or the strings ``"magnitude"``, ``"wanda"``, ``"sparsegpt"``), and your
   own is a frozen dataclass subclassing ``Method`` (the statistic to collect
-  per weight, a pure ``prune``).
+  per weight, a pure ``prune``). ``oneshot_checkpoint(model_dir, out_dir,
+  batches, ...)`` does the same on a transformers checkpoint directory
+  larger than memory, one block's weights read at a time.
 - **Quality**: ``perplexity(model, batches)`` measures a causal language
   model (dense, masked through ``params=``/``masks=``, shrunk or reloaded):
   the token-weighted mean next-token loss and its count;
@@ -141,6 +143,7 @@ from ._runner import hidden_scores as hidden_scores
 from ._runner import layer_scores as layer_scores
 from ._runner import super_experts as super_experts
 from ._runner import oneshot as oneshot
+from ._runner import oneshot_checkpoint as oneshot_checkpoint
 from ._specs import NM as NM
 from ._specs import Block as Block
 from ._specs import Chain as Chain
@@ -259,6 +262,7 @@ __all__ = [
     "mask_gradients_",
     "native_status",
     "oneshot",
+    "oneshot_checkpoint",
     "owl_sparsity",
     "pack_masks",
     "perplexity",

@@ -56,7 +56,8 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._structure": BASE | {"funcprune._targets", "funcprune._graph", "funcprune._payoff"},
     "funcprune._payoff": BASE | {"funcprune._specs", "funcprune._dtensor", "funcprune._graph"},
     "funcprune._runner": BASE
-    | {"funcprune._specs", "funcprune._plans", "funcprune._targets", "funcprune._criteria", "funcprune._apply"},
+    | {"funcprune._specs", "funcprune._plans", "funcprune._targets", "funcprune._criteria", "funcprune._apply"}
+    | {"funcprune._payoff"},  # a checkpoint streamed block by block: its shards and packed masks (issue 41)
     "funcprune._quality": BASE | {"funcprune._criteria", "funcprune._apply"},
     "funcprune.compat": BASE | {"funcprune._specs", "funcprune._plans"},
     "funcprune._demo": BASE

@@ -10,7 +10,10 @@ tensors, below the measured break-even sparsity (``_break_even.py``) with a
 warning; ``_depth.py`` removes whole blocks the masks prune entirely (depth); ``_checks.py`` holds the argument checks they share; the
 ``_masks_*.py`` modules keep masks at rest, bit-packed: ``_masks_packed.py``
 in memory, ``_masks_files.py`` in safetensors files (over the bits, DTensor
-blocks' records, laying out, merging and the checks of untrusted records).
+blocks' records, laying out, merging and the checks of untrusted records);
+``_shards.py`` reads a checkpoint's safetensors shards a few tensors at a
+time and writes new shards, laid out up front, a tensor at a time, with
+their index (the streamed one-shot's).
 ``README.md`` has the design.
 """
 
@@ -40,3 +43,7 @@ from ._shrink import propagate as propagate
 from ._shrink import removable as removable
 from ._shrink import shrink as shrink
 from ._sparse import to_sparse as to_sparse
+from ._masks_files import PackedMasks as PackedMasks
+from ._shards import ShardLayout as ShardLayout
+from ._shards import Shards as Shards
+from ._shards import size_in_bytes as size_in_bytes

@@ -15,7 +15,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, final
 
 from .._types import Tensor
 from ._masks_bits import bits_checksum, checked_masks, pack_bits, unpack_checked
@@ -26,7 +26,7 @@ from ._masks_untrusted import Corrupt, bad, checked_shape, checked_size, compact
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["FORMAT", "VERSION", "load_masks", "save_masks"]
+__all__ = ["FORMAT", "VERSION", "PackedMasks", "load_masks", "save_masks"]
 
 #: The format tag, and the newest version of the files :func:`save_masks` writes:
 #: 2 where a mask is a DTensor's block, else 1 (as before DTensor masks were saved).
@@ -125,21 +125,42 @@ def save_masks(masks: Mapping[str, Tensor], path: str | os.PathLike[str]) -> Non
         raise ValueError(
             f"{fn}: masks['__metadata__']: safetensors keeps that name for its metadata; rename it"
         )
-    _, st_torch = _safetensors(fn)
-    tensors: dict[str, Tensor] = {}
-    records: list[dict[str, Any]] = []
+    _safetensors(fn)  # a clear ImportError before any mask is packed
+    packed = PackedMasks()
     for name, (mask, sharding) in checked.items():
+        packed.add(name, mask, sharding)
+    packed.save(fn, where)
+
+
+@final
+class PackedMasks:
+    """Masks packed as :func:`save_masks` writes them, added a few at a time and saved in one file.
+
+    What a run that never holds every mask at once (the streamed one-shot of
+    a checkpoint) keeps: one bit per entry, and each mask's record.
+    """
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, Tensor] = {}
+        self.records: list[dict[str, Any]] = []
+
+    def add(self, name: str, mask: Tensor, sharding: Sharding | None = None) -> None:
+        """Pack ``mask`` (a ``torch.bool`` tensor, checked by the caller) under ``name``."""
         data = pack_bits(mask).cpu()
-        tensors[name] = data
-        records.append({
+        self.tensors[name] = data
+        self.records.append({
             "name": name, "shape": list(mask.shape), "numel": mask.numel(),
             "kept": int(mask.sum()), "checksum": bits_checksum(data),
         })  # fmt: skip
         if sharding is not None:
-            records[-1]["dtensor"] = sharding.record()
-    version = VERSION if any(sharding is not None for _, sharding in checked.values()) else 1
-    record = compact_json({"format": FORMAT, "version": version, "masks": records})
-    st_torch.save_file(tensors, where, metadata={_METADATA_KEY: record})
+            self.records[-1]["dtensor"] = sharding.record()
+
+    def save(self, fn: str, path: str) -> None:
+        """Write the masks added to ``path``, as :func:`save_masks` does."""
+        _, st_torch = _safetensors(fn)
+        version = VERSION if any("dtensor" in r for r in self.records) else 1
+        record = compact_json({"format": FORMAT, "version": version, "masks": self.records})
+        st_torch.save_file(self.tensors, path, metadata={_METADATA_KEY: record})
 
 
 def _records(metadata: object) -> list[tuple[str, tuple[int, ...], int, int, Sharding | None]]:

@@ -8,7 +8,9 @@ the statistic to collect, a pure ``prune``; ``Magnitude``, ``Wanda``,
 one's spec (uniform, a mapping, OWL's); ``_oneshot.py`` walks the blocks
 (``oneshot``): statistics from the criteria layer's engine, masks from the
 method, each block advanced through ``functional_call_masked``;
-``_depth.py`` scores the blocks and the hidden channels on the same walk
+``_streamed.py`` walks a checkpoint directory one block in memory at a
+time (``oneshot_checkpoint``); ``_depth.py`` scores the blocks and the
+hidden channels on the same walk
 (``layer_scores``: ShortGPT's, Gromov et al.'s, Minitron's; ``hidden_scores``:
 Minitron's); ``_routing.py`` reads what each MoE layer's router and experts
 do on calibration tokens (``expert_stats``: REAP's statistics;
@@ -27,3 +29,4 @@ from ._oneshot import oneshot as oneshot
 from ._routing import EXPERT_STATISTICS as EXPERT_STATISTICS
 from ._routing import expert_stats as expert_stats
 from ._routing import super_experts as super_experts
+from ._streamed import oneshot_checkpoint as oneshot_checkpoint

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -16,28 +15,15 @@ from .._experts import routers
 from .._specs import Spec
 from .._targets import input_dims
 from .._types import Tensor
-from ._layers import Capture, find_layers, hidden_of
-from ._methods import Magnitude, Method, method_of, prune_with
+from ._blocks import UnroutedExpertsWarning, _at_once, _pruned, step
+from ._layers import Capture, find_layers
+from ._methods import Method, method_of
 from ._weights import check_groups, owl_specs, specs_of, weights_named
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 __all__ = ["UnroutedExpertsWarning", "oneshot"]
-
-
-class UnroutedExpertsWarning(UserWarning):
-    """Experts of an MoE layer that no calibration token reached: :func:`~funcprune.oneshot` pruned them by magnitude.
-
-    A stacked expert weight's slice ``W[e]`` is calibrated on the tokens
-    routed to expert ``e`` alone. An expert that none reached (on the model
-    pruned so far, padding left out) has no statistics to prune from: its
-    slices are pruned by magnitude (``|W[e]|``) to the same spec, so that
-    the counts stay exact, and left as they are otherwise (SparseGPT does
-    not update them). The message names the experts module and the
-    experts. Calibrate on more tokens to prune every expert from its
-    inputs.
-    """
 
 
 def oneshot(
@@ -249,27 +235,12 @@ def oneshot(
     for i, block in enumerate(layers.modules[: last + 1]):
         prefix = layers.prefix(i)
         own: dict[str, Tensor] = {n: new[prefix + n] for n, _ in block.named_parameters()}
-        moved = {n: p.detach().to(where) for n, p in own.items()} if where is not None else own
         buffers = {n: b.to(where) for n, b in block.named_buffers()} if where is not None else None
-        these: dict[str, Tensor] = {}  # by local name
-        if inside[i]:
-            # each on a copy of the states held: a block may add to its input in place, and they are
-            # needed as they are to advance
-            block_calls = (held.call(i, b, held.hidden[b].clone()) for b in range(len(held.hidden)))
-            changed, got = _prune_block(fn, chosen_method, statistic, block, prefix, moved, buffers, where,
-                                        inside[i], block_calls, specs, dims, experts, group)  # fmt: skip
-            for full, mask in got.items():
-                local_name = full[len(prefix) :]
-                these[local_name] = mask
-                moved[local_name] = changed.get(full, moved[local_name])
-                new[full] = moved[local_name].to(params[full].device) if where is not None else moved[local_name]
-                masks[full] = mask.to(params[full].device)
-        if i < last:
-            for b in range(len(held.hidden)):
-                call = _on(held.call(i, b), where)
-                with torch.no_grad():
-                    out = functional_call_masked(block, moved, these, call.args, call.kwargs, buffers=buffers)
-                held.hidden[b] = hidden_of(fn, i, out).detach()
+        weights, got = step(fn, chosen_method, statistic, held, i, block, prefix, own, buffers, where, inside[i],
+                            specs, dims, experts, advance=i < last, group=group)  # fmt: skip
+        for full, mask in got.items():
+            new[full] = weights[full].to(params[full].device) if where is not None else weights[full]
+            masks[full] = mask.to(params[full].device)
     del held
     if outside:
         weights, more = _outside(fn, chosen_method, statistic, model, new, masks, outside, specs, dims, experts,
@@ -277,84 +248,6 @@ def oneshot(
         new.update(weights)
         masks.update(more)
     return new, {n: masks[n] for n in chosen}
-
-
-def _dims_of(names: list[str], dims: Mapping[str, int]) -> dict[str, int]:
-    """The input dims of ``names`` that have one."""
-    return {n: dims[n] for n in names if n in dims}
-
-
-def _at_once(
-    fn: str,
-    method: Method,
-    params: dict[str, Tensor],
-    specs: dict[str, Spec],
-    dims: Mapping[str, int],
-    experts: Mapping[str, int],
-) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """A method without statistics, on every weight in one call (one per experts module): ``(params, masks)``."""
-    names = list(specs)
-    changed, masks = _pruned(fn, method, names, params, {}, None, specs, dims, experts)
-    return {**params, **changed}, {n: masks[n] for n in names}
-
-
-def _pruned(
-    fn: str,
-    method: Method,
-    names: list[str],
-    weights: Mapping[str, Tensor],
-    statistics: Mapping[str, Tensor],
-    routed: Mapping[str, Tensor] | None,
-    specs: Mapping[str, Spec],
-    dims: Mapping[str, int],
-    experts: Mapping[str, int],
-) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """``names`` pruned by ``method``: the ordinary weights in one call, each experts module's stacks in one more.
-
-    ``routed``: each stacked weight's tokens per expert (``None``: a method
-    without statistics, every expert pruned alike). The experts no token
-    reached are pruned by magnitude to the same spec, with a
-    :class:`UnroutedExpertsWarning`.
-    """
-    plain = [n for n in names if n not in experts]
-    new, masks = prune_with(fn, method, {n: weights[n] for n in plain}, {n: statistics[n] for n in plain if n in
-                            statistics}, {n: specs[n] for n in plain}, _dims_of(plain, dims))  # fmt: skip
-    stacked = [n for n in names if n in experts]
-    for module in dict.fromkeys(n.rpartition(".")[0] for n in stacked):
-        group = [n for n in stacked if n.rpartition(".")[0] == module]
-        count = weights[group[0]].shape[0]
-        reached = torch.ones(count, dtype=torch.bool)
-        if routed is not None:
-            reached = torch.stack([routed[n] > 0 for n in group]).all(dim=0)
-        cut = {n: specs[n] for n in group}
-        slice_dims = {n: experts[n] for n in group}
-        pieces: list[tuple[Tensor, Method, dict[str, Tensor]]] = []
-        if bool(reached.any()):
-            which = reached.nonzero().flatten()
-            pieces.append((which, method, {n: statistics[n][which.to(statistics[n].device)] for n in group
-                                           if n in statistics}))  # fmt: skip
-        if not bool(reached.all()):
-            which = (~reached).nonzero().flatten()
-            warnings.warn(
-                f"{fn}: no calibration token reached experts {which.tolist()} of {count} of {module!r}; their "
-                f"slices of {', '.join(map(repr, group))} are pruned by magnitude to the same spec (counts stay "
-                "exact; their weights are not updated); calibrate on more tokens to prune them from their inputs",
-                UnroutedExpertsWarning,
-                stacklevel=4,
-            )
-            pieces.append((which, Magnitude(), {}))
-        for n in group:
-            masks[n] = torch.empty(weights[n].shape, dtype=torch.bool, device=weights[n].device)
-        for which, how, stats in pieces:
-            at = which.to(weights[group[0]].device)
-            got, more = prune_with(fn, how, {n: weights[n][at] for n in group}, stats, cut, slice_dims, experts=True)
-            for n in group:
-                masks[n][at] = more[n]
-                if n in got:
-                    if n not in new:
-                        new[n] = weights[n].detach().clone()
-                    new[n][at] = got[n]
-    return new, masks
 
 
 def _device_of(model: nn.Module) -> torch.device:
@@ -401,70 +294,6 @@ def _kept(stream: Iterable[Call], into: list[Call]) -> Iterator[Call]:
     for call in stream:
         into.append(call)
         yield call
-
-
-def _on(call: Call, where: torch.device | None) -> Call:
-    """``call`` with its tensors on ``where`` (as it is for ``None``)."""
-    if where is None:
-        return call
-    return Call(_to(call.args, where), _to(call.kwargs, where), call.tokens)
-
-
-def _to(value: Any, where: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(where)
-    if isinstance(value, tuple):
-        return tuple(_to(v, where) for v in value)
-    if isinstance(value, list):
-        return [_to(v, where) for v in value]
-    if isinstance(value, dict):
-        return {k: _to(v, where) for k, v in value.items()}
-    return value
-
-
-def _runner(
-    block: nn.Module, params: dict[str, Tensor], buffers: dict[str, Tensor] | None, where: torch.device | None
-) -> Callable[[Call], object]:
-    """A call of ``block`` on ``params`` (and ``buffers``), through ``functional_call``, on ``where``."""
-    state = {**params, **(buffers or {})}
-
-    def run(call: Call) -> object:
-        moved = _on(call, where)
-        return torch.func.functional_call(block, state, moved.args, moved.kwargs)
-
-    return run
-
-
-def _prune_block(
-    fn: str,
-    method: Method,
-    statistic: Statistic,
-    block: nn.Module,
-    prefix: str,
-    params: dict[str, Tensor],
-    buffers: dict[str, Tensor] | None,
-    where: torch.device | None,
-    names: list[str],
-    block_calls: Iterable[Call],
-    specs: dict[str, Spec],
-    dims: Mapping[str, int],
-    experts: Mapping[str, int],
-    group: ProcessGroup | None,
-) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """One block's new weights and masks from ``method``, by full name (so that errors name them whole).
-
-    Across ``group``, the block's statistics (and tokens per expert) of every process are added by one
-    ``all_reduce`` (:func:`~funcprune._criteria.collect`'s ``across``).
-    """
-    local = [n[len(prefix) :] for n in names]
-    stacked = {n[len(prefix) :]: experts[n] for n in names if n in experts}
-    counts: dict[str, Tensor] = {}
-    sums = collect(fn, block, block_calls, local, statistic, across=group, run=_runner(block, params, buffers, where),
-                   experts=stacked, routed=counts, device=where)  # fmt: skip
-    weights = {prefix + n: params[n] for n in local}
-    statistics = {prefix + n: s for n, s in sums.items()}
-    routed = {prefix + n: c for n, c in counts.items()}
-    return _pruned(fn, method, names, weights, statistics, routed, specs, dims, experts)
 
 
 def _outside(
