@@ -30,7 +30,7 @@ from ._checkpoint import check_model_dir, check_out, load, staged, transformers
 from ._data import check_text_file, documents, random_windows, tokens
 from ._options import Sparsity, UsageError, sparsity
 from ._progress import Progress
-from ._report import Stages, peak_memory, sparsity_of, versions
+from ._report import Stages, peak_memory, sparsity_of, sparsity_of_fractions, versions
 from ._world import World, launch, world
 
 __all__ = ["Job", "arguments", "bake_", "prune", "run", "run_worker", "spec_of"]
@@ -96,6 +96,12 @@ def check(options: dict[str, Any]) -> tuple[dict[str, Any], Path, fp.Spec]:
     method = _required(options, "method", "--method", "one of magnitude, wanda, sparsegpt")
     sparsity = _required(options, "sparsity", "--sparsity", "a fraction (0.5) or N:M (2:4)")
     spec = spec_of(sparsity, per_row=options["per_row"])
+    if options["stream"] and options["nproc"] > 1:
+        raise UsageError("--stream", f"given with --nproc {options['nproc']}", "one of them (a streamed run is "
+                         "one process)")  # fmt: skip
+    if options["stream"] and options["allocation"] == "owl":
+        raise UsageError("--stream", "given with --allocation owl", "uniform allocation (OWL reads every block "
+                         "before pruning any)")  # fmt: skip
     if options["allocation"] == "owl" and isinstance(sparsity, tuple):
         raise UsageError("--allocation", f"owl given with the N:M sparsity {sparsity[0]}:{sparsity[1]}",
                          "a fraction sparsity (OWL sets each block's fraction)")  # fmt: skip
@@ -124,6 +130,8 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                 _calibration(options, words, Progress(False))
             launch(options["nproc"], arguments(options), tmp)
             report: dict[str, Any] = json.loads((tmp / REPORT).read_text(encoding="utf-8"))
+        elif options["stream"]:
+            report = _streamed(tmp, options, spec)
         else:
             report = _into(tmp, options, config, spec, None)
     return report
@@ -138,6 +146,56 @@ def run_worker(shown: dict[str, Any], stage: Path) -> None:
     spec = spec_of(options["sparsity"], per_row=options["per_row"])
     with world() as here:
         _into(stage, options, config, spec, here)
+
+
+def _streamed(tmp: Path, options: dict[str, Any], spec: fp.Spec) -> dict[str, Any]:
+    """``--stream``: ``fp.oneshot_checkpoint`` from MODEL_DIR into ``tmp``, one block in memory (it writes the
+    weights, ``masks.safetensors`` and a copy of every other file, the tokenizer's included); the report."""
+    progress = Progress(Progress.wanted(options["quiet"]))
+    stages = Stages()
+    batches: list[torch.Tensor] = []
+    reads = options["method"] != "magnitude"
+    with stages("calibration"):
+        if reads:
+            words = transformers().AutoTokenizer.from_pretrained(options["model"], local_files_only=True)
+            batches = _calibration(options, words, progress)
+    with stages("prune"):
+        try:
+            fractions = fp.oneshot_checkpoint(options["model"], tmp, batches, method=options["method"], spec=spec,
+                                              device=options["device"], overwrite=True)  # fmt: skip
+        except ValueError as error:  # what a stream cannot do (a layout it refuses), named by oneshot_checkpoint
+            raise UsageError("--stream", str(error).removeprefix("oneshot_checkpoint: "),
+                             "a checkpoint the streamed run reads (or run without --stream)") from None
+    report = {
+        "command": "oneshot",
+        "arguments": arguments(options),
+        "versions": versions(),
+        "stages": stages.seconds,
+        "processes": 1,
+        "peak_memory": peak_memory(options["device"]),
+        "calibration": {"windows": len(batches), "tokens": sum(b.numel() for b in batches)},
+        "sparsity": sparsity_of_fractions(fractions, _numels(tmp, fractions)),
+    }
+    (tmp / REPORT).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return report
+
+
+def _numels(directory: Path, names: Mapping[str, float]) -> dict[str, int]:
+    """The entries of each of ``names`` in the safetensors files of ``directory`` (read from their headers)."""
+    from safetensors import safe_open
+
+    numels: dict[str, int] = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        if file.name == MASKS:
+            continue
+        with safe_open(str(file), framework="pt") as opened:
+            for key in opened.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if key in names:
+                    count = 1
+                    for size in opened.get_slice(key).get_shape():
+                        count *= size
+                    numels[key] = count
+    return numels
 
 
 def _into(tmp: Path, options: dict[str, Any], config: dict[str, Any], spec: fp.Spec, here: World | None

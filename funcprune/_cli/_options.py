@@ -202,6 +202,9 @@ OPTIONS: tuple[Option, ...] = (
            "magnitude (default: L2 norm of each unit's weights), taylor ((w * grad)^2 of the LM loss on the "
            "calibration text) or fluctuation (FLAP's, from the input variance on the calibration text)",
            "{" + ",".join(SCORES) + "}"),
+    Option("--stream", _ONESHOT, text, (bool,),
+           "read, prune and write the checkpoint one block at a time (fp.oneshot_checkpoint): memory for one "
+           "block and the embeddings, not the model; not with --nproc or --allocation owl"),
     Option("--nproc", _ONESHOT, positive, (int,),
            "processes that calibrate together (default 1): each reads its share of the calibration windows and "
            "holds its own copy of the model; the statistics are summed across them once per block "
@@ -215,7 +218,7 @@ OPTIONS: tuple[Option, ...] = (
 
 #: Each command's defaults, applied under the recipe and the flags (``None``: no value, checked where needed).
 DEFAULTS: Mapping[str, Mapping[str, Any]] = {
-    "oneshot": {"allocation": "uniform", "nproc": 1, "samples": 128, "seq_len": 2048, "seed": 0, "dtype": "float32",
+    "oneshot": {"allocation": "uniform", "nproc": 1, "stream": False, "samples": 128, "seq_len": 2048, "seed": 0, "dtype": "float32",
                 "per_row": False, "overwrite": False, "quiet": False},
     "structured": {"scope": "global", "normalize": "none", "scores": "magnitude", "samples": 128,
                    "seq_len": 2048, "seed": 0, "dtype": "float32", "overwrite": False, "quiet": False},

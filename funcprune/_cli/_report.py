@@ -67,6 +67,12 @@ def _row(numel: int, pruned: int) -> dict[str, Any]:
     return {"numel": numel, "pruned": pruned, "sparsity": pruned / numel if numel else 0.0}
 
 
+def sparsity_of_fractions(fractions: Mapping[str, float], numels: Mapping[str, int]) -> dict[str, Any]:
+    """:func:`sparsity_of`'s report from each weight's fraction pruned and its entries (a streamed run's)."""
+    layers = {name: _row(numels[name], round(f * numels[name])) for name, f in fractions.items()}
+    return {"layers": layers, "total": _row(sum(numels[n] for n in layers), sum(r["pruned"] for r in layers.values()))}
+
+
 def sparsity_of(masks: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """Per-mask and total pruned entries of ``masks`` (``fp.sparsity_report``'s counts)."""
     report = fp.sparsity_report(dict(masks))

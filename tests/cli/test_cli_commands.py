@@ -87,6 +87,17 @@ def test_oneshot_sparsegpt_2_4_equals_the_api(workdir: Path, capsys: pytest.Capt
     assert "sgpt" in capsys.readouterr().err
 
 
+def test_oneshot_stream_equals_the_api(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--stream`` (fp.oneshot_checkpoint, one block in memory) writes what the in-memory run writes."""
+    assert main([*oneshot_args(workdir, "streamed", "sparsegpt", "2:4"), "--stream", "--quiet"]) == 0
+    expected, masks = reference(workdir, "sparsegpt", "2:4")
+    assert_same_checkpoint(workdir / "streamed", expected, masks)
+    report = json.loads((workdir / "streamed" / "report.json").read_text())
+    total = sum(m.numel() for m in masks.values())
+    assert report["sparsity"]["total"] == {"numel": total, "pruned": total // 2, "sparsity": 0.5}
+    assert report["sparsity"]["layers"].keys() == masks.keys()
+
+
 def test_eval_equals_fp_perplexity_on_consecutive_windows(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     if not (workdir / "sgpt").exists():
         assert main(oneshot_args(workdir, "sgpt", "sparsegpt", "2:4")) == 0
