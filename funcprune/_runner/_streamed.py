@@ -105,9 +105,12 @@ def oneshot_checkpoint(
             parent must exist.
         batches: calibration batches, as for ``oneshot`` (token ids, or dicts
             with an ``attention_mask``), on the CPU; consumed once.
-        method, spec, names, allocation, device: as for
-            :func:`~funcprune.oneshot` (within what is supported above).
-            ``device``: where each block runs; the embeddings run on the CPU.
+        method: as for :func:`~funcprune.oneshot`.
+        spec: as for :func:`~funcprune.oneshot`.
+        names: as for :func:`~funcprune.oneshot`, inside the blocks.
+        allocation: ``None`` or ``"uniform"`` (OWL is refused), or a
+            mapping ``{name: sparsity}``, as for :func:`~funcprune.oneshot`.
+        device: where each block runs; the embeddings run on the CPU.
         max_shard_size: the largest output shard, in bytes or as a string
             (``"500MB"``, ``"2GiB"``); a larger tensor gets a shard alone.
         overwrite: replace ``out_dir`` if it exists.
