@@ -203,8 +203,9 @@ OPTIONS: tuple[Option, ...] = (
            "calibration text) or fluctuation (FLAP's, from the input variance on the calibration text)",
            "{" + ",".join(SCORES) + "}"),
     Option("--stream", _ONESHOT, text, (bool,),
-           "read, prune and write the checkpoint one block at a time (fp.oneshot_checkpoint): memory for one "
-           "block and the embeddings, not the model; not with --nproc or --allocation owl"),
+           "read, prune and write the checkpoint one block at a time (fp.oneshot_checkpoint): memory that "
+           "grows with a block's size and the embeddings, not with the depth; not with --nproc or --allocation "
+           "owl"),
     Option("--nproc", _ONESHOT, positive, (int,),
            "processes that calibrate together (default 1): each reads its share of the calibration windows and "
            "holds its own copy of the model; the statistics are summed across them once per block "
