@@ -11,6 +11,7 @@ behind (``_checkpoint.staged``).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -130,7 +131,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG} {command}: interrupted; nothing was written", file=sys.stderr)
         return 130
-    _print(command, options, result)
+    try:
+        _print(command, options, result)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (funcprune report ... | head): what it read was enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
     return 0
 
 

@@ -302,3 +302,17 @@ def test_the_installed_script_runs_main() -> None:
         pytest.skip("no funcprune script on PATH (the package is not installed with its scripts)")
     done = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0 and done.stdout.startswith("usage: funcprune [-h] COMMAND")
+
+
+@pytest.mark.ci
+def test_a_reader_that_goes_away_is_no_error(tmp_path: Path) -> None:
+    """``funcprune report DIR | head -1``: the pipe closes before the report is printed; no traceback, exit 0."""
+    save_checkpoint(tmp_path / "tiny")
+    child = subprocess.Popen([sys.executable, "-m", "funcprune._cli", "report", str(tmp_path / "tiny")], env=_ENV,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)  # fmt: skip
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.close()  # before the child has imported torch, let alone printed
+    with child.stderr:
+        err = child.stderr.read().decode()
+    assert child.wait(timeout=300) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
