@@ -141,6 +141,12 @@ def expert_input_dims(model: nn.Module, layers: Sequence[Router] | None = None) 
             dims[attr].add(dim)
 
         hidden = model.get_parameter(layer.weight).shape[1]
+        # on the meta device (a model built without its weights) the routing cannot run: zeros on the CPU stand in
+        # for the stacked weights of this layer while it runs (the slices read depend on the shapes alone)
+        held = {a: t for a, t in stacked.items() if t.is_meta and a in module._parameters}
+        for attr, t in held.items():
+            module._parameters[attr] = nn.Parameter(torch.zeros(t.shape, dtype=t.dtype), requires_grad=False)
+            stacked[attr] = getattr(module, attr)
         try:
             first = next(iter(stacked.values()))
             x = torch.zeros(layer.count, hidden, dtype=first.dtype, device=first.device)
@@ -150,6 +156,10 @@ def expert_input_dims(model: nn.Module, layers: Sequence[Router] | None = None) 
                 _eager(module)(module, x, index.to(first.device), weights)
         except Exception:  # noqa: BLE001 (an experts module that cannot run alone: its weights are not read here)
             dims = {attr: set() for attr in own}
+        finally:
+            for attr, t in held.items():
+                module._parameters[attr] = t
+            stacked.clear()
         for attr, name in own.items():
             found[name] = next(iter(dims[attr])) if len(dims[attr]) == 1 else None
     return found

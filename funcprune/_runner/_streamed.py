@@ -22,6 +22,7 @@ from .._types import Tensor
 from ._layers import Capture, Captured, RepeatedLayers, find_layers, hidden_of
 from ._methods import Method, method_of
 from ._blocks import _at_once, _on, step
+from ._converted import Conversion
 from ._weights import check_groups, specs_of, weights_named
 
 __all__ = ["MASKS_FILE", "oneshot_checkpoint"]
@@ -87,12 +88,18 @@ def oneshot_checkpoint(
     model's parameters (``model.safetensors`` or an index of shards); the
     weights inside the blocks (``names`` outside them are refused: the
     pass that prunes an LM head needs the whole pruned model); allocation
-    uniform or a mapping of sparsities. Refused by name: ``allocation=
-    "owl"`` (its sparsities need the Wanda scores of every block before
-    the first is pruned), a checkpoint that stores tensors under other
-    names than the model's parameters (transformers converts MoE experts so
-    when it saves): load those with ``from_pretrained`` and call
-    ``oneshot``. A method without a statistic (magnitude) is called once
+    uniform or a mapping of sparsities. A block's tensors are converted to
+    the model's parameters and back by transformers' own conversion
+    mapping, the one ``from_pretrained`` applies: a mixture of experts,
+    whose experts transformers saves one by one and stacks as it loads
+    (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE...), streams like a dense model,
+    and its output holds the input's tensor names and shapes. Refused by
+    name: ``allocation="owl"`` (its sparsities need the Wanda scores of
+    every block before the first is pruned), a tensor outside the blocks
+    stored under another name than the model's, a block whose tensors that
+    conversion does not map to the model's and back (checked on the
+    headers before anything is read): load those with ``from_pretrained``
+    and call ``oneshot``. A method without a statistic (magnitude) is called once
     per block here, where ``oneshot`` calls it once on every weight: the
     same masks for the built-in :class:`~funcprune.Magnitude`, whose specs
     apply to each weight alone.
@@ -139,8 +146,8 @@ def oneshot_checkpoint(
     limit = size_in_bytes(fn, max_shard_size)
     shards = Shards(fn, source)
     model = _meta_model(fn, source, shards)
-    stored = _stored_names(fn, model, shards, source)
     layers = find_layers(fn, model)
+    stored = _stored_names(fn, model, shards, source, tuple(layers.prefix(i) for i in range(len(layers.modules))))
     params = dict(model.named_parameters())
     expert_dims = expert_input_dims(model, routers(model))
     chosen = weights_named(fn, model, layers, names, params, method, statistic is not None, expert_dims)
@@ -250,8 +257,9 @@ def _meta_model(fn: str, source: str, shards: Shards) -> nn.Module:
     return result
 
 
-def _stored_names(fn: str, model: nn.Module, shards: Shards, source: str) -> dict[str, str]:
-    """The checkpoint's name of each of the model's tensors (every name of a tied one), refusing one it lacks."""
+def _stored_names(fn: str, model: nn.Module, shards: Shards, source: str, blocks: tuple[str, ...]) -> dict[str, str]:
+    """The checkpoint's name of each of the model's tensors outside the blocks (every name of a tied one),
+    refusing one it lacks; the blocks' tensors are converted as transformers loads them (:class:`_Walk`)."""
     state = model.state_dict(keep_vars=True)
     aliases: dict[int, list[str]] = {}
     for name, tensor in state.items():
@@ -259,12 +267,13 @@ def _stored_names(fn: str, model: nn.Module, shards: Shards, source: str) -> dic
     stored: dict[str, str] = {}
     for group in aliases.values():
         held = [n for n in group if n in shards.file_of]
+        if not held and all(n.startswith(blocks) for n in group):
+            continue
         if not held:
             raise ValueError(
                 f"{fn}: the checkpoint in {source!r} holds no tensor {group[0]!r}, a tensor of the model its config "
-                "builds: its tensors are named otherwise (transformers converts some, MoE experts among them, when "
-                "it saves), which a checkpoint streamed block by block does not read; load the model with "
-                "from_pretrained and call fp.oneshot"
+                "builds outside its blocks: a checkpoint streamed block by block reads those by the model's names "
+                "only; load the model with from_pretrained and call fp.oneshot"
             )
         stored.update(dict.fromkeys(group, held[0]))
     return stored
@@ -281,6 +290,9 @@ class _Walk:
         self.block_names = [[n for n in shards.file_of if n.startswith(p)] for p in prefixes]
         self.outside = [n for n in shards.file_of if not n.startswith(tuple(prefixes))]
         self.meta = model.state_dict(keep_vars=True)
+        self.conversion = Conversion(model)
+        for prefix, names in zip(prefixes, self.block_names, strict=True):
+            self.conversion.check(fn, prefix, {n: (shards.shape[n], shards.dtype[n]) for n in names})
         # every output tensor is the input's, same name, shape and dtype: the shards are laid out before anything runs
         order = self.outside + [n for names in self.block_names for n in names]
         self.writer = ShardLayout(work, limit, ((n, shards.shape[n], shards.dtype[n]) for n in order))
@@ -292,7 +304,7 @@ class _Walk:
         self._before_blocks()
         held = None
         if stream is not None and any(inside):
-            first = self._read_block(0)
+            first = {n: t for n, t in self._read_block(0).items() if n in self.meta}
             self._put(first)
             capture = Capture(self.fn, self.model, self.layers, whole=False)
             with capture:
@@ -330,7 +342,7 @@ class _Walk:
                 self.masks.add(name, mask)
                 pruned[name] = 1.0 - int(mask.sum()) / max(mask.numel(), 1)
             del weights, masks
-            self._write(self.block_names[i], tensors)
+            self._write(i, tensors)
             del tensors  # before the next block is read
         return pruned
 
@@ -389,12 +401,17 @@ class _Walk:
         return out
 
     def _read_block(self, i: int) -> dict[str, Tensor]:
-        """Block ``i``'s tensors by the model's names (its checkpoint tensors that are none of the model's, too)."""
-        prefix = self.layers.prefix(i)
-        mine = [n for n in self.meta if n.startswith(prefix) and n in self.stored]
-        tensors = self._read(mine)
-        extra = [n for n in self.block_names[i] if n not in self.meta]
-        tensors.update(self.shards.read(extra))
+        """Block ``i``'s tensors by the model's names, converted from the checkpoint's as ``from_pretrained``
+        converts them, in the model's dtypes (its checkpoint tensors that make none of the model's, too)."""
+        raw = self.shards.read(self.block_names[i])
+        made, unused = self.conversion.to_model(raw)
+        raw.clear()
+        tensors: dict[str, Tensor] = {}
+        for name, t in made.items():
+            like = self.meta[name]
+            tensors[name] = t.to(like.dtype) if t.is_floating_point() and like.is_floating_point() else t
+        del made
+        tensors.update(unused)
         return tensors
 
     def _put(self, tensors: Mapping[str, Tensor]) -> None:
@@ -408,11 +425,16 @@ class _Walk:
             else:
                 module._buffers[attr] = value
 
-    def _write(self, names: list[str], tensors: Mapping[str, Tensor]) -> None:
-        """Write the checkpoint tensors ``names`` of one block from ``tensors`` (by the model's names), stored dtypes."""
-        by_stored = {self.stored.get(n, n): t for n, t in tensors.items()}
-        for name in names:
-            self.writer.write(name, by_stored[name].to(self.shards.dtype[name]))
+    def _write(self, i: int, tensors: Mapping[str, Tensor]) -> None:
+        """Write block ``i``'s checkpoint tensors from its ``tensors`` (by the model's names, converted back as
+        ``save_pretrained`` converts them; the checkpoint's that make none of the model's as they are), stored dtypes."""
+        prefix = self.layers.prefix(i)
+        own = {n: t for n, t in tensors.items() if n in self.meta and n.startswith(prefix)}
+        by_stored = self.conversion.to_checkpoint(own)
+        del own
+        for name in self.block_names[i]:
+            tensor = by_stored.pop(name) if name in by_stored else tensors[name]
+            self.writer.write(name, tensor.to(self.shards.dtype[name]))
 
     def _copy(self, names: list[str]) -> None:
         """Copy checkpoint tensors to the output as they are, one at a time."""

@@ -142,12 +142,81 @@ def test_what_a_stream_cannot_do_is_refused_by_name(llama_dir: Path, tmp_path: P
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_checkpoint_whose_tensors_are_named_otherwise_is_refused(tmp_path: Path) -> None:
-    source = tmp_path / "mixtral"
-    _save(tiny("mixtral", layers=1).model, source, "5GB")  # transformers saves the experts one by one
-    with pytest.raises(ValueError, match="holds no tensor 'model.layers.0.mlp.gate.weight'.*named otherwise"):
-        fp.oneshot_checkpoint(source, tmp_path / "out", _batches(), method="wanda", spec=fp.L1Unstructured(0.5))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["mixtral"]
+@pytest.fixture(scope="module")
+def mixtral_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Mixtral of 2 blocks (4 experts), saved as transformers saves it: each expert's weights one by one."""
+    where = tmp_path_factory.mktemp("mixtral")
+    _save(tiny("mixtral", layers=2).model, where, "20KB")
+    return where
+
+
+def _qwen3_moe() -> Any:
+    """A tiny Qwen3-MoE of 2 blocks (a transformers model: untyped)."""
+    config = transformers.Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                         moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
+                                         max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.Qwen3MoeForCausalLM(config).eval()
+
+
+def _assert_same_layout(source: Path, out: Path) -> None:
+    """``out``'s tensors are ``source``'s: the same names (experts one by one), shapes and dtypes."""
+    from safetensors import safe_open
+
+    def headers(where: Path) -> dict[str, tuple[list[int], Any]]:
+        found: dict[str, tuple[list[int], Any]] = {}
+        for file in where.glob("model*.safetensors"):
+            with safe_open(str(file), "pt") as f:
+                for key in f.keys():  # noqa: SIM118  # safe_open is not a mapping
+                    sliced = f.get_slice(key)
+                    found[key] = (sliced.get_shape(), sliced.get_dtype())
+        return found
+
+    assert headers(out) == headers(source)
+
+
+@pytest.mark.parametrize("method", [pytest.param("wanda", marks=pytest.mark.ci), "sparsegpt"])
+def test_a_mixture_of_experts_checkpoint_streams_through_transformers_conversion(
+    mixtral_dir: Path, tmp_path: Path, method: str
+) -> None:
+    assert (mixtral_dir / "model.safetensors.index.json").read_text(encoding="utf-8").count("block_sparse_moe.experts.3.w3") == 2
+    _assert_equal_to_oneshot(mixtral_dir, tmp_path / "out", method, fp.L1Unstructured(0.5))
+    _assert_same_layout(mixtral_dir, tmp_path / "out")
+
+
+@pytest.mark.ci
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+def test_a_qwen3_moe_checkpoint_streams_as_oneshot_prunes_it(tmp_path: Path, method: str) -> None:
+    _save(_qwen3_moe(), tmp_path / "qwen3_moe", "20KB")
+    _assert_equal_to_oneshot(tmp_path / "qwen3_moe", tmp_path / "out", method, fp.NM(2, 4))
+    _assert_same_layout(tmp_path / "qwen3_moe", tmp_path / "out")
+
+
+def _rewrite(source: Path, where: Path, change: Any) -> None:
+    """``source``'s checkpoint, its single file's tensors passed through ``change``, saved in ``where``."""
+    from safetensors.torch import load_file, save_file
+
+    where.mkdir()
+    (where / "config.json").write_bytes((source / "config.json").read_bytes())
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(source.glob("model-*.safetensors")):
+        tensors.update(load_file(str(file)))
+    save_file(change(tensors), str(where / "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_a_checkpoint_the_conversion_cannot_map_is_refused_by_name(mixtral_dir: Path, tmp_path: Path) -> None:
+    renamed, short = tmp_path / "renamed", tmp_path / "short"
+    up = "model.layers.1.block_sparse_moe.experts.2.w3.weight"
+    _rewrite(mixtral_dir, renamed, lambda t: {k.replace("moe.gate.", "moe.router."): v for k, v in t.items()})
+    _rewrite(mixtral_dir, short, lambda t: {k: v for k, v in t.items() if k != up})
+    spec = fp.L1Unstructured(0.5)
+    with pytest.raises(ValueError, match="block 'model.layers.0.' makes no tensor 'model.layers.0.mlp.gate.weight'"):
+        fp.oneshot_checkpoint(renamed, tmp_path / "out", _batches(), method="wanda", spec=spec)
+    with pytest.raises(ValueError, match="block 'model.layers.1.' does not convert to the model's tensors as "
+                                         "transformers loads them: RuntimeError"):
+        fp.oneshot_checkpoint(short, tmp_path / "out", _batches(), method="wanda", spec=spec)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["renamed", "short"]
 
 
 #: Prunes the checkpoint argv[1] into argv[2] in a process of its own and prints, as JSON, its resident memory (KiB)
