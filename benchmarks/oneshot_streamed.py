@@ -21,6 +21,8 @@ compared tensor by tensor (they must be equal). Run::
 
 from __future__ import annotations
 
+from typing import Any
+
 import argparse
 import json
 import os
@@ -68,7 +70,8 @@ def _write(where: str, layers: int) -> int:
                                       num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=16,
                                       max_position_embeddings=256, tie_word_embeddings=False)  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model: Any = transformers.LlamaForCausalLM(config)
+    model.train(False)
     model.save_pretrained(where, max_shard_size="100MB")
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
