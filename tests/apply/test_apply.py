@@ -233,6 +233,7 @@ def test_vmap_ensemble_forward_equals_each_model() -> None:
     assert torch.equal(applied["fc2.weight"][1], params["fc2.weight"][1] * masks["fc2.weight"][1])
 
 
+@pytest.mark.ci  # the default suite's 5 minutes: CI runs it
 def test_a_masked_forward_compiles_with_fullgraph() -> None:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))

@@ -205,6 +205,7 @@ def wanda_run() -> subprocess.CompletedProcess[str]:
     return WANDA.result()
 
 
+@pytest.mark.ci  # the default suite's 5 minutes: CI runs it
 def test_oneshot_in_a_subprocess_equals_the_api(wanda_run: subprocess.CompletedProcess[str]) -> None:
     assert wanda_run.returncode == 0, wanda_run.stderr
     expected, masks = reference(WANDA.directory, "wanda", "0.5", calibration="calib.jsonl", seed=3)

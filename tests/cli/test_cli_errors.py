@@ -179,6 +179,7 @@ def test_the_script_refuses_a_bad_sparsity_in_one_line(bad_sparsity: subprocess.
     assert left_behind(SPARSITY.directory) == []
 
 
+@pytest.mark.ci  # the default suite's 5 minutes: CI runs it
 def test_the_script_leaves_nothing_when_calibration_is_too_short(too_short: subprocess.CompletedProcess[str]) -> None:
     assert too_short.returncode == 2 and "Traceback" not in too_short.stderr
     check_refused(too_short.stderr, "--calibration", "fewer than --seq-len 4096", SHORT.directory)

@@ -86,6 +86,7 @@ def test_input_moments_are_the_mean_and_sample_variance_of_the_real_tokens() -> 
         torch.testing.assert_close(m.var, var, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.ci  # the default suite's 5 minutes: CI runs it
 def test_input_moments_give_flap_s_mean_and_the_variance_flap_approximates() -> None:
     """FLAP feeds one sample of equal length at a time: its mean is ours; its fluctuation approximates tokens x var."""
     model = _llama()
@@ -109,6 +110,7 @@ def _structure(model: nn.Module) -> fp.Structure:
     return fp.structure(model, x)
 
 
+@pytest.mark.ci  # the default suite's 5 minutes: CI runs it
 def test_fluctuation_ranks_channels_and_kv_groups_as_flap_s_metric_per_layer() -> None:
     model = _llama()
     params = dict(model.named_parameters())

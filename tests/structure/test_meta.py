@@ -22,7 +22,7 @@ import funcprune as fp
 #: How many layers each model is built with: more than the copy keeps (the first two blocks of each kind and the
 #: last), so that blocks go; 8 where layers alternate kinds (Gemma 2's sliding and full layers, Gemma 3's 5:1).
 LAYERS = {"gemma2": 8, "gemma3": 8}
-FAST = ("llama", "gpt2")
+FAST = ("llama",)
 
 
 def _on_meta(model: nn.Module) -> nn.Module:
