@@ -51,18 +51,16 @@ def sparsity(text: str) -> Sparsity:
         if not 0 < pair[0] < pair[1]:
             raise argparse.ArgumentTypeError(f"{text!r} is out of range, expected {_SPARSITY_EXPECTED}")
         return pair
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is malformed, expected {_SPARSITY_EXPECTED}") from None
-    if not (math.isfinite(value) and 0 < value < 1):
-        raise argparse.ArgumentTypeError(f"{text!r} is out of range, expected {_SPARSITY_EXPECTED}")
-    return value
+    return _between_0_and_1(text, _SPARSITY_EXPECTED)
 
 
 def fraction(text: str) -> float:
     """A fraction strictly between 0 and 1 (structured pruning's share of units)."""
-    expected = "a fraction strictly between 0 and 1 (0.3)"
+    return _between_0_and_1(text, "a fraction strictly between 0 and 1 (0.3)")
+
+
+def _between_0_and_1(text: str, expected: str) -> float:
+    """``text`` as a float strictly between 0 and 1; otherwise an error saying ``expected``."""
     try:
         value = float(text)
     except ValueError:
