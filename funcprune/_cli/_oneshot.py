@@ -99,6 +99,9 @@ def check(options: dict[str, Any]) -> tuple[dict[str, Any], Path, fp.Spec]:
     if options["stream"] and options["nproc"] > 1:
         raise UsageError("--stream", f"given with --nproc {options['nproc']}", "one of them (a streamed run is "
                          "one process)")  # fmt: skip
+    if options["stream"] and options["dtype"] is not None:
+        raise UsageError("--stream", f"given with --dtype {options['dtype']}", "no --dtype (a streamed run computes "
+                         "in the checkpoint's own dtype)")  # fmt: skip
     if options["stream"] and options["allocation"] == "owl":
         raise UsageError("--stream", "given with --allocation owl", "uniform allocation (OWL reads every block "
                          "before pruning any)")  # fmt: skip
@@ -174,28 +177,20 @@ def _streamed(tmp: Path, options: dict[str, Any], spec: fp.Spec) -> dict[str, An
         "processes": 1,
         "peak_memory": peak_memory(options["device"]),
         "calibration": {"windows": len(batches), "tokens": sum(b.numel() for b in batches)},
-        "sparsity": sparsity_of_fractions(fractions, _numels(tmp, fractions)),
+        "sparsity": sparsity_of_fractions(fractions, _numels(options["model"], fractions)),
     }
     (tmp / REPORT).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report
 
 
-def _numels(directory: Path, names: Mapping[str, float]) -> dict[str, int]:
-    """The entries of each of ``names`` in the safetensors files of ``directory`` (read from their headers)."""
-    from safetensors import safe_open
-
-    numels: dict[str, int] = {}
-    for file in sorted(directory.glob("*.safetensors")):
-        if file.name == MASKS:
-            continue
-        with safe_open(str(file), framework="pt") as opened:
-            for key in opened.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                if key in names:
-                    count = 1
-                    for size in opened.get_slice(key).get_shape():
-                        count *= size
-                    numels[key] = count
-    return numels
+def _numels(model_dir: str, names: Mapping[str, float]) -> dict[str, int]:
+    """The entries of each of ``names`` (the model's parameter names: a mixture of experts' stacks, not the
+    checkpoint's per-expert tensors), from the model its config builds on the meta device."""
+    t = transformers()
+    config = t.AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    with torch.device("meta"):
+        model = t.AutoModelForCausalLM.from_config(config)
+    return {n: p.numel() for n, p in model.named_parameters() if n in names}
 
 
 def _into(tmp: Path, options: dict[str, Any], config: dict[str, Any], spec: fp.Spec, here: World | None
@@ -205,7 +200,7 @@ def _into(tmp: Path, options: dict[str, Any], config: dict[str, Any], spec: fp.S
     progress = Progress(Progress.wanted(options["quiet"]) and writes)
     stages = Stages()
     with stages("load"):
-        loaded = load(options["model"], config, dtype=options["dtype"], device=options["device"])
+        loaded = load(options["model"], config, dtype=options["dtype"] or "float32", device=options["device"])
     job = Job(options["model"], loaded.model, [], options["method"], spec, options["allocation"],
               options["device"])  # fmt: skip
     with stages("calibration"):

@@ -217,7 +217,7 @@ OPTIONS: tuple[Option, ...] = (
 
 #: Each command's defaults, applied under the recipe and the flags (``None``: no value, checked where needed).
 DEFAULTS: Mapping[str, Mapping[str, Any]] = {
-    "oneshot": {"allocation": "uniform", "nproc": 1, "stream": False, "samples": 128, "seq_len": 2048, "seed": 0, "dtype": "float32",
+    "oneshot": {"allocation": "uniform", "nproc": 1, "stream": False, "samples": 128, "seq_len": 2048, "seed": 0, "dtype": None,
                 "per_row": False, "overwrite": False, "quiet": False},
     "structured": {"scope": "global", "normalize": "none", "scores": "magnitude", "samples": 128,
                    "seq_len": 2048, "seed": 0, "dtype": "float32", "overwrite": False, "quiet": False},

@@ -83,6 +83,11 @@ def oneshot_checkpoint(
     ``model-0000k-of-0000n.safetensors`` of at most ``max_shard_size`` with
     ``model.safetensors.index.json``, and the masks in ``masks.safetensors``
     (:func:`~funcprune.save_masks`'s format, bit-packed: one bit per entry).
+    The blocks run in the checkpoint's dtype (the one holding the most
+    bytes), as ``from_pretrained`` in that dtype would: a block's tensors
+    stored wider (a mixed checkpoint's float32 norms beside bfloat16
+    weights) come back rounded to it; the tensors outside the blocks, never
+    pruned here, are copied byte for byte.
 
     Supported: a checkpoint whose safetensors tensors are named as the
     model's parameters (``model.safetensors`` or an index of shards); the
@@ -381,11 +386,8 @@ class _Walk:
         self._put(loaded)
         by_stored = {self.stored[n]: t for n, t in loaded.items()}
         del loaded
-        for name in self.outside:
-            if name in by_stored:
-                self.writer.write(name, by_stored[name].to(self.shards.dtype[name]))
-            else:
-                self._copy([name])
+        del by_stored
+        self._copy(list(self.outside))  # never pruned here (names outside the blocks are refused): byte for byte
 
     def _read(self, names: list[str]) -> dict[str, Tensor]:
         """The model's tensors ``names`` from the checkpoint, in the model's dtypes (as ``from_pretrained``)."""

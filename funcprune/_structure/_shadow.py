@@ -346,7 +346,8 @@ class _Mapping:
         path = name.removesuffix("#layers") if name != "layers" else ""
         if path not in self.kept:
             raise self._refused(name, "it names no stack of the model")
-        gone = {self.kept[path][m.unit] for m in group.members if m.unit is not None}
+        # a unit numbers only the blocks that can go: each member's block is read off its name
+        gone = {self.kept[path][b[1]] for m in group.members if (b := self._block(m.name)) is not None and b[0] == path}
         units = [i for i, kind in enumerate(self.kinds[path]) if self.kept[path][self.first[path][kind]] in gone]
         stack = self.model.get_submodule(path)
         params = {id(p): n for n, p in self.model.named_parameters()}

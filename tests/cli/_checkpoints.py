@@ -49,14 +49,15 @@ def tokenizer() -> Any:
     return transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>")
 
 
-def save_checkpoint(directory: Path, *, seed: int = 0) -> Path:
-    """A tiny Llama and its tokenizer saved to ``directory``; returns it."""
+def save_checkpoint(directory: Path, *, seed: int = 0, family: str = "llama") -> Path:
+    """A tiny model of ``family`` (``tests/_hf.py``'s config; a Llama by default) and its tokenizer saved to
+    ``directory``; returns it."""
     words = tokenizer()
-    config = _config("llama", 2)
+    config = _config(family, 2)
     config.vocab_size = len(words)
     config.eos_token_id = words.eos_token_id
     torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
     model.save_pretrained(directory)
     words.save_pretrained(directory)
     return directory

@@ -98,6 +98,20 @@ def test_oneshot_stream_equals_the_api(workdir: Path, capsys: pytest.CaptureFixt
     assert report["sparsity"]["layers"].keys() == masks.keys()
 
 
+def test_oneshot_stream_reports_a_mixture_of_experts_by_its_stacked_weights(tmp_path: Path) -> None:
+    """``--stream`` on a Mixtral checkpoint (its experts stored one by one): the report names the model's stacked
+    expert weights, with their entries, as the masks do."""
+    save_checkpoint(tmp_path / "moe", family="mixtral")
+    argv = ["oneshot", str(tmp_path / "moe"), "--out", str(tmp_path / "out"), "--method", "magnitude", "--sparsity",
+            "0.5", "--stream", "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    masks = fp.load_masks(tmp_path / "out" / "masks.safetensors")
+    assert any(".experts." in n for n in masks)
+    assert {n: r["numel"] for n, r in report["sparsity"]["layers"].items()} == {n: m.numel() for n, m in masks.items()}
+    assert all(r["pruned"] == int((~masks[n]).sum()) for n, r in report["sparsity"]["layers"].items())
+
+
 def test_eval_equals_fp_perplexity_on_consecutive_windows(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     if not (workdir / "sgpt").exists():
         assert main(oneshot_args(workdir, "sgpt", "sparsegpt", "2:4")) == 0

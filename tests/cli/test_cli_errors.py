@@ -56,6 +56,8 @@ CASES = [
     ("unknown-flag", ["oneshot", "tiny", *RUN, "--bogus"], "--bogus", "unrecognized"),
     ("nproc-0", ["oneshot", "tiny", *RUN, "--nproc", "0"], "--nproc", "0 is out of range"),
     ("stream-nproc", ["oneshot", "tiny", *RUN, "--stream", "--nproc", "2"], "--stream", "given with --nproc 2"),
+    ("stream-dtype", ["oneshot", "tiny", *RUN, "--stream", "--dtype", "float32"], "--stream",
+     "given with --dtype float32"),
     ("stream-owl", ["oneshot", "tiny", *RUN, "--stream", "--allocation", "owl"], "--stream",
      "given with --allocation owl"),
     ("nproc-too-few-tokens", ["oneshot", "tiny", *RUN[:-1], "4096", "--nproc", "2"], "--calibration", "tokenizes to"),

@@ -283,3 +283,22 @@ def test_peak_memory_grows_with_one_block_not_with_the_depth(tmp_path: Path) -> 
     _, masks = fp.oneshot(model, batches, method="wanda", spec=fp.NM(2, 4))
     expected = fp.bake(model, masks).state_dict()
     assert all(torch.equal(t, expected[n]) for n, t in written.state_dict().items())
+
+
+def test_tensors_outside_the_blocks_are_copied_byte_for_byte(tmp_path: Path) -> None:
+    """A mixed checkpoint (bfloat16, its final norm stored in float32 with a value bfloat16 cannot hold): the
+    streamed run computes in bfloat16, but writes the tensors it did not prune as they were stored."""
+    from safetensors.torch import load_file, save_file
+
+    model = tiny("llama", layers=2).model.to(torch.bfloat16)
+    _save(model, tmp_path / "in", "10MB")
+    stored = tmp_path / "in" / "model.safetensors"
+    tensors = load_file(stored)
+    tensors["model.norm.weight"] = torch.full(tensors["model.norm.weight"].shape, 1.0 + 2.0**-20)
+    save_file(tensors, stored, metadata={"format": "pt"})
+    fp.oneshot_checkpoint(tmp_path / "in", tmp_path / "out", [], method="magnitude", spec=fp.L1Unstructured(0.5))
+    out: dict[str, torch.Tensor] = {}
+    for file in (tmp_path / "out").glob("model*.safetensors"):
+        out.update(load_file(file))
+    assert out["model.norm.weight"].dtype == torch.float32
+    assert torch.equal(out["model.norm.weight"], tensors["model.norm.weight"])
