@@ -73,24 +73,45 @@ def step(
     moved = {n: p.detach().to(where) for n, p in own.items()} if where is not None else dict(own)
     these: dict[str, Tensor] = {}  # by local name
     weights: dict[str, Tensor] = {}
-    if names:
-        # each on a copy of the states held: a block may add to its input in place, and they are
-        # needed as they are to advance
-        block_calls = (held.call(i, b, held.hidden[b].clone()) for b in range(len(held.hidden)))
-        changed, got = _prune_block(fn, method, statistic, block, prefix, moved, buffers, where, names, block_calls,
-                                    specs, dims, experts, group)  # fmt: skip
-        for full, mask in got.items():
-            local_name = full[len(prefix) :]
-            these[local_name] = mask
-            moved[local_name] = changed.get(full, moved[local_name])
-            weights[full] = moved[local_name]
-    if advance:
-        for b in range(len(held.hidden)):
-            call = _on(held.call(i, b), where)
-            with torch.no_grad():
-                out = functional_call_masked(block, moved, these, call.args, call.kwargs, buffers=buffers)
-            held.hidden[b] = hidden_of(fn, i, out).detach()
+    failure: Exception | None = None
+    try:
+        if names:
+            # each on a copy of the states held: a block may add to its input in place, and they are
+            # needed as they are to advance
+            block_calls = (held.call(i, b, held.hidden[b].clone()) for b in range(len(held.hidden)))
+            changed, got = _prune_block(fn, method, statistic, block, prefix, moved, buffers, where, names,
+                                        block_calls, specs, dims, experts, group)  # fmt: skip
+            for full, mask in got.items():
+                local_name = full[len(prefix) :]
+                these[local_name] = mask
+                moved[local_name] = changed.get(full, moved[local_name])
+                weights[full] = moved[local_name]
+        if advance:
+            for b in range(len(held.hidden)):
+                call = _on(held.call(i, b), where)
+                with torch.no_grad():
+                    out = functional_call_masked(block, moved, these, call.args, call.kwargs, buffers=buffers)
+                held.hidden[b] = hidden_of(fn, i, out).detach()
+    except Exception as error:  # noqa: BLE001 (re-raised below, after the group has heard of it)
+        if group is None:
+            raise
+        failure = error
+    if group is not None:  # every process learns whether one failed, so that none waits in the next block's
+        _agree(fn, i, failure, group, next(iter(moved.values())).device if moved else torch.device("cpu"))
     return weights, {full: these[full[len(prefix) :]] for full in weights}
+
+
+def _agree(fn: str, i: int, failure: Exception | None, group: ProcessGroup, device: torch.device) -> None:
+    """One small ``all_reduce`` of whether each process failed in block ``i``: its own error on the process that
+    failed, a :class:`ValueError` saying so on the others (none waits for a collective another never reaches)."""
+    import torch.distributed as dist
+
+    flag = torch.tensor([0.0 if failure is None else 1.0], dtype=torch.float64, device=device)
+    dist.all_reduce(flag, group=group)
+    if failure is not None:
+        raise failure
+    if float(flag.item()) > 0:
+        raise ValueError(f"{fn}: another process of the group failed in block {i} (its own error says why)")
 
 
 def _dims_of(names: list[str], dims: Mapping[str, int]) -> dict[str, int]:

@@ -163,6 +163,35 @@ def test_a_batch_that_fails_on_one_process_raises_on_every_process(world2: World
     assert zero == "ValueError: oneshot: another process of the group failed on its batches (its own error says why)"
 
 
+def _failing_to_advance(rank: int, size: int) -> str:
+    """Rank 1 fails while advancing block 0's states (after the block's all_reduce, before the next one's)."""
+    import funcprune._runner._blocks as blocks
+
+    real = getattr(blocks, "functional_call_masked")  # noqa: B009 (not exported: patched on rank 1 alone)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("out of memory (simulated)")
+
+    if rank == 1:
+        setattr(blocks, "functional_call_masked", broken)  # noqa: B010
+    try:
+        fp.oneshot(model_of("llama", torch.float64), share(rank, size, (2, 2)), method="wanda",
+                   spec=fp.L1Unstructured(0.5), group=dist.group.WORLD)  # fmt: skip
+    except Exception as e:  # noqa: BLE001 (compared by the test)
+        return type(e).__name__ + ": " + str(e).splitlines()[0]
+    finally:
+        setattr(blocks, "functional_call_masked", real)  # noqa: B010
+    return "no error"
+
+
+def test_a_process_that_fails_to_advance_a_block_makes_every_process_raise(world2: World) -> None:
+    start = time.monotonic()
+    zero, one = world2.run(_failing_to_advance)
+    assert time.monotonic() - start < BOUND
+    assert one == "RuntimeError: out of memory (simulated)"
+    assert zero == "ValueError: oneshot: another process of the group failed in block 0 (its own error says why)"
+
+
 def test_a_group_of_one_process_equals_no_group_bit_for_bit() -> None:
     model = model_of("llama", torch.float32)
     for method in ("wanda", "sparsegpt"):
