@@ -27,6 +27,8 @@ transformers = pytest.importorskip("transformers", reason="needs transformers (t
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import depth_width_llm as dw  # noqa: E402
 
+pytestmark = pytest.mark.ci  # trains a tiny model: CI runs it (the default suite's 5 minutes)
+
 CONFIG = dw.config_of(0, quick=True, steps=2)
 
 

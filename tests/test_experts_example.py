@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import experts_moe as em  # noqa: E402
 import oneshot_llm as ol  # noqa: E402
 
+pytestmark = pytest.mark.ci  # trains a tiny model: CI runs it (the default suite's 5 minutes)
+
 Tensor = torch.Tensor
 CONFIG = em.config_of(0, quick=True, steps=2)
 

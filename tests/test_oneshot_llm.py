@@ -30,6 +30,8 @@ transformers = pytest.importorskip("transformers", reason="needs transformers (t
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import oneshot_llm as ol  # noqa: E402
 
+pytestmark = pytest.mark.ci  # trains a tiny model: CI runs it (the default suite's 5 minutes)
+
 Tensor = torch.Tensor
 CONFIG = ol.Config.quick(seed=0)
 SETTINGS = [s.label for s in ol.settings(CONFIG)]  # 50%, 2:4, 70%, 70% OWL

@@ -12,6 +12,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -141,6 +142,7 @@ def assert_same(a: Any, b: Any, where: str) -> None:
         assert a == b, (where, a, b)
 
 
+@pytest.mark.ci  # the default suite's 5 minutes: CI runs it
 def test_tutorial_observes_the_same_with_either_library() -> None:
     for seed in (0, 1, 2):
         theirs, their_models = run_tutorial(LIBS["torch"], seed)

@@ -949,6 +949,7 @@ def test_random_channel_masks_on_an_mlp_give_equal_outputs(case: tuple[nn.Module
 
 @settings(max_examples=20)
 @given(residual_case())
+@pytest.mark.ci  # the default suite's 5 minutes: CI runs it
 def test_random_channel_masks_on_a_residual_cnn_give_equal_outputs(
     case: tuple[nn.Module, Masks],
 ) -> None:

@@ -176,6 +176,7 @@ def test_bsr_blocks_smaller_than_measured_always_warn() -> None:
         to_sparse(params, masks, layout="bsr", blocksize=(4, 4), below_break_even="raise")
 
 
+@pytest.mark.ci  # the default suite's 5 minutes: CI runs it
 def test_a_bsr_weight_alone_raises_no_beta_warning() -> None:
     """torch warns once a process that BSR is beta: not through to_sparse (the first BSR made here)."""
     script = (

@@ -221,6 +221,7 @@ def test_plans_survive_copy_deepcopy_and_pickle(round_trip: Callable[[object], o
         assert torch.equal(mask, composed(params)[name])
 
 
+@pytest.mark.ci  # the default suite's 5 minutes: CI runs it
 def test_a_plan_runs_in_a_spawned_process() -> None:
     plan = _every_kind_of_plan()
     params = params_of(lenet())

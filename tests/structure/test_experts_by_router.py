@@ -93,6 +93,7 @@ def test_global_budgets_on_reap_shrink_and_reload_exactly(name: str, tmp_path: P
     torch.testing.assert_close(logits(again, x), logits(small, x), atol=0, rtol=0)
 
 
+@pytest.mark.ci  # the default suite's 5 minutes: CI runs it
 def test_experts_routed_by_groups_lose_as_many_from_each(tmp_path: Path) -> None:
     model, x = grouped()
     s = fp.structure(model, x)
