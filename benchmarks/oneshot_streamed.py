@@ -4,8 +4,9 @@ Writes a LlamaForCausalLM of random weights (seeded; float32; ``--layers``
 blocks of hidden size 1024 and MLP 4096, vocabulary 8192, untied LM head:
 about 0.6 GB) into ``--where`` with ``save_pretrained`` in shards of 100 MB,
 then runs each contender in a fresh process, on the same calibration
-batches (``--batches`` of 2 sequences of 128 random token ids), with Wanda
-at 50% per output row:
+batches (``--batches`` of 2 sequences of 128 random token ids), with
+``--method`` (Wanda, or SparseGPT) at 50% per output row, ``--rounds``
+times (streamed, then in memory, in each):
 
 - ``streamed``: ``fp.oneshot_checkpoint(model_dir, out_dir, batches, ...)``;
 - ``in-memory``: ``from_pretrained``, ``fp.oneshot``, ``fp.bake`` and
@@ -43,7 +44,7 @@ _CHILD = textwrap.dedent("""
         with open("/proc/self/status") as f:
             return int(re.search(key + r":\\s+(\\d+)", f.read()).group(1))
 
-    mode, source, out, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    mode, source, out, count, method = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, 8192, (2, 128), generator=g) for _ in range(count)]
     spec = fp.PerSlice(fp.L1Unstructured(0.5), dim=0)
@@ -52,10 +53,11 @@ _CHILD = textwrap.dedent("""
         f.write("5")
     start = time.perf_counter()
     if mode == "streamed":
-        fp.oneshot_checkpoint(source, out, batches, method="wanda", spec=spec, max_shard_size="100MB")
+        fp.oneshot_checkpoint(source, out, batches, method=method, spec=spec, max_shard_size="100MB")
     else:
         model = transformers.AutoModelForCausalLM.from_pretrained(source).eval()
-        params, masks = fp.oneshot(model, batches, method="wanda", spec=spec)
+        params, masks = fp.oneshot(model, batches, method=method, spec=spec)
+        model.load_state_dict({**model.state_dict(), **params})  # SparseGPT's new weights (Wanda's are the same)
         fp.bake(model, masks).save_pretrained(out, max_shard_size="100MB")
     seconds = time.perf_counter() - start
     print(json.dumps({"before": before, "peak": status("VmHWM"), "seconds": seconds}))
@@ -76,9 +78,10 @@ def _write(where: str, layers: int) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def _run(mode: str, source: str, out: str, batches: int) -> dict[str, float]:
+def _run(mode: str, source: str, out: str, batches: int, method: str) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-c", _CHILD, mode, source, out, str(batches)], env=env,
+    shutil.rmtree(out, ignore_errors=True)
+    done = subprocess.run([sys.executable, "-c", _CHILD, mode, source, out, str(batches), method], env=env,
                           capture_output=True, text=True)  # fmt: skip
     if done.returncode:
         sys.exit(f"{mode} failed:\n{done.stderr[-3000:]}")
@@ -91,6 +94,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--where", default="/tmp/streamed-bench")
+    parser.add_argument("--method", choices=["wanda", "sparsegpt"], default="wanda")
+    parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     sys.modules.setdefault("torchvision._meta_registrations", type(sys)("torchvision._meta_registrations"))
     shutil.rmtree(args.where, ignore_errors=True)
@@ -99,12 +104,14 @@ def main() -> None:
     size = _write(source, args.layers)
     print(f"model: {args.layers} blocks, {size / 2**20:.0f} MiB of float32 weights")
     outs = {}
-    for mode in ("streamed", "in-memory"):
-        outs[mode] = os.path.join(args.where, mode)
-        got = _run(mode, source, outs[mode], args.batches)
-        above = (got["peak"] - got["before"]) / 1024
-        print(f"{mode:>9}: {got['seconds']:6.1f} s, peak RSS {got['peak'] / 1024:6.0f} MiB, "
-              f"{above:6.0f} MiB above the {got['before'] / 1024:.0f} MiB after imports")  # fmt: skip
+    for r in range(args.rounds):
+        for mode in ("streamed", "in-memory"):
+            outs[mode] = os.path.join(args.where, mode)
+            got = _run(mode, source, outs[mode], args.batches, args.method)
+            above = (got["peak"] - got["before"]) / 1024
+            print(f"round {r + 1}, {args.method}, {mode:>9}: {got['seconds']:6.1f} s, peak RSS "
+                  f"{got['peak'] / 1024:6.0f} MiB, {above:6.0f} MiB above the {got['before'] / 1024:.0f} MiB after "
+                  "imports")  # fmt: skip
     import torch
     import transformers
 

@@ -18,9 +18,10 @@ from torch import nn
 
 from .._types import Tensor
 from ._calls import Call
+from ._exact import FOLDS, ExactSum, Scratch, fold
 from ._hooks import (
-    ExpertTarget, Running, Statistic, Target, check_names, collector, expert_target_of, experts_collector, holder,
-    target_of,
+    ExpertTarget, Running, Statistic, Sum, Target, add_to, check_names, collector, expert_target_of,
+    experts_collector, holder, target_of,
 )  # fmt: skip
 
 if TYPE_CHECKING:
@@ -47,8 +48,10 @@ def collect(
     The engine of :func:`~funcprune.input_norms` and :func:`~funcprune.hessians` (and
     of the one-shot runner, which calls a block on captured arguments):
     forward pre-hooks, removed before returning, that sum in ``float64`` for
-    inputs narrower than ``float32``, in the input's dtype otherwise;
-    ``across`` sums over a process group in one ``all_reduce``. Everything
+    inputs narrower than ``float32``, in the input's dtype otherwise (the
+    ``float64`` ones in an :class:`~._exact.ExactSum`, the same bits in any
+    order of the calls); ``across`` sums over a process group in one
+    ``all_reduce`` (see :func:`_across`). Everything
     but the calls themselves is checked before the first one runs. Returns
     the sums by name, in the order of ``names``: ``float64`` where an input
     was ``float64`` or narrower than ``float32``, ``float32`` otherwise.
@@ -80,18 +83,19 @@ def collect(
     check_group(fn, across)
     if not targets and not expert_targets:
         return {}
-    sums: dict[str, Tensor] = {}  # by weight name
+    sums: dict[str, Sum] = {}  # by weight name
+    scratch = Scratch()  # the work tensors of the exact sums
     wide: set[str] = set()  # the weights that received a float64 input
     current = Running()  # the call running: its real tokens, its last input seen
     counts: dict[str, Tensor] = {}  # by stacked expert weight: tokens per expert
     handles = []
     try:
         for target in targets:
-            hook = collector(fn, target, sums, wide, statistic, current)
+            hook = collector(fn, target, sums, wide, statistic, current, scratch)
             handles.append(target.owner.register_forward_pre_hook(hook, with_kwargs=True))
         for path in dict.fromkeys(t.path for t in expert_targets):
             group = [t for t in expert_targets if t.path == path]
-            hook = experts_collector(fn, path, group, sums, counts, wide, statistic, current)
+            hook = experts_collector(fn, path, group, sums, counts, wide, statistic, current, scratch)
             handles.append(group[0].owner.register_forward_pre_hook(hook, with_kwargs=True))
         if across is not None:  # every process's calls: fail together, count together
             every = _across(fn, run or _caller(module), calls, targets, expert_targets, sums, counts, wide, statistic,
@@ -111,7 +115,7 @@ def collect(
 
 
 def _expert_totals(
-    fn: str, targets: list[ExpertTarget], sums: dict[str, Tensor], wide: set[str], statistic: Statistic
+    fn: str, targets: list[ExpertTarget], sums: dict[str, Sum], wide: set[str], statistic: Statistic
 ) -> dict[str, Tensor]:
     """The stacked sums of expert weights, each slice's shaped as a Linear's (or ``Conv1D``'s) would be."""
     out: dict[str, Tensor] = {}
@@ -119,7 +123,7 @@ def _expert_totals(
         if t.name not in sums:
             raise ValueError(f"{fn}: {holder(t.path)}, holding the experts {t.name!r}, was never called by any "
                              "batch, so their inputs have no statistics; leave it out of names")  # fmt: skip
-        total = sums[t.name]
+        total = _value(sums[t.name])
         wider = t.name in wide or (statistic.narrow_in_float64 and total.dtype == torch.float64)
         if statistic.finish is not None:
             total = statistic.finish(total)
@@ -128,8 +132,12 @@ def _expert_totals(
     return out
 
 
+def _value(total: Sum) -> Tensor:
+    return total.value() if isinstance(total, ExactSum) else total
+
+
 def _totals(
-    fn: str, ran: int, targets: list[Target], sums: dict[str, Tensor], wide: set[str], statistic: Statistic
+    fn: str, ran: int, targets: list[Target], sums: dict[str, Sum], wide: set[str], statistic: Statistic
 ) -> dict[str, Tensor]:
     """The sums, once the calls ran and every target was called, in their result dtype and shape."""
     if not ran:
@@ -147,7 +155,7 @@ def _totals(
     out: dict[str, Tensor] = {}
     storages: set[int] = set()
     for t in targets:
-        total = sums[t.name]
+        total = _value(sums[t.name])
         wider = t.name in wide or (statistic.narrow_in_float64 and total.dtype == torch.float64)
         if statistic.finish is not None:
             total = statistic.finish(total)
@@ -184,7 +192,7 @@ def _across(
     calls: Iterable[Call],
     targets: list[Target],
     expert_targets: list[ExpertTarget],
-    sums: dict[str, Tensor],
+    sums: dict[str, Sum],
     counts: dict[str, Tensor],
     wide: set[str],
     statistic: Statistic,
@@ -194,16 +202,22 @@ def _across(
 ) -> dict[str, Tensor]:
     """:func:`collect` over every process of ``group``, each with its own calls; the totals by name.
 
-    One ``all_reduce`` (``float64``) carries whether each process failed,
-    how many calls it ran, and per weight whether it was called, had a
-    ``float64`` input, summed in ``float64`` (an input narrower than
-    ``float32``), its sums (zeros where it was not called here) and, for a
-    stacked expert weight, its tokens per expert (into ``counts``): so
-    every process decides from the same numbers, and a failure on one (a
-    bad batch) fails all instead of leaving them waiting. Each process's
-    sums are added to the others' in ``float64`` (``float32`` sums exactly
-    so; then cast back): the totals are those of one process over every
-    process's calls, up to the order in which the sums are added.
+    A first, small ``all_reduce`` carries whether each process failed, how
+    many calls it ran, and per weight whether it was called, had a
+    ``float64`` input, and summed in ``float64`` (an input narrower than
+    ``float32``): every process decides from the same numbers, and a
+    failure on one (a bad batch) fails all instead of leaving them waiting.
+    Then the sums, in one ``all_reduce`` (``float64``; expert token counts
+    included):
+
+    - those of a weight with a ``float64`` input (on any process) are
+      :class:`~._exact.ExactSum` bins, first moved to the highest top bin of
+      every process (an ``int8`` ``all_reduce`` of the tops, ``MAX``): bins
+      add exactly, so the totals are the bits of one process over every
+      process's calls, however they were split;
+    - the others, ``float32`` sums (exactly so in ``float64``) or those of
+      narrower inputs, are added as they are and cast back: equal to one
+      process's up to the order of the additions.
     """
     import torch.distributed as dist
 
@@ -220,38 +234,70 @@ def _across(
     k = len(every)
     head = [float(failure is not None), float(ran)] + [float(t.name in sums) for t in every]
     head += [float(t.name in wide) for t in every]
-    head += [float(t.name in sums and sums[t.name].dtype == torch.float64) for t in every]
+    head += [float(t.name in sums and _dtype(sums[t.name]) == torch.float64) for t in every]
     if device is None:
         first = targets[0].owner.weight if targets else getattr(expert_targets[0].owner, expert_targets[0].attr)
         assert isinstance(first, torch.Tensor)  # a Linear's, Conv1D's or Conv's weight, or a stacked one
         device = first.device  # the same on every process, batches run or not (a CUDA group's)
-    parts = [torch.tensor(head, dtype=torch.float64, device=device)]
+    flags = torch.tensor(head, dtype=torch.float64, device=device)
+    dist.all_reduce(flags, group=group)
+    if failure is not None:
+        raise failure
+    if flags[0]:
+        raise ValueError(f"{fn}: another process of the group failed on its batches (its own error says why)")
+    called, widened, narrow = flags[2 : 2 + k], flags[2 + k : 2 + 2 * k], flags[2 + 2 * k : 2 + 3 * k]
+    exact = {t.name: _exact_sum(sums.get(t.name), shape, device) for i, (t, shape) in enumerate(zip(every, shapes,
+             strict=True)) if widened[i]}  # fmt: skip
+    if exact:  # every process's bins moved to the same tops
+        tops = torch.cat([held.top.flatten() for held in exact.values()])
+        dist.all_reduce(tops, op=dist.ReduceOp.MAX, group=group)
+        start = 0
+        for held in exact.values():
+            held.move_to(tops[start : start + held.top.numel()])
+            start += held.top.numel()
+    parts = []
     for t, n in zip(every, sizes, strict=True):
-        mine = sums[t.name].to(device, torch.float64).flatten() if t.name in sums else None
-        parts.append(mine if mine is not None else torch.zeros(n, dtype=torch.float64, device=device))
+        mine = exact[t.name].bins if t.name in exact else sums.get(t.name)
+        parts.append(_value(mine).to(device, torch.float64).flatten() if mine is not None
+                     else torch.zeros(n, dtype=torch.float64, device=device))  # fmt: skip
     for t in expert_targets:
         tokens = counts[t.name].to(device, torch.float64) if t.name in counts else None
         parts.append(tokens if tokens is not None else torch.zeros(t.count, dtype=torch.float64, device=device))
     flat = torch.cat(parts)
     dist.all_reduce(flat, group=group)
-    if failure is not None:
-        raise failure
-    if flat[0]:
-        raise ValueError(f"{fn}: another process of the group failed on its batches (its own error says why)")
-    called, widened, narrow = flat[2 : 2 + k], flat[2 + k : 2 + 2 * k], flat[2 + 2 * k : 2 + 3 * k]
-    total: dict[str, Tensor] = {}
-    start = 2 + 3 * k
+    total: dict[str, Sum] = {}
+    start = 0
     for i, (t, n, shape) in enumerate(zip(every, sizes, shapes, strict=True)):
+        if t.name in exact:
+            size = n * FOLDS
+            total[t.name] = fold(flat[start : start + size].reshape(FOLDS, *shape))
+            start += size
+            continue
         if called[i]:
-            dtype = torch.float64 if widened[i] or narrow[i] else torch.float32
+            dtype = torch.float64 if narrow[i] else torch.float32
             total[t.name] = flat[start : start + n].reshape(shape).to(dtype)
         start += n
     for t in expert_targets:
         counts[t.name] = flat[start : start + t.count].to("cpu", torch.int64)
         start += t.count
     wider = {t.name for i, t in enumerate(every) if widened[i]}
-    out = _totals(fn, int(flat[1]), targets, total, wider, statistic)
+    out = _totals(fn, int(flags[1]), targets, total, wider, statistic)
     out.update(_expert_totals(fn, expert_targets, total, wider, statistic))
+    return out
+
+
+def _dtype(total: Sum) -> torch.dtype:
+    return torch.float64 if isinstance(total, ExactSum) else total.dtype
+
+
+def _exact_sum(held: Sum | None, shape: tuple[int, ...], device: torch.device) -> ExactSum:
+    """This process's exact sum of a weight that had a ``float64`` input on some process: its own, or a new one
+    holding nothing (no call here) or its running sum of inputs of another dtype as one term."""
+    if isinstance(held, ExactSum):
+        return held
+    out = ExactSum(shape, device)
+    if held is not None:
+        out.add(held.to(device, torch.float64).reshape(shape))
     return out
 
 

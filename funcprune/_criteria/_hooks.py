@@ -23,9 +23,10 @@ from torch import nn
 from .._expert_linears import SliceReads, eager_call
 from .._names import not_a_parameter
 from .._types import Tensor, is_conv1d
+from ._exact import ExactSum, Scratch
 
 __all__ = [
-    "ExpertTarget", "Running", "Statistic", "Target", "check_names", "collector", "expert_target_of",
+    "ExpertTarget", "Running", "Statistic", "Sum", "Target", "add_to", "check_names", "collector", "expert_target_of",
     "experts_collector", "holder", "target_of", "token_rows",
 ]  # fmt: skip
 
@@ -169,15 +170,41 @@ def _version(x: Tensor) -> int | None:
     return None if x.is_inference() else x._version
 
 
+#: A running sum: a tensor, or, for ``float64`` inputs, an :class:`~._exact.ExactSum` (the same bits in any order).
+Sum = Tensor | ExactSum
+
+
+def add_to(sums: dict[str, Sum], name: str, part: Tensor, exact: bool, scratch: Scratch) -> None:
+    """Add ``part`` to ``sums[name]``: exactly, in any order, where ``exact`` (a ``float64`` input's); else in place."""
+    total = sums.get(name)
+    if exact:
+        if not isinstance(total, ExactSum):
+            held, total = total, ExactSum(part.shape, part.device, scratch)
+            if held is not None:  # (an input of another dtype before: its running sum is one term)
+                total.add(held.to(torch.float64))
+            sums[name] = total
+        total.add(part)
+    elif isinstance(total, ExactSum):
+        total.add(part.to(torch.float64))
+    else:
+        sums[name] = total + part if total is not None else part
+
+
 def collector(
     fn: str,
     target: Target,
-    sums: dict[str, Tensor],
+    sums: dict[str, Sum],
     wide: set[str],
     statistic: Statistic,
     current: Running,
+    scratch: Scratch,
 ) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
-    """A forward pre-hook adding ``statistic`` of each input of ``target``'s module to ``sums``."""
+    """A forward pre-hook adding ``statistic`` of each input of ``target``'s module to ``sums``.
+
+    The statistics of ``float64`` inputs add up in an :class:`~._exact.ExactSum`
+    (on ``scratch``'s work tensors): the same bits however the calls are
+    ordered or split between processes.
+    """
 
     def hook(owner: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         x = args[0] if args else kwargs.get("input")
@@ -195,7 +222,7 @@ def collector(
         if part is None:  # (q, k and v; gate and up share theirs: summed once)
             part = statistic.part(_rows(fn, target, x, current.tokens))
             current.record(x, target.feature_dim, part)
-        sums[target.name] = sums[target.name] + part if target.name in sums else part
+        add_to(sums, target.name, part, x.dtype == torch.float64, scratch)
         if x.dtype == torch.float64:
             wide.add(target.name)
 
@@ -292,11 +319,12 @@ def experts_collector(
     fn: str,
     path: str,
     targets: list[ExpertTarget],
-    sums: dict[str, Tensor],
+    sums: dict[str, Sum],
     counts: dict[str, Tensor],
     wide: set[str],
     statistic: Statistic,
     current: Running,
+    scratch: Scratch,
 ) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
     """A forward pre-hook on the experts module at ``path``: each expert's statistic, from its own tokens.
 
@@ -304,7 +332,8 @@ def experts_collector(
     top_k_index, top_k_weights)``. The hook runs its eager forward once more
     on the real tokens alone (padding left out, as for a Linear) under
     :class:`~funcprune._expert_linears.SliceReads`: each ``W[e]`` read
-    there adds the statistic of the rows it got to ``sums[name][e]``, and
+    there adds the statistic of the rows it got to ``sums[name][e]`` (an
+    :class:`~._exact.ExactSum` for ``float64`` hidden states), and
     their number to ``counts[name][e]``. The module's own call then runs as
     it would (its implementation may be another: ``grouped_mm``).
     """
@@ -317,7 +346,10 @@ def experts_collector(
                              f"running its experts alone read it along {target.dim}")  # fmt: skip
         part = statistic.part(x.to(torch.float64 if x.dtype.itemsize < 4 else x.dtype))
         total = sums[target.name]
-        total[e] += part.to(total.dtype)
+        if isinstance(total, ExactSum):
+            total.add_at(e, part.to(torch.float64))
+        else:
+            total[e] += part.to(total.dtype)
         counts[target.name][e] += x.shape[0]
         if x.dtype == torch.float64:
             wide.add(target.name)
@@ -332,8 +364,10 @@ def experts_collector(
                           "leave its weights out of names, or ")  # fmt: skip
         dtype = torch.float64 if hidden.dtype.itemsize < 4 else hidden.dtype
         for t in targets:
+            shape = (t.count, *statistic.shape(t.features))
             if t.name not in sums:
-                sums[t.name] = torch.zeros(t.count, *statistic.shape(t.features), dtype=dtype, device=hidden.device)
+                sums[t.name] = (ExactSum(shape, hidden.device, scratch) if hidden.dtype == torch.float64
+                                else torch.zeros(shape, dtype=dtype, device=hidden.device))  # fmt: skip
                 counts[t.name] = torch.zeros(t.count, dtype=torch.int64)
         stacked = {t.attr: getattr(owner, t.attr) for t in targets}
         with SliceReads(stacked, seen):

@@ -254,13 +254,19 @@ def _prune(
 def _layer(rule: _Rule, blocksize: int, percdamp: float) -> _Pass:
     def run(w: Tensor, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         rows, cols = w.shape
-        dead = torch.diagonal(h) == 0
-        h = h + torch.diag(dead.to(h.dtype))  # a zero diagonal: a zero row and column (H is PSD)
+        # two (cols, cols) matrices live at most, besides the caller's h: each is dropped once the next is made
+        h = h.clone()
+        diagonal = torch.diagonal(h)
+        dead = diagonal == 0
+        diagonal.add_(dead.to(h.dtype))  # a zero diagonal: a zero row and column (H is PSD)
         w = torch.where(dead, torch.zeros_like(w), w)
-        h = h + torch.eye(cols, dtype=h.dtype, device=h.device) * (percdamp * torch.diagonal(h).mean())
+        diagonal.add_(percdamp * diagonal.mean())
         lower, info = torch.linalg.cholesky_ex(h)
-        u, info2 = torch.linalg.cholesky_ex(torch.cholesky_inverse(lower), upper=True)
-        w = w.clone()
+        del h, diagonal
+        inverse = torch.cholesky_inverse(lower)
+        del lower
+        u, info2 = torch.linalg.cholesky_ex(inverse, upper=True)
+        del inverse
         mask = torch.ones_like(w, dtype=torch.bool)
         for i1 in range(0, cols, blocksize):
             i2 = min(i1 + blocksize, cols)

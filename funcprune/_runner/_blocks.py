@@ -24,7 +24,7 @@ from .._criteria import Call, Statistic, collect
 from .._specs import Spec
 from .._types import Tensor
 from ._layers import Captured, hidden_of
-from ._methods import Magnitude, Method, prune_with
+from ._methods import Magnitude, Method, SparseGPT, Wanda, prune_with
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -64,9 +64,11 @@ def step(
     *,
     advance: bool,
     group: ProcessGroup | None = None,
+    inplace: bool = False,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Block ``i`` (``own``: its parameters by local name) pruned on ``held``, which then advances if ``advance``;
-    its statistics summed across ``group`` (``oneshot``'s).
+    its statistics summed across ``group`` (``oneshot``'s); the new weights written into ``own``'s tensors if
+    ``inplace`` (the streamed run's, which read them for this block alone).
 
     The new value (on ``where``) and mask of each of ``names``, by full name (oneshot's and the streamed run's).
     """
@@ -80,7 +82,7 @@ def step(
             # needed as they are to advance
             block_calls = (held.call(i, b, held.hidden[b].clone()) for b in range(len(held.hidden)))
             changed, got = _prune_block(fn, method, statistic, block, prefix, moved, buffers, where, names,
-                                        block_calls, specs, dims, experts, group)  # fmt: skip
+                                        block_calls, specs, dims, experts, group, inplace)  # fmt: skip
             for full, mask in got.items():
                 local_name = full[len(prefix) :]
                 these[local_name] = mask
@@ -114,6 +116,10 @@ def _agree(fn: str, i: int, failure: Exception | None, group: ProcessGroup, devi
         raise ValueError(f"{fn}: another process of the group failed in block {i} (its own error says why)")
 
 
+#: The built-in methods, whose result for a weight depends on its own statistic alone: called a weight at a time.
+_SEPARABLE = (Magnitude, Wanda, SparseGPT)
+
+
 def _dims_of(names: list[str], dims: Mapping[str, int]) -> dict[str, int]:
     """The input dims of ``names`` that have one."""
     return {n: dims[n] for n in names if n in dims}
@@ -129,7 +135,7 @@ def _at_once(
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """A method without statistics, on every weight in one call (one per experts module): ``(params, masks)``."""
     names = list(specs)
-    changed, masks = _pruned(fn, method, names, params, {}, None, specs, dims, experts)
+    changed, masks = _pruned(fn, method, names, params, {}, None, specs, dims, experts, inplace=False)
     return {**params, **changed}, {n: masks[n] for n in names}
 
 
@@ -143,17 +149,37 @@ def _pruned(
     specs: Mapping[str, Spec],
     dims: Mapping[str, int],
     experts: Mapping[str, int],
+    *,
+    inplace: bool,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """``names`` pruned by ``method``: the ordinary weights in one call, each experts module's stacks in one more.
+    """``names`` pruned by ``method``: the ordinary weights in one call (a built-in method's, one weight at a
+    time), each experts module's stacks in one more.
 
     ``routed``: each stacked weight's tokens per expert (``None``: a method
     without statistics, every expert pruned alike). The experts no token
     reached are pruned by magnitude to the same spec, with a
-    :class:`UnroutedExpertsWarning`.
+    :class:`UnroutedExpertsWarning`. ``inplace``: each new weight is
+    written into its tensor in ``weights`` as soon as it is made, and
+    returned as that tensor.
+
+    The built-in methods prune each weight from its own statistic alone (a
+    weight's result does not depend on the others'), so they are called a
+    weight at a time: what a call makes (Wanda's scores, the plan's
+    workspace, SparseGPT's copy) is one weight's at most, not the block's.
+    A method of your own gets the block's weights in one call, as
+    :meth:`Method.prune` says.
     """
     plain = [n for n in names if n not in experts]
-    new, masks = prune_with(fn, method, {n: weights[n] for n in plain}, {n: statistics[n] for n in plain if n in
-                            statistics}, {n: specs[n] for n in plain}, _dims_of(plain, dims))  # fmt: skip
+    calls = [[n] for n in plain] if isinstance(method, _SEPARABLE) else [plain]
+    new: dict[str, Tensor] = {}
+    masks: dict[str, Tensor] = {}
+    for some in calls:
+        got, more = prune_with(fn, method, {n: weights[n] for n in some}, {n: statistics[n] for n in some if n in
+                               statistics}, {n: specs[n] for n in some}, _dims_of(some, dims))  # fmt: skip
+        masks.update(more)
+        for n, t in got.items():
+            new[n] = weights[n].copy_(t) if inplace else t
+        del got, more
     stacked = [n for n in names if n in experts]
     for module in dict.fromkeys(n.rpartition(".")[0] for n in stacked):
         group = [n for n in stacked if n.rpartition(".")[0] == module]
@@ -187,7 +213,7 @@ def _pruned(
                 masks[n][at] = more[n]
                 if n in got:
                     if n not in new:
-                        new[n] = weights[n].detach().clone()
+                        new[n] = weights[n].detach() if inplace else weights[n].detach().clone()
                     new[n][at] = got[n]
     return new, masks
 
@@ -239,6 +265,7 @@ def _prune_block(
     dims: Mapping[str, int],
     experts: Mapping[str, int],
     group: ProcessGroup | None,
+    inplace: bool,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """One block's new weights and masks from ``method``, by full name (so that errors name them whole).
 
@@ -253,4 +280,4 @@ def _prune_block(
     weights = {prefix + n: params[n] for n in local}
     statistics = {prefix + n: s for n, s in sums.items()}
     routed = {prefix + n: c for n, c in counts.items()}
-    return _pruned(fn, method, names, weights, statistics, routed, specs, dims, experts)
+    return _pruned(fn, method, names, weights, statistics, routed, specs, dims, experts, inplace=inplace)

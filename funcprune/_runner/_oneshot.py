@@ -148,9 +148,11 @@ def oneshot(
             an MoE layer's tokens per expert) are added by one
             ``all_reduce`` in ``float64``, so every process gets the same
             params and masks: those of one process over the union of the
-            batches, up to the order in which the sums are added (exactly
-            those where each sum has at most two terms: two processes of
-            one batch each; see the guide's "Over several processes"). So
+            batches. In ``float64`` bit for bit, however the batches are
+            split (the statistics of ``float64`` inputs are exact sums,
+            whose bits depend on neither the order nor the grouping);
+            otherwise up to the order in which the sums are added (see the
+            guide's "Over several processes"). So
             are OWL's statistics and those of the weights outside the
             blocks, each in one more ``all_reduce``, and the capture pass
             agrees in one: a batch that fails on one process raises on
@@ -318,4 +320,4 @@ def _outside(
     counts: dict[str, Tensor] = {}
     stacked = {n: experts[n] for n in names if n in experts}
     sums = collect(fn, model, kept, names, statistic, across=group, run=run, experts=stacked, routed=counts)
-    return _pruned(fn, method, names, params, sums, counts, specs, dims, experts)
+    return _pruned(fn, method, names, params, sums, counts, specs, dims, experts, inplace=False)

@@ -20,6 +20,7 @@ from .._specs import Spec
 from .._targets import input_dims
 from .._types import Tensor
 from ._layers import Capture, Captured, RepeatedLayers, find_layers, hidden_of
+from ._memory import trim
 from ._methods import Method, method_of
 from ._blocks import _at_once, _on, step
 from ._converted import Conversion
@@ -337,7 +338,7 @@ class _Walk:
                 if where is not None:
                     buffers = {n: b.to(where) for n, b in buffers.items()}
                 weights, masks = step(self.fn, method, statistic, held, i, block, prefix, own, buffers, where,
-                                      inside[i], specs, dims, experts, advance=False)  # fmt: skip
+                                      inside[i], specs, dims, experts, advance=False, inplace=True)  # fmt: skip
                 if i < last:
                     self._advance(held, i, block, prefix, own, weights, masks, buffers, where)
             del own
@@ -349,6 +350,7 @@ class _Walk:
             del weights, masks
             self._write(i, tensors)
             del tensors  # before the next block is read
+            trim()
         return pruned
 
     def _advance(self, held: Captured, i: int, block: nn.Module, prefix: str, own: dict[str, Tensor],
