@@ -2,8 +2,9 @@
 
 Each rule's parameters are folded one by one through ``funcprune._specs``'
 fold (a DTensor block by block through ``funcprune._dtensor``), but a rule
-of ``L1Unstructured`` steps over several plain tensors, whose selections
-run together (:func:`_l1_at_once`).
+of ``L1Unstructured`` steps over several plain tensors (or consecutive
+rules of one such spec: :func:`_merged`), whose selections run together
+(:func:`_l1_at_once`).
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
         for name in dict.fromkeys(name for _, selected in matched for name in selected if name in swapped):
             check_swappable(self._FN, name, params[name])  # before any work
         out = dict(masks)
-        for spec, selected in matched:
+        for spec, selected in _merged(matched):
             # A chain's steps run one by one, each scored like a new torch call:
             # as the tensor currently is, or by the given scores as they are.
             # A weight stored (in, out) is seen as (out, in), and its mask stored back.
@@ -202,6 +203,30 @@ class Plan(AbstractPlan, Mapping[str, Spec]):
 
     def _naming(self, what: str, spec: Spec) -> contextlib.AbstractContextManager[None]:
         return naming(self._FN, what, spec)
+
+
+def _merged(matched: Sequence[tuple[Spec, Sequence[str]]]) -> list[tuple[Spec, list[str]]]:
+    """Consecutive rules of one ``L1Unstructured`` spec (or chain of them) on parameters no other of them
+    selects, made one rule: ``{name: fp.L1Unstructured(0.5) for name in names}`` then takes
+    :func:`_l1_at_once`'s joint selections as one glob rule does.
+
+    Each parameter's mask depends on its own fold alone, and every parameter
+    of a merged rule gets the same spec once, in the same order: the same
+    masks. A parameter two of them select keeps them apart (folded twice,
+    in order), as do other specs (their equality is not always a value's).
+    """
+    out: list[tuple[Spec, list[str]]] = []
+    taken: set[str] = set()
+    for spec, selected in matched:
+        steps = spec.specs if isinstance(spec, Chain) else (spec,)
+        joinable = bool(steps) and all(type(step) is L1Unstructured for step in steps)
+        if joinable and out and out[-1][0] == spec and taken.isdisjoint(selected):
+            out[-1][1].extend(selected)
+        else:
+            out.append((spec, list(selected)))
+            taken = set()
+        taken.update(selected)
+    return out
 
 
 def _l1_at_once(steps: Sequence[Spec], items: Sequence[RuleItem]) -> dict[str, Tensor] | None:

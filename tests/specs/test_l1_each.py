@@ -287,3 +287,35 @@ def test_under_vmap_grad_and_compile_the_rule_goes_tensor_by_tensor() -> None:
     assert all(torch.equal(g[n], 2 * w[n] * masks[n]) for n in w)
     compiled = torch.compile(plan, fullgraph=False)
     assert equal(compiled(w), plan(w))
+
+
+@settings(deadline=None, max_examples=60)
+@given(case=tensor_sets(), value=st.floats(0, 1), overlap=st.booleans(), native=st.booleans())
+def test_one_rule_per_tensor_is_one_joint_selection_with_the_same_masks(
+    case: tuple[dict[str, Tensor], dict[str, Tensor]], value: float, overlap: bool, native: bool
+) -> None:
+    """Issue 42: ``{name: spec for name in names}``, the per-layer torch loop's spelling, takes the joint path as a
+    glob rule does (one selection for all), with the masks of the fold tensor by tensor. A rule that selects a
+    tensor again (``overlap``) starts a new joint selection after it: that tensor is folded twice, in order."""
+    params, masks = case
+    spec = fp.L1Unstructured(value)
+    rules: dict[str, fp.Spec] = {n: spec for n in params}
+    if overlap:
+        rules["*"] = spec  # every tensor again, after
+    plan = fp.Plan(rules)
+    calls: list[int] = []
+    real = _rules._l1_at_once
+
+    def counted(steps: object, items: list[object]) -> object:
+        calls.append(len(items))
+        return real(steps, items)  # type: ignore[arg-type]
+
+    with mode(native, 1):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_rules, "_l1_at_once", counted)
+            got = outcome(lambda: plan(params, masks))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_rules, "_l1_at_once", lambda steps, items: None)  # the fold, rule by rule, tensor by tensor
+            today = outcome(lambda: plan(params, masks))
+    assert equal(got, today), (got, today)
+    assert calls == [len(params)] * (2 if overlap else 1)  # one joint call per run of rules
