@@ -28,6 +28,7 @@ Run::
     python benchmarks/oneshot.py [--layers 12] [--reps 3] [--threads 1 2] \
         [--llmc /work/venvs/llmc/bin/python]
     python benchmarks/oneshot.py --memory 2 4 8 16   # funcprune's peak memory as the model deepens
+    python benchmarks/oneshot.py --inplace ...       # fp.oneshot(..., inplace=True)
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def run_funcprune(model_dir: Path, calibration: Path, method: str, shape: str, t
     Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) afresh: loading's is not the call's
     before = _rss_mib()
     start = time.perf_counter()
-    params, masks = fp.oneshot(model, batches, method=method, spec=spec)
+    params, masks = fp.oneshot(model, batches, method=method, spec=spec, inplace=os.environ.get(INPLACE) == "1")
     seconds = time.perf_counter() - start
     peak = _rss_mib("VmHWM:")
     kept = sum(params[n].numel() * params[n].element_size() for n in masks if params[n] is not dict(model.named_parameters())[n])
@@ -98,6 +99,10 @@ def run_funcprune(model_dir: Path, calibration: Path, method: str, shape: str, t
     weights = {n: (params[n] * masks[n]).detach().contiguous() for n in masks}
     torch.save({"state_dict": weights, "seconds": seconds, "peak_rss_mib": peak, "rss_before_mib": before,
                 "returned_mib": returned}, out)  # fmt: skip
+
+
+#: Set to "1" in funcprune's child by ``--inplace``: ``fp.oneshot(..., inplace=True)``.
+INPLACE = "FUNCPRUNE_BENCH_INPLACE"
 
 
 def _rss_mib(field: str = "VmRSS:") -> float:
@@ -193,8 +198,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--llmc", default="/work/venvs/llmc/bin/python")
     parser.add_argument("--json", type=Path, help="write the raw results here")
+    parser.add_argument("--inplace", action="store_true", help="funcprune with inplace=True (new weights written "
+                        "into the model's own tensors)")  # fmt: skip
     parser.add_argument("--memory", type=int, nargs="*", help="only funcprune's peak memory, at these layer counts")
     ns = parser.parse_args(args)
+    if ns.inplace:
+        os.environ[INPLACE] = "1"  # (the children inherit it)
     if ns.memory:
         memory(ns.memory, ns.samples, ns.tokens)
         return

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal, final, get_args
+from typing import ClassVar, Literal, final, get_args
 
 __all__ = ["KINDS", "WIDTH_KINDS", "Kind", "Member", "Structure", "UnitGroup"]
 
@@ -172,6 +172,10 @@ class Structure(Mapping[str, UnitGroup]):
     >>> s["mlp"].names
     ('up.weight', 'down.weight')
     """
+
+    #: The analysis :func:`~funcprune.structure` made, for ``shrink(..., structure=)`` (not a field: never
+    #: pickled, compared or shown; ``None`` on a structure built by hand or unpickled).
+    _analyzed: ClassVar[object] = None
 
     groups: Mapping[str, UnitGroup]
     #: For a kind the model has no group of, why (``"hidden"``: a LayerNorm centres by the mean...), which a plan

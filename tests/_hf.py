@@ -183,13 +183,14 @@ def masked_logits(model: nn.Module, masks: fp.Masks, x: Any) -> torch.Tensor:
     return result
 
 
-def shrunk_exactly(model: nn.Module, masks: fp.Masks, x: Any) -> Any:
+def shrunk_exactly(model: nn.Module, masks: fp.Masks, x: Any, structure: fp.Structure | None = None) -> Any:
     """``fp.shrink``'s model, asserting that exactly what ``masks`` prune goes: no channel kept (no
     ``KeptChannelsWarning``), ``fp.propagate``'s closure (from the same analysis) adds nothing, the parameters
-    removed are the pruned entries, and the shrunk model computes the masked one."""
+    removed are the pruned entries, and the shrunk model computes the masked one. ``structure``: passed on (its
+    analysis taken back where still valid)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", fp.KeptChannelsWarning)
-        both = _shrunk("shrink", model, masks, x)
+        both = _shrunk("shrink", model, masks, x, structure=structure)
     assert both.closure.keys() == masks.keys() and all(torch.equal(both.closure[k], masks[k]) for k in masks)
     removed = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in both.model.parameters())
     assert removed == sum(int((~m).sum()) for m in masks.values())

@@ -47,7 +47,7 @@ DESIGN_SIGNATURES = {
     fp.global_structured: "(names, spec, *, normalize=None, input_dims=None)",
     fp.bake: "(module, masks)",
     fp.propagate: "(module, masks, example_inputs)",
-    fp.shrink: "(module, masks, example_inputs)",
+    fp.shrink: "(module, masks, example_inputs, *, structure=None)",  # DESIGN's, and issue 42's keyword-only extra
     fp.to_sparse: "(params, masks, *, layout, blocksize=None, below_break_even='warn', module=None)",
     fp.structure: "(model, example_inputs, *, outputs=False)",  # DESIGN's, and prunable's outputs=
     fp.structured: "(structure, spec, *, kinds=None, scope='global', normalize=None, protect=None)",  # issue 39's
@@ -60,7 +60,7 @@ DESIGN_SIGNATURES = {
     # issue 25's, with keyword-only extras
     fp.hessians: "(module, batches, names, *, across=None)",
     fp.sparsegpt: "(params, hessians, spec, *, blocksize=128, percdamp=0.01, input_dims=None)",
-    fp.oneshot: "(model, batches, *, method, spec, names=None, allocation=None, device=None, group=None)",  # issue 41
+    fp.oneshot: "(model, batches, *, method, spec, names=None, allocation=None, device=None, group=None, inplace=False)",  # issues 41, 42
     fp.Magnitude: "()",
     fp.Wanda: "()",
     fp.SparseGPT: "(blocksize=128, percdamp=0.01)",  # issue 37's: SparseGPT's knobs live in its value only

@@ -130,7 +130,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                                  scope=options["scope"], normalize=normalize)  # fmt: skip
             masks = plan(dict(model.named_parameters()), scores=scores)
         with stages("shrink"):
-            small = fp.shrink(model, masks, example)
+            small = fp.shrink(model, masks, example, structure=structure)  # its analysis, not made again
         with stages("save"):
             small.save_pretrained(tmp)
             loaded.tokenizer.save_pretrained(tmp)

@@ -14,6 +14,9 @@ from ._export import Inputs as Inputs
 from ._export import as_inputs as as_inputs
 from ._export import copy_module as copy_module
 from ._export import run as run
+from ._memo import Analyzed as Analyzed
+from ._memo import analyzed as analyzed
+from ._memo import remembered as remembered
 from ._removal import Removal as Removal
 from ._removal import closure as closure
 from ._removal import kept_indices as kept_indices

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import final
+from dataclasses import dataclass, field
+from typing import Any, final
 
 from torch import nn
 
@@ -85,6 +85,8 @@ class Analysis:
     unseen: Mapping[str, str]
     read: frozenset[int] = frozenset()
     unreached: tuple[str, ...] = ()
+    #: What is computed once from the analysis and asked for again (``own_indices``'s), by what it is.
+    derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:

@@ -126,13 +126,29 @@ def copy_module(fn: str, module: nn.Module, *, sharing: Iterable[Tensor] = ()) -
 
 
 def export_model(fn: str, module: nn.Module, inputs: Inputs) -> Exported:
-    """The graph of ``module`` (a copy in eval mode) on ``inputs``.
+    """The graph of ``module`` (a copy in eval mode, holding its parameters as they are) on ``inputs``.
 
     Raises:
         ValueError: if the model fails on the inputs, or ``torch.export`` cannot trace it.
     """
-    model = copy_module(fn, module).eval()
+    # the copy holds the module's parameters as they are (nothing here writes them: it runs and exports the copy,
+    # whose buffers are its own, as a forward may write those): a 1B model's analysis costs no copy of its weights
+    model = copy_module(fn, module, sharing=list(module.parameters())).eval()
     name = type(module).__name__
+    try:  # the model is run eagerly only where export fails, to tell a failing model from a failing trace
+        with _quiet():
+            program = torch.export.export(model, inputs.args, dict(inputs.kwargs), strict=False)
+    except Exception as e:
+        _run_tracked(fn, model, inputs)
+        raise ValueError(
+            f"{fn}: torch.export cannot trace {name} ({type(e).__name__}: {_first_line(e)}); the "
+            "channel analysis reads the model's exported graph"
+        ) from None
+    return _exported(model, program, inputs)
+
+
+def _run_tracked(fn: str, model: nn.Module, inputs: Inputs) -> None:
+    """Run ``model`` on ``inputs``; where it fails, a ValueError naming the module that was running."""
     running: list[str] = []
     try:
         with _quiet(), _tracking(model, running):
@@ -143,15 +159,6 @@ def export_model(fn: str, module: nn.Module, inputs: Inputs) -> Exported:
             f"{fn}: the model failed on example_inputs{where} ({type(e).__name__}: {_first_line(e)}); pass "
             "inputs its forward takes (a tensor, a tuple of positional arguments or a dict of keyword ones)"
         ) from e
-    try:
-        with _quiet():
-            program = torch.export.export(model, inputs.args, dict(inputs.kwargs), strict=False)
-    except Exception as e:
-        raise ValueError(
-            f"{fn}: torch.export cannot trace {name} ({type(e).__name__}: {_first_line(e)}); the "
-            "channel analysis reads the model's exported graph"
-        ) from None
-    return _exported(model, program, inputs)
 
 
 def _exported(model: nn.Module, program: torch.export.ExportedProgram, inputs: Inputs) -> Exported:

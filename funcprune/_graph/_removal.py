@@ -178,11 +178,20 @@ def _kept(analysis: Analysis, pruned: set[Slice], removed: set[int], why: Mappin
 
 
 def own_indices(analysis: Analysis) -> dict[int, dict[tuple[str, int], list[int]]]:
-    """For each group, the indices of each tensor's dims that belong to it alone, ascending.
+    """For each group, the indices of each tensor's dims that belong to it alone, ascending (read-only).
 
     Those go when the group goes by itself (an index shared by several
     groups, a per-head-dim norm's weight, goes only when all of them go).
+    Computed once per analysis (``structure``, its checks and ``shrink``
+    each ask: 0.08 s each on a ResNet-18), kept in the analysis.
     """
+    got = analysis.derived.get("own_indices")
+    if got is None:
+        got = analysis.derived["own_indices"] = _own_indices(analysis)
+    return got
+
+
+def _own_indices(analysis: Analysis) -> dict[int, dict[tuple[str, int], list[int]]]:
     out: dict[int, dict[tuple[str, int], list[int]]] = {}
     for tensor, dims in analysis.related.items():
         for dim, by_index in dims.items():

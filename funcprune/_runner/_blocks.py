@@ -178,7 +178,11 @@ def _pruned(
                                statistics}, {n: specs[n] for n in some}, _dims_of(some, dims))  # fmt: skip
         masks.update(more)
         for n, t in got.items():
-            new[n] = weights[n].copy_(t) if inplace else t
+            if inplace:
+                with torch.no_grad():  # (the model's own parameters, for oneshot's inplace=True)
+                    new[n] = weights[n].copy_(t)
+            else:
+                new[n] = t
         del got, more
     stacked = [n for n in names if n in experts]
     for module in dict.fromkeys(n.rpartition(".")[0] for n in stacked):
@@ -214,7 +218,8 @@ def _pruned(
                 if n in got:
                     if n not in new:
                         new[n] = weights[n].detach() if inplace else weights[n].detach().clone()
-                    new[n][at] = got[n]
+                    with torch.no_grad():
+                        new[n][at] = got[n]
     return new, masks
 
 

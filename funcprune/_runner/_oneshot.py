@@ -36,6 +36,7 @@ def oneshot(
     allocation: str | Mapping[str, float] | None = None,
     device: torch.device | str | None = None,
     group: ProcessGroup | None = None,
+    inplace: bool = False,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Prune ``model`` once, block by block, on calibration batches; return its new params and masks.
 
@@ -162,6 +163,17 @@ def oneshot(
             alone. Launch with ``torchrun`` and
             ``dist.init_process_group("gloo")`` (CPU) or ``"nccl"`` (one
             GPU per process, ``device=`` its GPU).
+        inplace: write the new weights (SparseGPT's) into the model's own
+            parameters, each as soon as it is made, instead of returning
+            new tensors: for a user who does not need the dense model
+            afterwards, it saves a copy of every weight SparseGPT updates
+            (the pure call holds them all until it returns). The values are
+            the pure call's, bit for bit; the params returned are then the
+            model's own tensors. Wanda and magnitude change no weight: only
+            the masks come back, as without it. A weight tied to another
+            parameter (an LM head sharing the embeddings) is refused, since
+            writing it would change both. Default ``False``: the model is
+            left as it was.
 
     Returns:
         ``(params, masks)``: a new dict of every parameter by name (the
@@ -188,6 +200,8 @@ def oneshot(
     fn = "oneshot"
     if not isinstance(model, nn.Module):
         raise TypeError(f"{fn}: model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(inplace, bool):
+        raise TypeError(f"{fn}: inplace must be a bool, got {inplace!r}")
     chosen_method, statistic = method_of(fn, method)
     if not isinstance(spec, Spec):
         raise TypeError(f"{fn}: spec must be a funcprune spec (fp.L1Unstructured(0.5), fp.NM(2, 4), ...), "
@@ -201,6 +215,8 @@ def oneshot(
     dims = input_dims(model)
     experts = {n: d for n in chosen if (d := expert_dims.get(n)) is not None}  # stacks: one weight per expert
     check_groups(fn, specs, params, dims, experts)
+    if inplace:
+        _check_untied(fn, model, chosen)
     where = torch.device(device) if device is not None else None
     check_group(fn, group, "group")
     stream = calls(fn, batches)
@@ -239,14 +255,21 @@ def oneshot(
         own: dict[str, Tensor] = {n: new[prefix + n] for n, _ in block.named_parameters()}
         buffers = {n: b.to(where) for n, b in block.named_buffers()} if where is not None else None
         weights, got = step(fn, chosen_method, statistic, held, i, block, prefix, own, buffers, where, inside[i],
-                            specs, dims, experts, advance=i < last, group=group)  # fmt: skip
+                            specs, dims, experts, advance=i < last, group=group, inplace=inplace)  # fmt: skip
         for full, mask in got.items():
-            new[full] = weights[full].to(params[full].device) if where is not None else weights[full]
+            if inplace:  # the values are in the model's own parameter already, or copied back into it now
+                if where is not None:
+                    with torch.no_grad():
+                        params[full].copy_(weights[full])
+                new[full] = params[full]
+            else:
+                new[full] = weights[full].to(params[full].device) if where is not None else weights[full]
             masks[full] = mask.to(params[full].device)
+        del weights
     del held
     if outside:
         weights, more = _outside(fn, chosen_method, statistic, model, new, masks, outside, specs, dims, experts,
-                                 kept_calls, group)  # fmt: skip
+                                 kept_calls, group, inplace)  # fmt: skip
         new.update(weights)
         masks.update(more)
     return new, {n: masks[n] for n in chosen}
@@ -311,6 +334,7 @@ def _outside(
     experts: Mapping[str, int],
     kept: list[Call],
     group: ProcessGroup | None,
+    inplace: bool,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The weights named outside the blocks: pruned from one pass of the model pruned so far."""
 
@@ -320,4 +344,16 @@ def _outside(
     counts: dict[str, Tensor] = {}
     stacked = {n: experts[n] for n in names if n in experts}
     sums = collect(fn, model, kept, names, statistic, across=group, run=run, experts=stacked, routed=counts)
-    return _pruned(fn, method, names, params, sums, counts, specs, dims, experts, inplace=False)
+    return _pruned(fn, method, names, params, sums, counts, specs, dims, experts, inplace=inplace)
+
+
+def _check_untied(fn: str, model: nn.Module, names: list[str]) -> None:
+    """Refuse, for ``inplace``, a weight that another parameter name shares: writing it would change both."""
+    aliases: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(name)
+    for name, p in model.named_parameters():
+        others = [a for a in aliases[id(p)] if a != name]
+        if name in names and others:
+            raise ValueError(f"{fn}: inplace=True would write {name!r}, which is tied to {others[0]!r} (one tensor), "
+                             "and so change both; leave it out of names, or pass inplace=False")  # fmt: skip

@@ -145,7 +145,8 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
         raise TypeError(f"{fn}: outputs must be a bool, got {outputs!r}")
     if on_meta(model):  # no values to run on: read off a smaller copy with values
         return shadow_structure(fn, model, example_inputs, outputs, lambda m, x, o: structure(m, x, outputs=o))
-    analysis = graph.analyze(fn, model, graph.as_inputs(fn, model, example_inputs))
+    memo = graph.analyzed(fn, model, graph.as_inputs(fn, model, example_inputs))
+    analysis = memo.analysis
     graph.warn_unreached(fn, analysis, stacklevel=2)
     heads = set() if outputs else output_parameters(model)
     excluded = {name for name, p in model.named_parameters() if id(p) in heads}
@@ -160,7 +161,9 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
     hidden, why = hidden_group(fn, model, analysis)
     if hidden is not None:
         groups["hidden" if "hidden" not in groups else "hidden#2"] = hidden
-    return Structure(groups, {"hidden": why} if why is not None else {})
+    found_structure = Structure(groups, {"hidden": why} if why is not None else {})
+    object.__setattr__(found_structure, "_analyzed", memo)  # for shrink(..., structure=): never pickled or compared
+    return found_structure
 
 
 def units_of(

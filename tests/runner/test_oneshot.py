@@ -195,6 +195,72 @@ def test_explicit_device_gives_the_same_result() -> None:
         assert torch.equal(a[1][n], b[1][n]) and torch.equal(a[0][n], b[0][n])
 
 
+@pytest.mark.parametrize("name", ["llama", "mixtral"])
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+def test_inplace_writes_the_pure_call_s_weights_into_the_model(name: str, method: str) -> None:
+    """Issue 42: ``inplace=True`` gives the pure call's params and masks bit for bit, the params being the model's own
+    tensors, SparseGPT's new weights written into them (the head too, named outside the blocks); through ``device=``
+    as well. The pure call leaves the model as it was."""
+    tiny = _hf.tiny(name)
+    if name in _hf.MOE:
+        tiny_model: Any = tiny.model
+        tiny_model.config._experts_implementation = "eager"
+    names = [*fp.prunable(tiny.model, experts=True), *(["lm_head.weight"] if name == "llama" else [])]
+    before = state(tiny.model)
+    pure, pure_masks = fp.oneshot(tiny.model, batches_of(tiny), method=method, spec=SPECS["2:4"], names=names)
+    assert all(torch.equal(v, before[k]) for k, v in tiny.model.state_dict().items())
+    for device in (None, "cpu"):
+        model = copy.deepcopy(tiny.model)
+        params, masks = fp.oneshot(model, batches_of(tiny), method=method, spec=SPECS["2:4"], names=names,
+                                   device=device, inplace=True)  # fmt: skip
+        own = dict(model.named_parameters())
+        assert list(masks) == list(pure_masks)
+        for n in masks:
+            assert torch.equal(masks[n], pure_masks[n]) and torch.equal(own[n], pure[n]), (device, n)
+            assert params[n] is own[n]
+        changed = [n for n in masks if not torch.equal(before[n], own[n])]
+        assert bool(changed) == (method == "sparsegpt")
+
+
+class _Shared(nn.Module):
+    """A block whose two Linear layers share one weight (a tied pair)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8, bias=False)
+        self.b = nn.Linear(8, 8, bias=False)
+        self.b.weight = self.a.weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = x + self.b(torch.relu(self.a(x)))
+        return out
+
+
+class _Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([_Shared(), _Shared()])
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        assert isinstance(x, Tensor)
+        return x
+
+
+def test_inplace_refuses_a_tied_weight_and_a_non_bool() -> None:
+    torch.manual_seed(0)
+    model = _Stack()
+    batches = [torch.randn(4, 8)]
+    with pytest.raises(ValueError, match=r"^oneshot: inplace=True would write 'layers.0.a.weight', which is tied to "
+                                         r"'layers.0.b.weight' \(one tensor\)"):  # fmt: skip
+        fp.oneshot(model, batches, method="sparsegpt", spec=SPECS["2:4"], inplace=True)
+    params, _ = fp.oneshot(model, batches, method="sparsegpt", spec=SPECS["2:4"])  # the pure call: a new tensor
+    assert params["layers.0.a.weight"] is not model.get_parameter("layers.0.a.weight")
+    with pytest.raises(TypeError, match=r"^oneshot: inplace must be a bool, got 1$"):
+        fp.oneshot(model, batches, method="wanda", spec=SPECS["2:4"], inplace=1)  # type: ignore[arg-type]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_blocks_match_cpu() -> None:
     tiny = _hf.tiny("llama")

@@ -87,4 +87,4 @@ def test_every_unit_listed_goes_and_the_shrunk_model_is_the_masked_one(name: str
     plans = [fp.structured(s, fp.LnStructured(1, n=2), scope="group", kinds=kinds)]
     if s.of_kinds("hidden"):  # 8 hidden channels: stacked experts need widths in multiples of 16 bytes
         plans.append(fp.structured(s, fp.LnStructured(8, n=2), kinds="hidden"))
-    shrunk_exactly(model, fp.compose(*plans)(dict(model.named_parameters())), x)
+    shrunk_exactly(model, fp.compose(*plans)(dict(model.named_parameters())), x, structure=s)
