@@ -12,7 +12,7 @@ The model is ``LlamaForCausalLM`` with TinyLlama-1.1B's config (hidden
 32000), random weights, float32, CPU. funcprune removes 25% of the KV groups
 and 30% of the MLP channels, each ranked globally by L2 norm (so every layer
 keeps its own share), then saves and reloads the model with
-``fp.load_shrunk``. Timed: ``fp.structure`` and ``fp.shrink`` (one call
+``fp.load_shrunk``. Timed: ``fp.structure`` and ``fp.shrink`` (``structure=`` given: its analysis taken back; one call
 each, wall clock), and the forward pass of the dense and the shrunk model
 on the same tokens, interleaved (dense, shrunk, dense, ...) after a
 warm-up, at 1 thread and at the default thread count: the median and the
@@ -103,7 +103,7 @@ def main() -> int:
     masks = plan(params)
     t_plan = time.perf_counter() - start
     start = time.perf_counter()
-    small: Any = fp.shrink(model, masks, example)
+    small: Any = fp.shrink(model, masks, example, structure=structure)  # its analysis taken back
     t_shrink = time.perf_counter() - start
     small_params = sum(p.numel() for p in small.parameters())
     kv = [layer.self_attn.k_proj.out_features // 64 for layer in small.model.layers]

@@ -42,8 +42,8 @@ sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torc
 
 import funcprune as fp  # noqa: E402
 
-MODELS = ["resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "vit_b_16",
-          "densenet121", "regnet_y_400mf"]  # fmt: skip
+MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny",
+          "vit_b_16", "densenet121", "regnet_y_400mf"]  # fmt: skip
 RATIO = 0.3
 
 

@@ -113,10 +113,20 @@ def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
     made: dict[int, list[Slice]] = {}
     for atom, slices in atoms.producers.items():
         made.setdefault(roots[atom], []).extend(slices)
-    related = {
-        t: {d: {i: frozenset(roots[a] for a in group) for i, group in by.items()} for d, by in dims.items()}
-        for t, dims in atoms.related().items()
-    }
+    related: dict[str, dict[int, dict[int, frozenset[int]]]] = {}
+    own: dict[int, dict[tuple[str, int], list[int]]] = {}  # own_indices', made in the same pass
+    for t, dims in atoms.related().items():
+        related[t] = by_dim = {}
+        for d, by in dims.items():
+            by_dim[d] = by_index = {}
+            for i, group in by.items():
+                by_index[i] = groups = frozenset([roots[a] for a in group])
+                if len(groups) == 1:
+                    (single,) = groups
+                    own.setdefault(single, {}).setdefault((t, d), []).append(i)
+    for feet in own.values():
+        for indices in feet.values():
+            indices.sort()
     return Analysis(
         exported.model,
         inputs,
@@ -131,6 +141,7 @@ def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
         {name: node for name, node in walk.read_directly.items() if name not in related},
         frozenset(roots[a] for a in atoms.read),
         _unreached(exported),
+        {"own_indices": own},
     )
 
 

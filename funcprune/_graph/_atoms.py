@@ -153,19 +153,25 @@ def pairs(a: Tensor, b: Tensor) -> list[tuple[int, int]]:
     if not bool(valid.any()):
         return []
     span = int(b.max()) + 1
-    keys = torch.where(valid, a * span + b, -1)
-    for dim in range(keys.dim()):
-        if keys.shape[dim] > 1 and bool((keys == keys.narrow(dim, 0, 1)).all()):
-            keys = keys.narrow(dim, 0, 1)
-    keys = torch.unique(keys)
+    keys = torch.unique(unrepeated(torch.where(valid, a * span + b, -1)))
     keys = keys[keys >= 0]
     return list(zip((keys // span).tolist(), (keys % span).tolist(), strict=True))
 
 
 def _atoms_in(ids: Tensor) -> list[int]:
-    flat = ids.reshape(-1)
+    """The distinct atoms of ``ids``, sorted (its dims along which it repeats cut to one slice first)."""
+    flat = unrepeated(ids).reshape(-1)
     found: list[int] = torch.unique(flat[flat >= 0]).tolist()
     return found
+
+
+def unrepeated(t: Tensor) -> Tensor:
+    """``t`` with every dim along which it repeats (the tokens of an activation's atom ids) cut to one slice: the
+    same distinct values, from a fraction of the entries."""
+    for dim in range(t.dim()):
+        if t.shape[dim] > 1 and bool((t == t.narrow(dim, 0, 1)).all()):
+            t = t.narrow(dim, 0, 1)
+    return t
 
 
 def broadcast(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:

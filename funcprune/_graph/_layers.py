@@ -68,8 +68,10 @@ def _read_columns(walk: Walk, node: fx.Node, x: object, origin: Origin, axis: in
     walk.atoms.mark_read(ids)
     per_column = ids.movedim(x_axis, -1).reshape(-1, ids.shape[x_axis])
     first = per_column.amax(0)  # an atom of each column (or -1): the others of the column join it
-    for a, b in pairs(first, torch.where(per_column != first, per_column, -1)):
-        walk.atoms.union(a, b)
+    others = per_column != first
+    if bool(others.any()):  # (every row alike, each token's: nothing to join)
+        for a, b in pairs(first, torch.where(others, per_column, -1)):
+            walk.atoms.union(a, b)
     if bool((first < 0).any()):  # columns reading no channel (the model's input): they stay, whoever else reads them
         held = walk.atoms.new(1)
         walk.atoms.block(held, f"{describe(node)} reads them with the columns that read the model's input")

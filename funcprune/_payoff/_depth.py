@@ -21,8 +21,9 @@ caller against the masked model.
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, final
 
@@ -43,6 +44,9 @@ __all__ = [
 
 #: Why a block stays whose every parameter the masks prune.
 NOT_IDENTITY = "removing the block changes what the model computes (a zeroed post-norm block is no identity)"
+#: Why a block stays whose output is not of its input's shape (a ResNet stage's first, which downsamples).
+NOT_SAME_SHAPE = ("removing the block changes what the model computes (its output is not of its input's shape: "
+                  "no identity)")  # fmt: skip
 
 
 @final
@@ -82,7 +86,13 @@ def depthless(
 
     The copy without them (its config describing it) is checked against the
     masked model on ``inputs``; where it fails, each block is tried alone,
-    and those whose removal fails stay (:data:`NOT_IDENTITY`). ``blocks``:
+    and those whose removal fails stay (:data:`NOT_IDENTITY`). A block whose
+    output is not of its input's shape (seen on the masked model's run) is
+    no identity: it stays without a trial (:data:`NOT_SAME_SHAPE`), and its
+    zeroed parameters are left out of the masks the others are tried with
+    (a zeroed block that stays hides what follows it), as a block tried
+    alone leaves the others' out; the blocks that go are then checked with
+    every mask. ``blocks``:
     the blocks to try, by stack path (a trial: all of a stack's may go),
     instead of those :func:`pruned_blocks` finds.
     """
@@ -90,19 +100,32 @@ def depthless(
     removed = pruned_blocks(module, masks) if blocks is None else {p: list(b) for p, b in blocks.items() if b}
     if not removed:
         return Depthless(module, dict(masks), {}, {}, {})
-    reference = masked_run(module, masks, inputs)
+    shapes: dict[tuple[str, int], tuple[object, object]] = {}
+    with _watching(module, removed, shapes):
+        reference = masked_run(module, masks, inputs)
     kept: dict[str, str] = {}
-    if _fails(fn, module, masks, inputs, removed, sizes, reference):
+    hidden: set[str] = set()  # the parameters of blocks that stay zeroed, left out where blocks are tried
+    changers = [b for b, (seen, made) in shapes.items() if seen is not None and made is not None and seen != made]
+    if changers:  # a block that changes the shape of what it is given is no identity: no run needed to tell
+        kept = {block_names(module, p)[i]: NOT_SAME_SHAPE for p, i in changers}
+        hidden = {n for p, i in changers for n in blocks_of(module, p)[i]}
+        removed = {p: [i for i in gone if (p, i) not in changers] for p, gone in removed.items()}
+        removed = {p: gone for p, gone in removed.items() if gone}
+        if not removed:
+            return Depthless(module, dict(masks), {}, kept, {})
+    together = {n: m for n, m in masks.items() if n not in hidden}
+    if _fails(fn, module, together, inputs, removed, sizes, masked_run(module, together, inputs) if hidden
+              else reference) or (hidden and _fails(fn, module, masks, inputs, removed, sizes, reference)):  # fmt: skip
         alone = [(path, i) for path, gone in removed.items() for i in gone]
         params = {path: blocks_of(module, path) for path in removed}
         owned = {(p, i): set(params[p][i]) for p, i in alone}
         good = []
         for block in alone:  # the others' masks left out: a zeroed block that cannot go hides what follows it
-            others = {n for b, names in owned.items() if b != block for n in names}
+            others = {n for b, names in owned.items() if b != block for n in names} | hidden
             mine = {n: m for n, m in masks.items() if n not in others}
             if not _fails(fn, module, mine, inputs, {block[0]: [block[1]]}, sizes, masked_run(module, mine, inputs)):
                 good.append(block)
-        kept = {block_names(module, p)[i]: NOT_IDENTITY for p, i in alone if (p, i) not in good}
+        kept.update({block_names(module, p)[i]: NOT_IDENTITY for p, i in alone if (p, i) not in good})
         removed = {}
         for p, i in good:
             removed.setdefault(p, []).append(i)
@@ -114,6 +137,35 @@ def depthless(
     model = without_blocks(fn, module, removed)
     why = describe_depth_(model, removed, sizes)
     return Depthless(model, _moved(module, masks, removed), removed, kept, renamed(module, removed), why)
+
+
+@contextlib.contextmanager
+def _watching(
+    module: nn.Module, blocks: Mapping[str, Sequence[int]], shapes: dict[tuple[str, int], tuple[object, object]]
+) -> Iterator[None]:
+    """While inside, each call of the ``blocks`` records into ``shapes`` the shape of its first positional input and
+    of its output (the first of a tuple's), or ``None`` where it is no tensor (or given by keyword); a block called
+    twice records its last call."""
+
+    def first(value: object) -> object:
+        if isinstance(value, (tuple, list)) and value:
+            value = value[0]
+        return tuple(value.shape) if isinstance(value, Tensor) else None
+
+    handles = []
+    try:
+        for path, gone in blocks.items():
+            children = list(module.get_submodule(path).children())
+            for i in gone:
+                def hook(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+                         key: tuple[str, int] = (path, i)) -> None:  # fmt: skip
+                    shapes[key] = (first(args[0]) if args else None, first(out))
+
+                handles.append(children[i].register_forward_hook(hook, with_kwargs=True))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _moved(module: nn.Module, masks: Mapping[str, Tensor], removed: Mapping[str, Sequence[int]]) -> dict[str, Tensor]:

@@ -21,7 +21,7 @@ from .._names import check_masks, check_not_hooked
 from .._types import Masks, Tensor
 from .._units import Structure
 from .._validate import refuse_in
-from ._verify import Failure, differ_in_eval, mismatch, search, shape_changes
+from ._verify import Failure, Later, differ_in_eval, mismatch, search, shape_changes
 from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
 from ._config import Record, ShrunkConfigWarning, describe_, is_transformers_model, record_, shapes_of
 from ._depth import depthless
@@ -403,7 +403,7 @@ def _probe(
     removed = sorted(set(groups))
     keep, closed = removing(analysis, masks, removed, sizes)
     small, _ = built(module, analysis, keep, closed, removed, probe=True)
-    return mismatch(small, analysis.inputs, masked_outputs(analysis, closed))
+    return mismatch(small, analysis.inputs, Later(lambda: masked_outputs(analysis, closed)))  # (none if it raises)
 
 
 def _warn_kept(fn: str, kept: Mapping[str, Mapping[str, int]]) -> None:

@@ -24,7 +24,7 @@ from .._graph import Analysis, Inputs, own_indices, run
 from .._torch_private import tree_leaves
 from .._types import Tensor
 
-__all__ = ["Failure", "differ_in_eval", "mismatch", "search", "shape_changes"]
+__all__ = ["Failure", "Later", "differ_in_eval", "mismatch", "search", "shape_changes"]
 
 
 def differ_in_eval(small: nn.Module, inputs: Inputs, reference: Any) -> str | None:
@@ -44,12 +44,21 @@ class Failure:
     where: str | None = None
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class Later:
+    """A reference computed only if the smaller model runs (a probe that raises needs none)."""
+
+    make: Callable[[], Any]
+
+
 def mismatch(small: nn.Module, inputs: Inputs, reference: Any, *, float64: tuple[float, float] | None = None) -> Failure | None:
     """How ``small``, run in eval mode on ``inputs``, fails to compute ``reference`` (or ``None``).
 
     Each submodule's training flag is restored afterwards. ``float64``: the
     ``rtol`` and ``atol`` (times the largest magnitude) of float64 outputs,
-    if not :data:`_FLOAT64_TOLERANCE`.
+    if not :data:`_FLOAT64_TOLERANCE`. A :class:`Later` reference is made
+    once ``small`` has run (not where it raised).
     """
     modes = [(m, m.training) for m in small.modules()]
     small.eval()
@@ -62,6 +71,8 @@ def mismatch(small: nn.Module, inputs: Inputs, reference: Any, *, float64: tuple
     finally:
         for m, mode in modes:
             m.training = mode
+    if isinstance(reference, Later):
+        reference = reference.make()
     why = _differ(outputs, reference, float64 or _FLOAT64_TOLERANCE)
     return None if why is None else Failure(why)
 

@@ -281,8 +281,10 @@ def _warn_left_out(
         if heads and not any(g in units or g in failed for g in heads):
             why = next((found.left_out[g] for g in heads if g in found.left_out), "they are no unit")
             lines.append(f"the heads of {attention.module or 'the model'!r}: {why}")
-    for block in _repeated_blocks(model):
-        inside = [g for g, slices in analysis.made.items() if any(s.tensor.startswith(f"{block}.") for s in slices)]
+    blocks = _repeated_blocks(model)
+    inside_of = _groups_inside(analysis, blocks)
+    for block in blocks:
+        inside = inside_of[block]
         if inside and not any(g in units for g in inside):  # no unit made by a layer of the block
             reasons = list(dict.fromkeys(found.left_out[g] for g in inside if g in found.left_out))
             lines.append(f"no unit in {block!r}: {'; '.join(reasons[:3]) or 'nothing in it can go'}")
@@ -292,6 +294,23 @@ def _warn_left_out(
         more = [f"and {len(lines) - _SHOWN} more"] if len(lines) > _SHOWN else []
         text = "; ".join(lines[:_SHOWN] + more)
         warnings.warn(f"{fn}: left out, since they cannot be removed: {text}", UnitsLeftOutWarning, stacklevel=3)
+
+
+def _groups_inside(analysis: graph.Analysis, blocks: list[str]) -> dict[str, list[int]]:
+    """For each block path, the groups (in the analysis' order) made by a tensor inside it: each tensor's name
+    looked up by its prefixes, once (not every block against every group's slices)."""
+    wanted = set(blocks)
+    out: dict[str, list[int]] = {block: [] for block in blocks}
+    for group, slices in analysis.made.items():
+        seen: set[str] = set()
+        for tensor in dict.fromkeys(s.tensor for s in slices):
+            parts = tensor.split(".")
+            for k in range(1, len(parts)):
+                prefix = ".".join(parts[:k])
+                if prefix in wanted and prefix not in seen:
+                    seen.add(prefix)
+                    out[prefix].append(group)
+    return out
 
 
 #: How many things a :class:`UnitsLeftOutWarning` names.
