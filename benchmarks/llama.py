@@ -12,8 +12,9 @@ The model is ``LlamaForCausalLM`` with TinyLlama-1.1B's config (hidden
 32000), random weights, float32, CPU. funcprune removes 25% of the KV groups
 and 30% of the MLP channels, each ranked globally by L2 norm (so every layer
 keeps its own share), then saves and reloads the model with
-``fp.load_shrunk``. Timed: ``fp.structure`` and ``fp.shrink`` (``structure=`` given: its analysis taken back; one call
-each, wall clock), and the forward pass of the dense and the shrunk model
+``fp.load_shrunk``. Timed: ``fp.structure`` and ``fp.shrink`` (given
+``structure=``: its analysis taken back; one call each, wall clock), and
+the forward pass of the dense and the shrunk model
 on the same tokens, interleaved (dense, shrunk, dense, ...) after a
 warm-up, at 1 thread and at the default thread count: the median and the
 minimum of the per-repetition ratios dense / shrunk. The floor of a forward

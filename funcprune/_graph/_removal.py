@@ -182,27 +182,12 @@ def own_indices(analysis: Analysis) -> dict[int, dict[tuple[str, int], list[int]
 
     Those go when the group goes by itself (an index shared by several
     groups, a per-head-dim norm's weight, goes only when all of them go).
-    Computed once per analysis (``structure``, its checks and ``shrink``
-    each ask: 0.08 s each on a ResNet-18), kept in the analysis.
+    :func:`~._analysis.analyze` makes them in the pass that relates indices
+    to groups, once (``structure``, its checks and ``shrink`` each ask: 0.08
+    s each on a ResNet-18, when each made them again).
     """
-    got = analysis.derived.get("own_indices")
-    if got is None:
-        got = analysis.derived["own_indices"] = _own_indices(analysis)
-    return got
-
-
-def _own_indices(analysis: Analysis) -> dict[int, dict[tuple[str, int], list[int]]]:
-    out: dict[int, dict[tuple[str, int], list[int]]] = {}
-    for tensor, dims in analysis.related.items():
-        for dim, by_index in dims.items():
-            for index, groups in by_index.items():
-                if len(groups) == 1:
-                    (group,) = groups
-                    out.setdefault(group, {}).setdefault((tensor, dim), []).append(index)
-    for feet in out.values():
-        for indices in feet.values():
-            indices.sort()
-    return out
+    own: dict[int, dict[tuple[str, int], list[int]]] = analysis.derived["own_indices"]  # made by analyze
+    return own
 
 
 def kept_indices(analysis: Analysis, removed: Iterable[int], sizes: Mapping[str, tuple[int, ...]]) -> dict[str, dict[int, list[int]]]:

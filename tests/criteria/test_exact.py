@@ -71,7 +71,7 @@ def cases(draw: st.DrawFn) -> tuple[list[Tensor], list[int], list[int]]:
     return terms, list(order), cuts
 
 
-@settings(max_examples=300)
+@settings(deadline=None)
 @given(cases())
 def test_the_bits_depend_neither_on_the_order_nor_on_the_grouping(case: tuple[list[Tensor], list[int], list[int]]) -> None:
     terms, order, cuts = case
@@ -84,7 +84,7 @@ def test_the_bits_depend_neither_on_the_order_nor_on_the_grouping(case: tuple[li
     assert torch.equal(grouped(groups, shape), reference)
 
 
-@settings(max_examples=300)
+@settings(deadline=None)
 @given(cases())
 def test_the_value_is_the_exact_sum_within_a_rounding_per_term_of_the_largest(
     case: tuple[list[Tensor], list[int], list[int]],
