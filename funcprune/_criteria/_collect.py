@@ -246,7 +246,9 @@ def _across(
     if flags[0]:
         raise ValueError(f"{fn}: another process of the group failed on its batches (its own error says why)")
     called, widened, narrow = flags[2 : 2 + k], flags[2 + k : 2 + 2 * k], flags[2 + 2 * k : 2 + 3 * k]
-    exact = {t.name: _exact_sum(sums.get(t.name), shape, device) for i, (t, shape) in enumerate(zip(every, shapes,
+    # the exact sums of the weights that had a float64 input on some process: this one's (none called here, or
+    # called with another dtype: its running sum as one term)
+    exact = {t.name: ExactSum.of(sums.get(t.name), shape, device) for i, (t, shape) in enumerate(zip(every, shapes,
              strict=True)) if widened[i]}  # fmt: skip
     if exact:  # every process's bins moved to the same tops
         tops = torch.cat([held.top.flatten() for held in exact.values()])
@@ -288,17 +290,6 @@ def _across(
 
 def _dtype(total: Sum) -> torch.dtype:
     return torch.float64 if isinstance(total, ExactSum) else total.dtype
-
-
-def _exact_sum(held: Sum | None, shape: tuple[int, ...], device: torch.device) -> ExactSum:
-    """This process's exact sum of a weight that had a ``float64`` input on some process: its own, or a new one
-    holding nothing (no call here) or its running sum of inputs of another dtype as one term."""
-    if isinstance(held, ExactSum):
-        return held
-    out = ExactSum(shape, device)
-    if held is not None:
-        out.add(held.to(device, torch.float64).reshape(shape))
-    return out
 
 
 def _caller(module: nn.Module) -> Callable[[Call], object]:

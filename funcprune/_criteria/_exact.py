@@ -113,6 +113,18 @@ class ExactSum:
         self.scratch = scratch if scratch is not None else Scratch()
         self.fresh = True  # nothing added yet: the first term sets the tops without moving any bin
 
+    @classmethod
+    def of(cls, held: Tensor | ExactSum | None, shape: Sequence[int], device: torch.device,
+           scratch: Scratch | None = None) -> ExactSum:  # fmt: skip
+        """``held`` if it is an exact sum; else a new one holding nothing (``None``) or a running sum of another
+        dtype as one term (its bits then depend on how that running sum was added)."""
+        if isinstance(held, ExactSum):
+            return held
+        out = cls(shape, device, scratch)
+        if held is not None:
+            out.add(held.to(device, torch.float64).reshape(tuple(shape)))
+        return out
+
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.top.shape)
@@ -198,12 +210,9 @@ def _deposit(top: Tensor, bins: Tensor, limit: Tensor, x: Tensor, scratch: Scrat
     if bool(look.any()):
         where = look.nonzero(as_tuple=True)
         seen = x[where]
-        if 8 * seen.numel() > x.numel():
-            _raise(top, bins, limit, torch.maximum(top, _bins(x)))
-        else:
-            new = top.clone()
-            new[where] = torch.maximum(top[where], _bins(seen))
-            _raise(top, bins, limit, new)
+        new = top.clone()
+        new[where] = torch.maximum(top[where], _bins(seen))
+        _raise(top, bins, limit, new)  # (by index or over the whole tensor, as few or many rise)
         infinite = torch.isinf(seen)
         if bool(infinite.any()):
             odd = tuple(w[infinite] for w in where)

@@ -178,11 +178,7 @@ def add_to(sums: dict[str, Sum], name: str, part: Tensor, exact: bool, scratch: 
     """Add ``part`` to ``sums[name]``: exactly, in any order, where ``exact`` (a ``float64`` input's); else in place."""
     total = sums.get(name)
     if exact:
-        if not isinstance(total, ExactSum):
-            held, total = total, ExactSum(part.shape, part.device, scratch)
-            if held is not None:  # (an input of another dtype before: its running sum is one term)
-                total.add(held.to(torch.float64))
-            sums[name] = total
+        total = sums[name] = ExactSum.of(total, part.shape, part.device, scratch)
         total.add(part)
     elif isinstance(total, ExactSum):
         total.add(part.to(torch.float64))
