@@ -5,6 +5,7 @@ Run from the repository root (after installing the package):
     python benchmarks/run.py             # 1 thread, then the default count (about 5 minutes on 2 cores)
     python benchmarks/run.py --threads 1 # one setting only
     python benchmarks/run.py --quick     # 2 repetitions, for a smoke run
+    python benchmarks/run.py --march x86-64-v3  # the kernels built for AVX2 without AVX-512
 
 Every comparison alternates its contenders (A, B, A, B, ...) after an
 untimed warm-up, so both share the machine's moods; each row reports the
@@ -23,12 +24,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import hashlib
 import os
 import platform
 import statistics
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.utils.prune as tprune
@@ -242,6 +246,15 @@ class Bench:
             return Contender(run)
 
         floor = Contender(lambda: torch.gt(magnitude, cut, out=out))
+        halves = {"bfloat16": w.bfloat16(), "float16": w.half()}
+        half_floors = {name: Contender(functools.partial(torch.gt, x.abs(), cut, out=out)) for name, x in halves.items()}
+
+        def ours_half(key: str, x: torch.Tensor, native: bool = True) -> Contender:
+            def run() -> None:
+                with contextlib.nullcontext() if native else _native.disabled():
+                    results[key] = fp.compute_mask(fp.NM(2, 4), x)
+
+            return Contender(run)
         nm_ao, nm_ao_mask = sparsifier(w, (1, 4), 2, 1.0)
         block_ao, block_ao_mask = sparsifier(w, (4, 4), 16, 0.5)
         contenders = {
@@ -258,7 +271,12 @@ class Bench:
             "torch.ao 2:4": nm_ao,
             "torch.ao 4x4 blocks": block_ao,
         }
+        for name, x in halves.items():
+            contenders[f"floor {name}"] = half_floors[name]
+            contenders[f"NM(2, 4) {name}"] = ours_half(f"nm {name}", x)
+            contenders[f"NM(2, 4) {name}, torch path"] = ours_half(f"nm {name} torch", x, native=False)
         times = interleaved(contenders, self.repeats)
+        # (the half-precision masks are checked against the torch path's, outside the digest: it stays comparable)
         self._record({key: results[key] for key in ("nm", "nm earlier", "nm dim 0", "block", "rows")})
 
         def same(a: str, b: torch.Tensor) -> str:
@@ -271,6 +289,11 @@ class Bench:
             Row("g. N:M 2:4, 4096x4096", "torch.ao 2:4", "NM(2, 4)", times, None, True, "masks: the row above"),
             Row("g. N:M 2:4, 4096x4096", "NM(2, 4) after a mask", "floor", times, 2.0, False),
             Row("g. N:M 2:4, 4096x4096", "NM(2, 4, dim=0)", "floor", times, None, False, same("nm dim 0", nm_dim0)),
+            *(row for name in halves for row in (
+                Row(f"g. N:M 2:4, 4096x4096 {name}", f"NM(2, 4) {name}", f"floor {name}", times, 1.5, False, same(f"nm {name}", results[f"nm {name} torch"])),
+                Row(f"g. N:M 2:4, 4096x4096 {name}", f"NM(2, 4) {name}", "floor", times, None, False),
+                Row(f"g. N:M 2:4, 4096x4096 {name}", f"NM(2, 4) {name}, torch path", f"floor {name}", times, None, False),
+            )),
             Row("h. Block 4x4 50%, 4096x4096", "Block(0.5, (4, 4))", "floor", times, 2.0, False, same("block", block_ao_mask())),
             Row("h. Block 4x4 50%, 4096x4096", "Block, torch path", "floor", times, None, False, same("block torch", results["block"])),
             Row("h. Block 4x4 50%, 4096x4096", "torch.ao 4x4 blocks", "Block(0.5, (4, 4))", times, None, True, "masks: the row above"),
@@ -348,7 +371,23 @@ def main() -> int:
     parser.add_argument("--threads", default=f"1,{torch.get_num_threads()}", help="comma-separated thread counts")
     parser.add_argument("--no-payoff", action="store_true", help="skip the payoff table (shrink, sparse)")
     parser.add_argument("--only", choices=["shapes"], help="run one section only (its rows; the digest covers them only)")
+    parser.add_argument(
+        "--march", help="time the native kernels built for this CPU level instead of this machine's "
+        "(x86-64-v3: the vector paths of an AVX2 CPU without AVX-512, on a CPU that has both)",
+    )  # fmt: skip
     args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        if args.march:
+            library, status = _native.open_library(Path(tempfile.mkdtemp()), portable=False, march=args.march)
+            if library is None:
+                print(f"--march {args.march}: {status.detail}", file=sys.stderr)
+                return 2
+            stack.enter_context(_native.using(library))
+            print(f"kernels built with -march={args.march}: {status.detail}")
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     repeats = 2 if args.quick else 5
     torch.manual_seed(0)
     params = {n: torch.randn(s) * (2.0 / (s[1] * (s[2] * s[3] if len(s) == 4 else 1))) ** 0.5 for n, s in resnet50_shapes().items()}  # fmt: skip

@@ -95,17 +95,23 @@ def _cached() -> tuple[ctypes.CDLL | None, NativeStatus]:
         return open_library(_cache_dir(), portable=False)
 
 
-def open_library(directory: Path, *, portable: bool) -> tuple[ctypes.CDLL | None, NativeStatus]:
+def open_library(
+    directory: Path, *, portable: bool, march: str | None = None
+) -> tuple[ctypes.CDLL | None, NativeStatus]:
     """The kernels built in ``directory`` (compiled there first if needed), or ``None`` and why not.
 
     A build found there is loaded only where its bytes match the SHA-256
     recorded beside it when it was compiled; else it is rebuilt first (a
     copy cut short or altered crashes the process when loaded or called).
     ``portable`` leaves out ``-march=native``: code for any CPU of the
-    architecture (the tests compare the two builds).
+    architecture (the tests compare the two builds). ``march`` builds for
+    that CPU level instead of this machine's (``"x86-64-v3"``: AVX2 without
+    AVX-512), for tests and benchmarks of another machine's vector paths.
     """
+    if portable and march is not None:
+        raise ValueError(f"open_library: portable=True and march={march!r} both given; expected one of them")
     try:
-        path, rebuilt = _compile(directory.absolute(), portable)
+        path, rebuilt = _compile(directory.absolute(), portable, march)
         library = _load_verified(path)
     except (OSError, subprocess.SubprocessError, _BuildError) as e:
         return None, NativeStatus(False, f"pure-torch kernels: {e}")
@@ -154,13 +160,16 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
-def _compile(directory: Path, portable: bool) -> tuple[Path, str | None]:
+def _compile(directory: Path, portable: bool, march: str | None = None) -> tuple[Path, str | None]:
     """The library's path in ``directory``, compiled there unless a build that matches its record is there.
 
     Also why a file found there was rebuilt (``None``: it matched, or there was none).
     """
     cc = _compiler()
-    arches = [_OPENMP, ()] if portable else [_NATIVE_ARCH + _OPENMP, _NATIVE_ARCH, _OPENMP, ()]
+    if march is not None:
+        arches = [(f"-march={march}", *_OPENMP), (f"-march={march}",)]
+    else:
+        arches = [_OPENMP, ()] if portable else [_NATIVE_ARCH + _OPENMP, _NATIVE_ARCH, _OPENMP, ()]
     source = _SOURCE.read_bytes()
     version = subprocess.run([cc, "--version"], capture_output=True, timeout=30).stdout
     digest = hashlib.sha256()

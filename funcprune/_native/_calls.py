@@ -198,15 +198,30 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
 }
 
 
+#: The kernels that also take float16 and bfloat16 (read as their bits), and those dtypes' suffixes.
+_HALF_KINDS = frozenset({"n_m"})
+_HALVES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
 def _declared(kind: str, x: Tensor, *others: Mask) -> _Kernel | None:
     """:func:`_kernel`, its signature declared (``None`` also where the library in use lacks it).
 
-    A bool ``x`` takes the kernel named ``fp_{kind}`` (no dtype suffix).
+    A bool ``x`` takes the kernel named ``fp_{kind}`` (no dtype suffix); a
+    float16 or bfloat16 one, where ``kind`` takes them (:data:`_HALF_KINDS`),
+    ``fp_{kind}_f16`` or ``fp_{kind}_bf16``.
     """
-    if not (x.dtype in TYPES or x.dtype == torch.bool) or not plain(x):
+    if x.dtype == torch.bool:
+        suffix = ""
+    elif x.dtype in TYPES:
+        suffix = f"_{TYPES[x.dtype][0]}"
+    elif x.dtype in _HALVES and kind in _HALF_KINDS:
+        suffix = f"_{_HALVES[x.dtype]}"
+    else:
+        return None
+    if not plain(x):
         return None
     kernels = library()
-    name = f"fp_{kind}" if x.dtype == torch.bool else f"fp_{kind}_{TYPES[x.dtype][0]}"
+    name = f"fp_{kind}{suffix}"
     kernel = None if kernels is None else getattr(kernels, name, None)
     if kernel is None:
         return None
@@ -331,7 +346,8 @@ def n_m(scores: Tensor, eligible: Mask, n: int, m: int, dim: int) -> Tensor | No
     eligible entries of largest ``|score|`` are kept (all of them where
     fewer are eligible): ties go to the lower index first, NaN ranks above
     every number, ``-0.0`` ties ``0.0``; an entry not ``eligible`` is never
-    kept. ``None`` where the kernel does not apply (dtype, layout, a
+    kept. Float32, float64, float16 and bfloat16 scores (the halves read as
+    their bits). ``None`` where the kernel does not apply (dtype, layout, a
     ``dim`` whose length ``m`` does not divide, ``m`` above :data:`N_M_MAX`).
     """
     kernel = _declared("n_m", scores, eligible)

@@ -77,11 +77,14 @@ static inline double keep_or_inf_f64(double k, uint8_t eligible) {
 }
 
 /* The scan's inner step, 16 floats (8 doubles) at a time where the compiler
- * targets AVX-512: adds the count below lo to *below, stores the keys inside
- * [lo, hi] at out + *found (a full vector's room is needed there) and moves
- * *found on; returns how many keys it looked at (a multiple of the width; the
- * caller finishes the rest). Elsewhere it looks at none. Comparisons are
- * ordered and quiet, as C's: NaN is neither below nor inside. */
+ * targets AVX-512, 8 (4) where it targets AVX2: adds the count below lo to
+ * *below, stores the keys inside [lo, hi] at out + *found (a full vector's
+ * room is needed there) and moves *found on; returns how many keys it looked
+ * at (a multiple of the width; the caller finishes the rest). Elsewhere it
+ * looks at none. Comparisons are ordered and quiet, as C's: NaN is neither
+ * below nor inside. AVX2 has no compress store: the lanes inside are moved
+ * to the front by a permutation looked up by their bits (scan_pack, filled
+ * when the library loads). */
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -123,6 +126,89 @@ static inline int64_t vector_scan_f64(const double *x, const uint8_t *e, int64_t
         f += __builtin_popcount(in);
     }
     *below += count;
+    *found = f;
+    return i;
+}
+#elif defined(__AVX2__)
+#include <immintrin.h>
+
+/* Row b: the lanes (32-bit) set in b, first; then, for 4 doubles, row b < 16
+ * of scan_pack_pairs: the 32-bit halves of the doubles set in b, first. */
+static int32_t scan_pack[256][8], scan_pack_pairs[16][8];
+
+__attribute__((constructor)) static void scan_pack_fill(void) {
+    for (int b = 0; b < 256; b++) {
+        int f = 0;
+        for (int l = 0; l < 8; l++)
+            if (b >> l & 1) scan_pack[b][f++] = l;
+        while (f < 8) scan_pack[b][f++] = 0;
+    }
+    for (int b = 0; b < 16; b++) {
+        int f = 0;
+        for (int l = 0; l < 4; l++)
+            if (b >> l & 1) {
+                scan_pack_pairs[b][f++] = 2 * l;
+                scan_pack_pairs[b][f++] = 2 * l + 1;
+            }
+        while (f < 8) scan_pack_pairs[b][f++] = 0;
+    }
+}
+
+static inline int64_t vector_scan_f32(const float *x, const uint8_t *e, int64_t n, int absolute, float lo_,
+                                      float hi_, float *out, int64_t *below, int64_t *found) {
+    const __m256 lo = _mm256_set1_ps(lo_), hi = _mm256_set1_ps(hi_), inf = _mm256_set1_ps(INFINITY);
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i count = zero;
+    int64_t i = 0, f = *found;
+    for (; i + 8 <= n; i += 8) {
+        __m256 k = _mm256_loadu_ps(x + i);
+        if (absolute) k = _mm256_and_ps(k, magnitude);
+        if (e) {
+            __m256i flags = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(e + i)));
+            k = _mm256_blendv_ps(k, inf, _mm256_castsi256_ps(_mm256_cmpeq_epi32(flags, zero)));
+        }
+        count = _mm256_sub_epi32(count, _mm256_castps_si256(_mm256_cmp_ps(k, lo, _CMP_LT_OQ)));
+        __m256 in = _mm256_and_ps(_mm256_cmp_ps(k, lo, _CMP_GE_OQ), _mm256_cmp_ps(k, hi, _CMP_LE_OQ));
+        int bits = _mm256_movemask_ps(in);
+        __m256i order = _mm256_loadu_si256((const __m256i *)scan_pack[bits]);
+        _mm256_storeu_ps(out + f, _mm256_permutevar8x32_ps(k, order));
+        f += __builtin_popcount((unsigned)bits);
+    }
+    int32_t lanes[8]; /* the caller passes at most 256 keys a call */
+    _mm256_storeu_si256((__m256i *)lanes, count);
+    for (int l = 0; l < 8; l++) *below += lanes[l];
+    *found = f;
+    return i;
+}
+
+static inline int64_t vector_scan_f64(const double *x, const uint8_t *e, int64_t n, int absolute, double lo_,
+                                      double hi_, double *out, int64_t *below, int64_t *found) {
+    const __m256d lo = _mm256_set1_pd(lo_), hi = _mm256_set1_pd(hi_), inf = _mm256_set1_pd(INFINITY);
+    const __m256d magnitude = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL));
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i count = zero;
+    int64_t i = 0, f = *found;
+    for (; i + 4 <= n; i += 4) {
+        __m256d k = _mm256_loadu_pd(x + i);
+        if (absolute) k = _mm256_and_pd(k, magnitude);
+        if (e) {
+            int32_t four;
+            memcpy(&four, e + i, sizeof four);
+            __m256i flags = _mm256_cvtepu8_epi64(_mm_cvtsi32_si128(four));
+            k = _mm256_blendv_pd(k, inf, _mm256_castsi256_pd(_mm256_cmpeq_epi64(flags, zero)));
+        }
+        count = _mm256_sub_epi64(count, _mm256_castpd_si256(_mm256_cmp_pd(k, lo, _CMP_LT_OQ)));
+        __m256d in = _mm256_and_pd(_mm256_cmp_pd(k, lo, _CMP_GE_OQ), _mm256_cmp_pd(k, hi, _CMP_LE_OQ));
+        int bits = _mm256_movemask_pd(in);
+        __m256i order = _mm256_loadu_si256((const __m256i *)scan_pack_pairs[bits]);
+        __m256i packed = _mm256_permutevar8x32_epi32(_mm256_castpd_si256(k), order);
+        _mm256_storeu_si256((__m256i *)(out + f), packed);
+        f += __builtin_popcount((unsigned)bits);
+    }
+    int64_t lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes, count);
+    for (int l = 0; l < 4; l++) *below += lanes[l];
     *found = f;
     return i;
 }
@@ -214,38 +300,58 @@ SCAN(fp_scan_f64, double, fabs, keep_or_inf_f64, vector_scan_f64)
 /* ---- survivors: kept = key > v or NaN, eligible; the first `take` keys equal to v pruned ----
  *
  * take < 0 prunes every key equal to v; otherwise the first `take` of them
- * in index order go. Keys as in the scan. Writes 0/1 bytes to `kept`.
+ * in index order go. Keys as in the scan. Writes 0/1 bytes to `kept`: one
+ * vectorized pass (every tie pruned, or every tie kept where some stay),
+ * then, where some ties stay, the first `take` ties are pruned, found 64
+ * keys at a time from the start (a block without one is one vector
+ * comparison), which stops at the last of them.
  */
 
 #define SURVIVORS(NAME, T, ABS)                                                       \
+    static inline __attribute__((always_inline)) void NAME##_pass(                    \
+        const T *restrict x, const uint8_t *restrict e, int64_t n, int absolute,      \
+        T v, int ties_stay, uint8_t *restrict kept, int threads) {                    \
+        /* one copy of the loop per case, each without the other cases' tests */     \
+        (void)threads; /* without OpenMP */                                           \
+        if (absolute && e) {                                                          \
+            _Pragma("omp parallel for num_threads(threads) schedule(static)")        \
+            for (int64_t i = 0; i < n; i++)                                           \
+                kept[i] = (ties_stay ? !(ABS(x[i]) < v) : !(ABS(x[i]) <= v)) & (e[i] != 0); \
+        } else if (absolute) {                                                        \
+            _Pragma("omp parallel for num_threads(threads) schedule(static)")        \
+            for (int64_t i = 0; i < n; i++)                                           \
+                kept[i] = ties_stay ? !(ABS(x[i]) < v) : !(ABS(x[i]) <= v);           \
+        } else if (e) {                                                               \
+            _Pragma("omp parallel for num_threads(threads) schedule(static)")        \
+            for (int64_t i = 0; i < n; i++)                                           \
+                kept[i] = (ties_stay ? !(x[i] < v) : !(x[i] <= v)) & (e[i] != 0);     \
+        } else {                                                                      \
+            _Pragma("omp parallel for num_threads(threads) schedule(static)")        \
+            for (int64_t i = 0; i < n; i++) kept[i] = ties_stay ? !(x[i] < v) : !(x[i] <= v); \
+        }                                                                             \
+    }                                                                                 \
+    static inline T NAME##_key(const T *x, const uint8_t *e, int64_t i, int absolute) { \
+        T k = absolute ? ABS(x[i]) : x[i];                                            \
+        return e && !e[i] ? (T)INFINITY : k;                                          \
+    }                                                                                 \
     void NAME(const T *restrict x, const uint8_t *restrict e, int64_t n, int absolute, \
               T v, int64_t take, uint8_t *restrict kept, int threads) {               \
-        (void)threads; /* without OpenMP */                                           \
-        if (take < 0) { /* every tie goes: no order to keep, vectorized loops */      \
-            if (absolute && e) {                                                      \
-                _Pragma("omp parallel for num_threads(threads) schedule(static)")    \
-                for (int64_t i = 0; i < n; i++) kept[i] = (!(ABS(x[i]) <= v)) & (e[i] != 0); \
-            } else if (absolute) {                                                    \
-                _Pragma("omp parallel for num_threads(threads) schedule(static)")    \
-                for (int64_t i = 0; i < n; i++) kept[i] = !(ABS(x[i]) <= v);          \
-            } else if (e) {                                                           \
-                _Pragma("omp parallel for num_threads(threads) schedule(static)")    \
-                for (int64_t i = 0; i < n; i++) kept[i] = (!(x[i] <= v)) & (e[i] != 0); \
-            } else {                                                                  \
-                _Pragma("omp parallel for num_threads(threads) schedule(static)")    \
-                for (int64_t i = 0; i < n; i++) kept[i] = !(x[i] <= v);               \
-            }                                                                         \
+        if (take < 0) { /* every tie goes: no order to keep */                        \
+            if (absolute) NAME##_pass(x, e, n, 1, v, 0, kept, threads);              \
+            else NAME##_pass(x, e, n, 0, v, 0, kept, threads);                        \
             return;                                                                   \
         }                                                                             \
-        for (int64_t i = 0; i < n; i++) {                                             \
-            T k = absolute ? ABS(x[i]) : x[i];                                        \
-            if (e && !e[i]) k = (T)INFINITY;                                          \
-            uint8_t keep = (!(k < v)) & (!e || e[i] != 0);                            \
-            if (k == v && take > 0) {                                                 \
-                keep = 0;                                                             \
-                take--;                                                               \
-            }                                                                         \
-            kept[i] = keep;                                                           \
+        if (absolute) NAME##_pass(x, e, n, 1, v, 1, kept, threads);                  \
+        else NAME##_pass(x, e, n, 0, v, 1, kept, threads);                            \
+        for (int64_t i = 0; i < n && take > 0; i += 64) {                             \
+            int64_t end = n - i < 64 ? n : i + 64;                                    \
+            int hits = 0;                                                             \
+            for (int64_t j = i; j < end; j++) hits += NAME##_key(x, e, j, absolute) == v; \
+            for (int64_t j = i; hits && j < end && take > 0; j++)                     \
+                if (NAME##_key(x, e, j, absolute) == v) {                             \
+                    kept[j] = 0; /* (an ineligible key equal to v was written 0 already) */ \
+                    take--;                                                           \
+                }                                                                     \
         }                                                                             \
     }
 
@@ -1087,6 +1193,72 @@ static int64_t nm_groups_of_4_f64(const double *x, const uint8_t *e, int64_t len
     return 0;
 }
 
+/* float16 and bfloat16 scores, read as their bits: the code of |x| is the bits with
+ * the sign cleared, every NaN one above +inf's (0x7C00 in float16, 0x7F80 in
+ * bfloat16), plus one (0: not eligible), as funcprune/_select/_n_m.py's _CODES. */
+#define NM_NAN_F16 0x7C01
+#define NM_NAN_BF16 0x7F81
+
+static inline int16_t nm_code_half(uint16_t x, int16_t nan) {
+    int16_t bits = (int16_t)(x & 0x7FFFu);
+    return (int16_t)((bits < nan ? bits : nan) + 1);
+}
+
+static inline int16_t nm_code_f16(uint16_t x) { return nm_code_half(x, NM_NAN_F16); }
+static inline int16_t nm_code_bf16(uint16_t x) { return nm_code_half(x, NM_NAN_BF16); }
+
+/* m = 4 in 16-bit codes: as nm_groups_of_4_f32, 16 entries (four groups) at a time. */
+#ifdef NM_SHUFFLE
+typedef int16_t nm_lanes16 __attribute__((vector_size(32)));
+
+static inline __attribute__((always_inline)) int64_t nm_groups_of_4_half(
+    const uint16_t *restrict x, const uint8_t *restrict e, int64_t len, int n, uint8_t *restrict kept,
+    int16_t nan) {
+#define NM_FOUR(a, b, c, d) a, b, c, d, a, b, c, d, a, b, c, d, a, b, c, d
+    const nm_lanes16 later1 = {NM_FOUR(-1, -1, -1, 0)}, later2 = {NM_FOUR(-1, -1, 0, 0)},
+                     later3 = {NM_FOUR(-1, 0, 0, 0)};
+#undef NM_FOUR
+    const nm_lanes16 zero = {0}, one = zero + 1, magnitude = zero + 0x7FFF, nan_code = zero + nan;
+    const nm_lanes16 least = zero - (int16_t)n; /* 0 <= n <= 4 */
+    int64_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+        nm_lanes16 c;
+        memcpy(&c, x + i, sizeof c);
+        c &= magnitude;
+        nm_lanes16 above = c > nan_code;
+        c = ((c & ~above) | (nan_code & above)) + one;
+        if (e) {
+            const uint8_t *f = e + i;
+            nm_lanes16 eligible = {f[0], f[1], f[2],  f[3],  f[4],  f[5],  f[6],  f[7],
+                                   f[8], f[9], f[10], f[11], f[12], f[13], f[14], f[15]};
+            c &= eligible != zero;
+        }
+        nm_lanes16 r1 = __builtin_shufflevector(c, c, 1, 2, 3, 0, 5, 6, 7, 4, 9, 10, 11, 8, 13, 14, 15, 12);
+        nm_lanes16 r2 = __builtin_shufflevector(c, c, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+        nm_lanes16 r3 = __builtin_shufflevector(c, c, 3, 0, 1, 2, 7, 4, 5, 6, 11, 8, 9, 10, 15, 12, 13, 14);
+        nm_lanes16 minus_beaten = ((r1 > c) | ((r1 == c) & later1)) + ((r2 > c) | ((r2 == c) & later2)) +
+                                  ((r3 > c) | ((r3 == c) & later3));
+        nm_lanes16 keep = (minus_beaten > least) & (c != zero);
+        for (int j = 0; j < 16; j++) kept[i + j] = (uint8_t)(keep[j] & 1);
+    }
+    return i;
+}
+#else
+static inline int64_t nm_groups_of_4_half(const uint16_t *x, const uint8_t *e, int64_t len, int n,
+                                          uint8_t *kept, int16_t nan) {
+    (void)x, (void)e, (void)len, (void)n, (void)kept, (void)nan;
+    return 0;
+}
+#endif
+
+static int64_t nm_groups_of_4_f16(const uint16_t *x, const uint8_t *e, int64_t len, int n, uint8_t *kept) {
+    return nm_groups_of_4_half(x, e, len, n, kept, NM_NAN_F16);
+}
+
+static int64_t nm_groups_of_4_bf16(const uint16_t *x, const uint8_t *e, int64_t len, int n, uint8_t *kept) {
+    return nm_groups_of_4_half(x, e, len, n, kept, NM_NAN_BF16);
+}
+
 #define N_M(SUFFIX, T, C)                                                               \
     /* c[i] for len entries, 0 where not eligible; c[-m..0) and c[len..len + m) too */ \
     static inline void nm_codes_##SUFFIX(const T *restrict x, const uint8_t *restrict e, \
@@ -1192,6 +1364,8 @@ static int64_t nm_groups_of_4_f64(const double *x, const uint8_t *e, int64_t len
 
 N_M(f32, float, int32_t)
 N_M(f64, double, int64_t)
+N_M(f16, uint16_t, int16_t)
+N_M(bf16, uint16_t, int16_t)
 
 /* ---- block masks: which blocks keep an entry of a bool mask, and the mask from kept blocks ----
  *

@@ -3,7 +3,7 @@
 :func:`kept_n_m` answers what :func:`~._shape_kernels.n_m` asks, by the
 first path that applies; all three give the same flags, bit for bit:
 
-- the native kernel (``funcprune._native.n_m``): float32/float64 scores,
+- the native kernel (``funcprune._native.n_m``): float32, float64, float16 and bfloat16 scores,
   contiguous, on the CPU, eager, groups of at most ``N_M_MAX`` (64): one
   read of the scores, one byte written per entry, along any dim without a
   transposed copy;

@@ -3,8 +3,9 @@
 Each kernel is checked against a reference written here in torch (the
 semantics the pure-torch path implements), on data with NaN, infinities,
 signed zeros and ties, with and without eligibility, in one piece and in
-several threads' pieces, from the build for this CPU and from the portable
-build.
+several threads' pieces, from the build for this CPU, from the portable
+build and, on an x86 CPU with AVX-512, from a build for AVX2 without it
+(``x86-64-v3``: the vector paths of the machines that lack AVX-512).
 The end-to-end tests compare whole plans with the kernels on and off.
 """
 
@@ -30,19 +31,35 @@ Tensor = torch.Tensor
 HAVE_COMPILER = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
 needs_compiler = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler on this machine")
 _BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
-#: Each property runs once per build and per piece count (4 times): a third of the profile's examples each.
-_EXAMPLES = max(1, settings().max_examples // 3)
+#: Each property runs once per build and per piece count (up to 6 times): a fifth of the profile's examples each.
+_EXAMPLES = max(1, settings().max_examples // 5)
 
 
-@pytest.fixture(scope="module", params=["native", "portable"])
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return set(next((line for line in f if line.startswith("flags")), "").split())
+    except OSError:
+        return set()
+
+
+#: An AVX2 build differs from this CPU's own where that one uses AVX-512 (else it is the same build).
+AVX2_BESIDE_AVX512 = {"avx2", "avx512f"} <= _cpu_flags()
+
+
+@pytest.fixture(scope="module", params=["native", "portable", "x86-64-v3"])
 def kernels(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ctypes.CDLL]:
-    """The build for this CPU (the one in use), then the portable build."""
+    """The build for this CPU (the one in use), the portable build, the AVX2 build (beside AVX-512 only)."""
     if not HAVE_COMPILER:
         pytest.skip("no C compiler on this machine")
     if request.param == "native":
         library, status = _build._cached()
-    else:
+    elif request.param == "portable":
         library, status = _native.open_library(tmp_path_factory.mktemp("portable"), portable=True)
+    elif not AVX2_BESIDE_AVX512:
+        pytest.skip("the AVX2 build is this CPU's own build here (or the CPU has no AVX2)")
+    else:
+        library, status = _native.open_library(tmp_path_factory.mktemp("avx2"), portable=False, march="x86-64-v3")
     assert library is not None, status.detail
     with _native.using(library):
         yield library
@@ -382,3 +399,10 @@ def test_what_the_code_kernels_do_not_take_goes_to_torch(kernels: ctypes.CDLL) -
     with _native.disabled():
         assert _native.code_histogram(x, None) is None
         assert _native.code_collect(x, None, 0, counts) is None
+
+
+def test_a_portable_build_for_a_named_cpu_level_is_refused_by_name(tmp_path: Path) -> None:
+    """``portable`` and ``march`` name two different builds: both at once is an error, nothing compiled."""
+    with pytest.raises(ValueError, match=r"portable=True and march='x86-64-v3'"):
+        _native.open_library(tmp_path, portable=True, march="x86-64-v3")
+    assert not any(tmp_path.iterdir())

@@ -8,7 +8,8 @@ a chunk of groups at a time, and under ``vmap``, ``grad`` and
 ``torch.compile``), and the dispatch between them, with the kernels on and
 off (``funcprune._native.using(None)``), at 1 and 2 threads (the kernel's
 threads split even small tensors here), over ties, NaN, ``±inf``, ``-0.0``,
-subnormals, every floating dtype, dims ``-1``, ``0`` and between, 1-D to
+subnormals, every floating dtype (float16 and bfloat16 natively too, read
+as their bits), dims ``-1``, ``0`` and between, 1-D to
 4-D, ``m`` from 1 to 64 (beyond the torch path's 16), every ``n``, and
 earlier masks (random, pruning whole groups, pruning all, keeping all).
 """
@@ -81,7 +82,7 @@ def test_nm_equals_todays_kernel(
                 if m <= _n_m.PORTABLE_MAX_M:
                     assert torch.equal(_n_m.n_m_by_comparisons(n, m, dim, scores, default), expected)
                 fast = _native.n_m(scores, default, n, m, dim)
-                if native and scores.is_contiguous() and scores.dtype in (torch.float32, torch.float64):
+                if native and scores.is_contiguous():  # every floating dtype: float16 and bfloat16 too
                     assert fast is not None or not _native.status().available
                 assert fast is None or torch.equal(fast, expected)
 
@@ -96,7 +97,8 @@ def test_the_kernel_on_larger_tensors_from_both_builds(
     portable: ctypes.CDLL, shape: tuple[int, ...], dim: int, m: int, threads: int
 ) -> None:
     """Many runs and tiles a thread, vectors' tails; this CPU's build, the portable one, and torch's path."""
-    for dtype, kind in ((torch.float32, 2), (torch.float64, 1), (torch.float32, 0)):
+    kinds = ((torch.float32, 2), (torch.float64, 1), (torch.float32, 0), (torch.bfloat16, 2), (torch.float16, 1))
+    for dtype, kind in kinds:
         scores = values(shape, m, kind, dtype)
         for how in (0, 1, 4):
             default = earlier(shape, m, how, m, dim)
@@ -107,15 +109,16 @@ def test_the_kernel_on_larger_tensors_from_both_builds(
                     with _native.using(portable):
                         fast = _native.n_m(scores, default, n, m, dim)
                     assert fast is not None and torch.equal(fast, expected)
-                if dtype == torch.float32 and n == m // 2 and m <= _n_m.PORTABLE_MAX_M:
+                if dtype in (torch.float32, torch.bfloat16) and n == m // 2 and m <= _n_m.PORTABLE_MAX_M:
                     with mode(False, threads):
                         assert torch.equal(fp.NM(n, m, dim).compute_mask(scores, default), expected)
 
 
 def test_the_kernel_declines_what_it_does_not_take() -> None:
-    """Another dtype, a layout not contiguous, a group longer than 64, a mask of another shape: ``None``."""
+    """A dtype not floating, a layout not contiguous, a group longer than 64, a mask of another shape: ``None``."""
     scores = torch.randn(8, 128)
-    assert _native.n_m(scores.half(), None, 2, 4, -1) is None
+    assert _native.n_m(scores.to(torch.int16), None, 2, 4, -1) is None
+    assert _native.n_m(scores.to(torch.float8_e4m3fn), None, 2, 4, -1) is None
     assert _native.n_m(scores.t(), None, 2, 4, -1) is None
     assert _native.n_m(scores, None, 64, 128, -1) is None
     assert _native.n_m(scores, torch.ones(128, 8, dtype=torch.bool).t(), 2, 4, -1) is None
