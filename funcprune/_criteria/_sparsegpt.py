@@ -36,9 +36,11 @@ from typing import Literal, final
 
 import torch
 
+from .. import _native
 from .._names import check_params, unknown_name
 from .._specs import NM, L1Unstructured, PerSlice, Spec
 from .._types import Params, Tensor, is_dtensor
+from .._validate import is_concrete
 from ._hessians import ieee
 
 __all__ = ["sparsegpt"]
@@ -267,31 +269,47 @@ def _layer(rule: _Rule, blocksize: int, percdamp: float) -> _Pass:
         del lower
         u, info2 = torch.linalg.cholesky_ex(inverse, upper=True)
         del inverse
+        if u.device.type == "cpu" and is_concrete(u):  # LAPACK's factor is column-major: rows for the native loop
+            u = u.contiguous()
         mask = torch.ones_like(w, dtype=torch.bool)
         for i1 in range(0, cols, blocksize):
             i2 = min(i1 + blocksize, cols)
-            w1, u1 = w[:, i1:i2].clone(), u[i1:i2, i1:i2]
-            d = torch.diagonal(u1)
-            pruned = torch.zeros_like(w1, dtype=torch.bool)
+            d = torch.diagonal(u[i1:i2, i1:i2])
+            pruned = torch.zeros_like(w[:, i1:i2], dtype=torch.bool)
             if rule.kind != "nm":
-                pruned = _smallest(w1.square() / d.square(), rule)
-            q1, err1 = torch.zeros_like(w1), torch.zeros_like(w1)
-            for i in range(i2 - i1):
-                if rule.kind == "nm" and i % rule.m == 0:
-                    group = w1[:, i : i + rule.m].square() / d[i : i + rule.m].square()
-                    pruned[:, i : i + rule.m] = _lowest(group, rule.m - rule.n)
-                col = w1[:, i]
-                q = torch.where(pruned[:, i], torch.zeros_like(col), col)
-                q1[:, i] = q
-                err = (col - q) / d[i]
-                w1[:, i:] -= err.unsqueeze(1) @ u1[i, i:].unsqueeze(0)
-                err1[:, i] = err
-            w[:, i1:i2] = q1
+                pruned = _smallest(w[:, i1:i2].square() / d.square(), rule)
+            err1 = _native.sparsegpt_block(w, i1, i2, u, pruned, rule.n, rule.m if rule.kind == "nm" else 0)
+            if err1 is None:
+                err1 = _columns(w, u, i1, i2, pruned, rule)
             mask[:, i1:i2] = ~pruned
             w[:, i2:] -= err1 @ u[i1:i2, i2:]
         return w, mask, info + info2
 
     return run
+
+
+def _columns(w: Tensor, u: Tensor, i1: int, i2: int, pruned: Tensor, rule: _Rule) -> Tensor:
+    """The column loop of the block ``[i1, i2)`` in torch: ``w``'s block set to its kept values; the errors.
+
+    What ``funcprune._native.sparsegpt_block`` does natively (the same bits),
+    and what runs under ``vmap``, on CUDA and without the kernels. For N:M,
+    ``pruned`` is written group by group.
+    """
+    w1, u1 = w[:, i1:i2].clone(), u[i1:i2, i1:i2]
+    d = torch.diagonal(u1)
+    q1, err1 = torch.zeros_like(w1), torch.zeros_like(w1)
+    for i in range(i2 - i1):
+        if rule.kind == "nm" and i % rule.m == 0:
+            group = w1[:, i : i + rule.m].square() / d[i : i + rule.m].square()
+            pruned[:, i : i + rule.m] = _lowest(group, rule.m - rule.n)
+        col = w1[:, i]
+        q = torch.where(pruned[:, i], torch.zeros_like(col), col)
+        q1[:, i] = q
+        err = (col - q) / d[i]
+        w1[:, i:] -= err.unsqueeze(1) @ u1[i, i:].unsqueeze(0)
+        err1[:, i] = err
+    w[:, i1:i2] = q1
+    return err1
 
 
 def _smallest(scores: Tensor, rule: _Rule) -> Tensor:

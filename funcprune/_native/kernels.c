@@ -1440,3 +1440,79 @@ void fp_block_expand(const uint8_t *kept, const uint8_t *mask, int64_t P, int64_
 #undef BLOCK_EXPAND
     }
 }
+
+/* ---- SparseGPT: one block of columns, the column loop (funcprune/_criteria/_sparsegpt.py) ----
+ *
+ * w: rows of the block (width entries each, ldw apart), updated in place to
+ * the kept values (0 where pruned); u: the block of the upper Cholesky factor
+ * of H^-1 (rows ldu apart), its diagonal d; pruned: rows x width flags, read,
+ * or, for N:M (m > 0), written group by group when the group's first column
+ * is reached: the m - n of lowest score w^2 / d^2 (on the weights as updated
+ * so far) go, ties to the lower column, NaN above every number, as a stable
+ * ascending sort's first m - n; err: rows x width, written. Per column i, as
+ * the torch loop: q = pruned ? 0 : w_i; err_i = (w_i - q) / d_i; then
+ * w_j = w_j - err_i * u_ij for j > i, each product rounded, then the
+ * difference (no contraction: the bits of the torch path's outer product and
+ * subtraction). Rows are independent: shared among the threads, each row's
+ * block held in a buffer of the thread's. Returns 0, or -1 (nothing
+ * written) where the arguments do not fit (m not dividing width, n outside
+ * [0, m], m above NM_MAX_M), or -2 where a buffer could not be had (some rows
+ * written: the caller raises).
+ */
+
+#define SPARSEGPT_BLOCK(SUFFIX, T)                                                      \
+    static inline int sparsegpt_before_##SUFFIX(T a, T b) { /* ascending, NaN last */   \
+        return a < b || (!isnan(a) && isnan(b));                                       \
+    }                                                                                   \
+    static inline int sparsegpt_same_##SUFFIX(T a, T b) { return a == b || (isnan(a) && isnan(b)); } \
+    int fp_sparsegpt_block_##SUFFIX(T *w, int64_t ldw, int64_t rows, int64_t width,     \
+                                    const T *u, int64_t ldu, uint8_t *pruned, int64_t n, \
+                                    int64_t m, T *err, int threads) {                   \
+        if (rows < 0 || width < 1) return -1;                                           \
+        if (m > 0 && (m > NM_MAX_M || width % m || n < 0 || n > m)) return -1;           \
+        int failed = 0;                                                                 \
+        (void)threads; /* without OpenMP */                                             \
+        _Pragma("omp parallel num_threads(threads)")                                   \
+        {                                                                               \
+            T *row = malloc((size_t)width * sizeof(T));                                 \
+            _Pragma("omp for schedule(static)")                                        \
+            for (int64_t r = 0; r < rows; r++) {                                        \
+                if (!row) {                                                             \
+                    _Pragma("omp atomic write")                                        \
+                    failed = 1;                                                         \
+                    continue;                                                           \
+                }                                                                       \
+                T *restrict wr = w + r * ldw, *restrict er = err + r * width;           \
+                uint8_t *restrict pr = pruned + r * width;                              \
+                T *restrict b = row;                                                    \
+                memcpy(b, wr, (size_t)width * sizeof(T));                               \
+                for (int64_t i = 0; i < width; i++) {                                   \
+                    const T *restrict ui = u + i * ldu;                                 \
+                    if (m > 0 && i % m == 0) {                                          \
+                        T score[NM_MAX_M];                                              \
+                        for (int64_t t = 0; t < m; t++) {                               \
+                            T d = u[(i + t) * ldu + i + t];                             \
+                            score[t] = (b[i + t] * b[i + t]) / (d * d);                 \
+                        }                                                               \
+                        for (int64_t t = 0; t < m; t++) { /* rank in the stable sort */ \
+                            int64_t rank = 0;                                           \
+                            for (int64_t s = 0; s < m; s++)                             \
+                                rank += sparsegpt_before_##SUFFIX(score[s], score[t]) || \
+                                        (s < t && sparsegpt_same_##SUFFIX(score[s], score[t])); \
+                            pr[i + t] = rank < m - n;                                   \
+                        }                                                               \
+                    }                                                                   \
+                    T col = b[i], q = pr[i] ? (T)0 : col;                               \
+                    T e = (col - q) / ui[i];                                            \
+                    wr[i] = q;                                                          \
+                    er[i] = e;                                                          \
+                    for (int64_t j = i + 1; j < width; j++) b[j] = b[j] - e * ui[j];    \
+                }                                                                       \
+            }                                                                           \
+            free(row);                                                                  \
+        }                                                                               \
+        return failed ? -2 : 0;                                                         \
+    }
+
+SPARSEGPT_BLOCK(f32, float)
+SPARSEGPT_BLOCK(f64, double)

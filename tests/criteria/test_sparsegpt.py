@@ -20,6 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import funcprune as fp
+from funcprune import _native
+from funcprune._native import _calls
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _sparsegpt_reference import reference_sparsegpt  # noqa: E402
@@ -210,3 +212,70 @@ def test_half_precision_weights_are_pruned_in_float32_and_come_back_in_their_dty
         want, want_masks = fp.sparsegpt({"w": w.to(dtype).float()}, {"w": h.double().float()}, fp.NM(2, 4))
         assert new["w"].dtype == dtype and torch.equal(masks["w"], want_masks["w"])
         assert torch.equal(new["w"], want["w"].to(dtype))
+
+
+# --- the native column loop (funcprune._native.sparsegpt_block) against the torch loop, bit for bit ---
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 40),
+    groups=st.integers(1, 12),
+    spec=st.sampled_from([fp.L1Unstructured(0.5), fp.L1Unstructured(0.3), fp.PerSlice(fp.L1Unstructured(0.5), dim=0),
+                          fp.NM(2, 4), fp.NM(1, 4), fp.NM(0, 4), fp.NM(4, 4), fp.NM(3, 8), fp.NM(5, 16)]),
+    blocksize=st.sampled_from([16, 32, 48, 128]),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    ties=st.booleans(),
+    dead=st.integers(0, 2),
+    threads=st.sampled_from([1, 3]),
+    seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_the_native_column_loop_gives_the_torch_loops_bits(
+    rows: int, groups: int, spec: fp.Spec, blocksize: int, dtype: torch.dtype, ties: bool, dead: int, threads: int,
+    seed: int,
+) -> None:  # fmt: skip
+    """Weights, masks: equal bit for bit, with ties among the N:M scores, dead inputs, rows split among threads."""
+    if not _native.status().available:
+        pytest.skip("no native kernels on this machine")
+    cols = 16 * groups
+    w, _, h = layer(rows, cols, 2 * cols, seed, dead=dead, dtype=dtype)
+    if ties:  # small integers over an equal diagonal: equal scores within groups, no update across columns
+        w = torch.randint(-2, 3, w.shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+        h = 3 * torch.eye(cols, dtype=dtype)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_calls, "_threads", lambda n: threads)
+        native = fp.sparsegpt({"w": w}, {"w": h}, spec, blocksize=blocksize)
+    with _native.disabled():
+        plain = fp.sparsegpt({"w": w}, {"w": h}, spec, blocksize=blocksize)
+    assert torch.equal(native[1]["w"], plain[1]["w"])
+    assert torch.equal(native[0]["w"].view(torch.uint8), plain[0]["w"].view(torch.uint8))  # the bits: -0.0 too
+
+
+def test_the_native_column_loop_runs_and_declines_what_it_does_not_take() -> None:
+    """It runs on plain CPU float32/float64 blocks; another dtype, a layout, shapes that disagree, an N:M it cannot: None."""
+    if not _native.status().available:
+        pytest.skip("no native kernels on this machine")
+    w, _, h = layer(6, 16, 32, seed=9, dtype=torch.float32)
+    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True).contiguous()
+    pruned = torch.zeros(6, 8, dtype=torch.bool)
+    before = w.clone()
+    err = _native.sparsegpt_block(w, 0, 8, u, pruned, 2, 4)
+    assert err is not None and err.shape == (6, 8)
+    assert torch.all(pruned.view(6, 2, 4).sum(-1) == 2) and torch.all(w[:, :8][pruned] == 0)
+    assert torch.equal(w[:, 8:], before[:, 8:])  # the columns right of the block: the caller's matrix product
+    declined = [
+        (w.half(), 0, 8, u.half(), pruned, 2, 4),  # a dtype it does not take
+        (w, 0, 8, u.double(), pruned, 2, 4),  # u of another dtype
+        (w.t().contiguous().t(), 0, 8, u, pruned, 2, 4),  # not contiguous
+        (w, 0, 8, u.t(), pruned, 2, 4),  # u not contiguous
+        (w, 0, 8, u, torch.zeros(6, 4, dtype=torch.bool), 2, 4),  # flags of another shape
+        (w, 0, 8, u, pruned.to(torch.uint8), 2, 4),  # flags not bool
+        (w, 8, 20, u, torch.zeros(6, 12, dtype=torch.bool), 2, 4),  # past the last column
+        (w, 0, 8, u, pruned, 2, 3),  # m does not divide the block
+        (w, 0, 8, u, pruned, 5, 4),  # n above m
+    ]
+    for args in declined:
+        copy = args[0].clone()
+        assert _native.sparsegpt_block(*args) is None
+        assert torch.equal(args[0], copy)
+
