@@ -1148,6 +1148,8 @@ static inline int64_t nm_code_f64(double x) {
 
 #ifdef NM_SHUFFLE
 typedef int32_t nm_lanes __attribute__((vector_size(32)));
+typedef uint8_t nm_bytes8 __attribute__((vector_size(8)));
+typedef uint8_t nm_bytes16 __attribute__((vector_size(16)));
 
 static int64_t nm_groups_of_4_f32(const float *restrict x, const uint8_t *restrict e, int64_t len, int n,
                                   uint8_t *restrict kept) {
@@ -1177,7 +1179,8 @@ static int64_t nm_groups_of_4_f32(const float *restrict x, const uint8_t *restri
         nm_lanes minus_beaten = ((r1 > c) | ((r1 == c) & later1)) + ((r2 > c) | ((r2 == c) & later2)) +
                                 ((r3 > c) | ((r3 == c) & later3));
         nm_lanes keep = (minus_beaten > least) & (c != zero);
-        for (int j = 0; j < 8; j++) kept[i + j] = (uint8_t)(keep[j] & 1);
+        nm_bytes8 bytes = __builtin_convertvector(keep & one, nm_bytes8); /* 0 or 1, narrowed in registers */
+        memcpy(kept + i, &bytes, sizeof bytes);
     }
     return i;
 }
@@ -1239,7 +1242,8 @@ static inline __attribute__((always_inline)) int64_t nm_groups_of_4_half(
         nm_lanes16 minus_beaten = ((r1 > c) | ((r1 == c) & later1)) + ((r2 > c) | ((r2 == c) & later2)) +
                                   ((r3 > c) | ((r3 == c) & later3));
         nm_lanes16 keep = (minus_beaten > least) & (c != zero);
-        for (int j = 0; j < 16; j++) kept[i + j] = (uint8_t)(keep[j] & 1);
+        nm_bytes16 bytes = __builtin_convertvector(keep & one, nm_bytes16);
+        memcpy(kept + i, &bytes, sizeof bytes);
     }
     return i;
 }
