@@ -119,3 +119,21 @@ def portable(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     library, status = _native.open_library(tmp_path_factory.mktemp("portable"), portable=True)
     assert library is not None, status.detail
     return library
+
+
+@pytest.fixture(scope="session")
+def avx2(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL | None:
+    """The native kernels built for AVX2 without AVX-512 (``x86-64-v3``), where this CPU has AVX-512 (else ``None``:
+    the build in use is the AVX2 one already, or the CPU has no AVX2)."""
+    from funcprune import _native
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            flags = set(next((line for line in f if line.startswith("flags")), "").split())
+    except OSError:
+        return None
+    if not {"avx2", "avx512f"} <= flags or not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
+        return None
+    library, status = _native.open_library(tmp_path_factory.mktemp("avx2"), portable=False, march="x86-64-v3")
+    assert library is not None, status.detail
+    return library

@@ -10,13 +10,15 @@ correlated inputs is below magnitude's and Wanda's at the same budget.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import sys
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import funcprune as fp
@@ -228,21 +230,33 @@ def test_half_precision_weights_are_pruned_in_float32_and_come_back_in_their_dty
     ties=st.booleans(),
     dead=st.integers(0, 2),
     threads=st.sampled_from([1, 3]),
+    build=st.sampled_from(["native", "portable", "avx2"]),
     seed=st.integers(0, 2**16),
 )  # fmt: skip
+@example(rows=3, groups=1, spec=fp.NM(2, 4), blocksize=16, dtype=torch.float32, ties=True, dead=0, threads=1,
+         build="native", seed=5)  # ties within every group, this CPU's build
+@example(rows=21, groups=2, spec=fp.NM(3, 8), blocksize=32, dtype=torch.float64, ties=True, dead=0, threads=3,
+         build="avx2", seed=6)  # a partial tile, two threads' tiles, the AVX2 build
+@example(rows=5, groups=1, spec=fp.NM(1, 4), blocksize=16, dtype=torch.float32, ties=True, dead=0, threads=1,
+         build="portable", seed=7)
 def test_the_native_column_loop_gives_the_torch_loops_bits(
     rows: int, groups: int, spec: fp.Spec, blocksize: int, dtype: torch.dtype, ties: bool, dead: int, threads: int,
-    seed: int,
+    build: str, seed: int, portable: ctypes.CDLL, avx2: ctypes.CDLL | None,
 ) -> None:  # fmt: skip
-    """Weights, masks: equal bit for bit, with ties among the N:M scores, dead inputs, rows split among threads."""
+    """Weights, masks: equal bit for bit, with ties among the N:M scores, dead inputs, rows split among threads
+    and tiles (16 rows a tile with AVX-512, 8 with AVX2, 4 elsewhere), from this CPU's build, the portable one
+    and the AVX2 one."""
     if not _native.status().available:
         pytest.skip("no native kernels on this machine")
+    library = {"native": None, "portable": portable, "avx2": avx2}[build]
+    if build == "avx2" and library is None:
+        build = "native"  # (this CPU's build is the AVX2 one, or it has no AVX2)
     cols = 16 * groups
     w, _, h = layer(rows, cols, 2 * cols, seed, dead=dead, dtype=dtype)
     if ties:  # small integers over an equal diagonal: equal scores within groups, no update across columns
         w = torch.randint(-2, 3, w.shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
         h = 3 * torch.eye(cols, dtype=dtype)
-    with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp, contextlib.nullcontext() if build == "native" else _native.using(library):
         mp.setattr(_calls, "_threads", lambda n: threads)
         native = fp.sparsegpt({"w": w}, {"w": h}, spec, blocksize=blocksize)
     with _native.disabled():
