@@ -174,16 +174,30 @@ def _version(x: Tensor) -> int | None:
 Sum = Tensor | ExactSum
 
 
-def add_to(sums: dict[str, Sum], name: str, part: Tensor, exact: bool, scratch: Scratch) -> None:
-    """Add ``part`` to ``sums[name]``: exactly, in any order, where ``exact`` (a ``float64`` input's); else in place."""
+def add_to(sums: dict[str, Sum], name: str, part: Tensor, exact: bool, scratch: Scratch, owned: bool = False) -> bool:
+    """Add ``part`` to ``sums[name]``: exactly, in any order, where ``exact`` (a ``float64`` input's); else as ``+``.
+
+    ``owned``: ``sums[name]`` is a tensor of this sum's own (made by an
+    earlier call), added to in place; the first term is held as it is (it
+    may be another sum's too: q, k and v share theirs). Returns whether
+    ``sums[name]`` is now a tensor of its own: pass it back as ``owned``.
+    """
     total = sums.get(name)
     if exact:
         total = sums[name] = ExactSum.of(total, part.shape, part.device, scratch)
         total.add(part)
-    elif isinstance(total, ExactSum):
+        return False
+    if isinstance(total, ExactSum):
         total.add(part.to(torch.float64))
+        return False
+    if total is None:
+        sums[name] = part
+        return False
+    if owned and total.dtype == torch.promote_types(total.dtype, part.dtype):
+        total.add_(part)  # (the bits of total + part, without a new tensor a term)
     else:
-        sums[name] = total + part if total is not None else part
+        sums[name] = total + part
+    return True
 
 
 def collector(
@@ -202,7 +216,10 @@ def collector(
     ordered or split between processes.
     """
 
+    owned = False  # whether sums[target.name] is a tensor of this hook's own, added to in place
+
     def hook(owner: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        nonlocal owned
         x = args[0] if args else kwargs.get("input")
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             got = f"dtype {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
@@ -218,7 +235,7 @@ def collector(
         if part is None:  # (q, k and v; gate and up share theirs: summed once)
             part = statistic.part(_rows(fn, target, x, current.tokens))
             current.record(x, target.feature_dim, part)
-        add_to(sums, target.name, part, x.dtype == torch.float64, scratch)
+        owned = add_to(sums, target.name, part, x.dtype == torch.float64, scratch, owned and target.name in sums)
         if x.dtype == torch.float64:
             wide.add(target.name)
 

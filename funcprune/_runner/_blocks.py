@@ -89,10 +89,14 @@ def step(
                 moved[local_name] = changed.get(full, moved[local_name])
                 weights[full] = moved[local_name]
         if advance:
+            # SparseGPT's new weights are 0 wherever pruned (an expert's slices pruned by magnitude are not):
+            # multiplying them by their masks would change no bit, and costs a pass and a copy of each
+            zeroed = type(method) is SparseGPT
+            applied = {n: m for n, m in these.items() if not (zeroed and prefix + n not in experts)}
             for b in range(len(held.hidden)):
                 call = _on(held.call(i, b), where)
                 with torch.no_grad():
-                    out = functional_call_masked(block, moved, these, call.args, call.kwargs, buffers=buffers)
+                    out = functional_call_masked(block, moved, applied, call.args, call.kwargs, buffers=buffers)
                 held.hidden[b] = hidden_of(fn, i, out).detach()
     except Exception as error:  # noqa: BLE001 (re-raised below, after the group has heard of it)
         if group is None:

@@ -731,8 +731,14 @@ def test_weights_fed_the_same_input_get_equal_results_that_share_no_memory(llama
     """Query, key and value projections see one input: it is summed once, and each gets its own tensor."""
     tiny = llama
     names = [f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkv"]
+    ids = tiny.args[0]
+    batches = [ids, ids[:, 1:], ids.flip(-1)]  # three: the first term held, then a sum of its own added to in place
     for fn in (fp.hessians, fp.input_norms):
-        got = fn(tiny.model, [tiny.args[0]], names)
+        got = fn(tiny.model, batches, names)
         assert torch.equal(got[names[0]], got[names[1]]) and torch.equal(got[names[0]], got[names[2]])
+        if fn is fp.hessians:  # (norms are the square roots of sums: not sums of the batches' norms)
+            terms = [fn(tiny.model, [b], names) for b in batches]  # the running sum's terms, in the same order
+            for name in names:
+                assert torch.equal(got[name], terms[0][name] + terms[1][name] + terms[2][name])
         got[names[0]].add_(1.0)
         assert not torch.equal(got[names[0]], got[names[1]])

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import funcprune as fp
 from funcprune import _native
+from funcprune._criteria import _sparsegpt
 from funcprune._native import _calls
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -293,3 +294,42 @@ def test_the_native_column_loop_runs_and_declines_what_it_does_not_take() -> Non
         assert _native.sparsegpt_block(*args) is None
         assert torch.equal(args[0], copy)
 
+
+
+# --- the factor of H⁻¹ by blocks of matrix products (from _BLOCKED_MIN columns) ---
+
+
+@pytest.mark.parametrize("cols", [512, 600, 1100])
+def test_the_blocked_factor_of_the_inverse_equals_lapacks(cols: int) -> None:
+    """Upper triangular, ``UᵀU = H⁻¹``, and LAPACK's factor (the path below ``_BLOCKED_MIN`` and under vmap), to
+    float64 rounding; panels that do not divide the size."""
+    _, _, h = layer(4, cols, 2 * cols, seed=cols)
+    h = h + cols * torch.eye(cols, dtype=torch.float64)
+    u, info = _sparsegpt._upper_factor_of_inverse(h.clone())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_sparsegpt, "_BLOCKED_MIN", 10**9)
+        lapack, lapack_info = _sparsegpt._upper_factor_of_inverse(h.clone())
+    assert int(info) == 0 and int(lapack_info) == 0
+    assert torch.equal(u, u.triu()) and bool((torch.diagonal(u) > 0).all()) and u.is_contiguous()
+    torch.testing.assert_close(u, lapack, rtol=0, atol=1e-12 * float(lapack.abs().max()))
+    torch.testing.assert_close(u.T @ u, torch.linalg.inv(h), rtol=0, atol=1e-12 * float(torch.linalg.inv(h).abs().max()))
+
+
+def test_the_blocked_factor_reports_a_matrix_not_positive_definite() -> None:
+    """A negative eigenvalue: a nonzero info from the blocked path, and sparsegpt's error on a layer that wide."""
+    _, _, h = layer(4, 600, 1200, seed=3)
+    h[300, 300] = -1.0  # (its leading minors go negative from row 300 of the reversed matrix's order)
+    _, info = _sparsegpt._upper_factor_of_inverse(h.clone())
+    assert int(info) != 0
+    w = torch.randn(4, 600, dtype=torch.float64)
+    with pytest.raises(ValueError, match="not positive definite"):
+        fp.sparsegpt({"w": w}, {"w": h}, fp.NM(2, 4))
+
+
+@pytest.mark.parametrize(("spec", "ref"), [(fp.NM(2, 4), {"nm": (2, 4)}), (fp.L1Unstructured(0.5), {"sparsity": 0.5})])
+def test_a_layer_past_the_blocked_size_equals_the_reference(spec: fp.Spec, ref: dict[str, object]) -> None:
+    w, _, h = layer(6, 640, 1280, seed=11, dead=2)
+    new, masks = fp.sparsegpt({"w": w}, {"w": h}, spec)
+    want_w, want_mask = reference_sparsegpt(w, h, blocksize=128, **ref)  # type: ignore[arg-type]
+    assert torch.equal(masks["w"], want_mask)
+    torch.testing.assert_close(new["w"], want_w, rtol=0, atol=1e-9)
