@@ -45,8 +45,6 @@ from ._hessians import ieee
 
 __all__ = ["sparsegpt"]
 
-#: One layer's pass: ``(weight, H) -> (new weight, kept mask, Cholesky failures)``.
-_Pass = Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
 _SPECS = "fp.L1Unstructured(fraction), fp.PerSlice(fp.L1Unstructured(fraction), dim=0) or fp.NM(n, m)"
 
 
@@ -160,8 +158,12 @@ def sparsegpt(
     dims = _check_input_dims(fn, input_dims)
     plan = {name: _oriented(fn, name, params, hessians[name], dims.get(name, -1), rule) for name in hessians}
     new, masks = dict(params), {}
+    factored: tuple[Tensor, _Factor] | None = None  # the last Hessian's factor: the next may be equal (q, k, v)
     for name, (weight, transposed) in plan.items():
-        kept, mask = _prune(fn, name, weight, hessians[name], rule, blocksize, float(percdamp))
+        h = hessians[name]
+        if factored is None or not _same(factored[0], h):
+            factored = (h, _factored(fn, name, h, weight, float(percdamp)))
+        kept, mask = _prune(fn, name, weight, factored[1], rule, blocksize)
         if transposed:
             kept, mask = kept.transpose(-1, -2), mask.transpose(-1, -2)
         new[name] = kept.to(params[name].dtype).contiguous()
@@ -233,24 +235,51 @@ def _oriented(fn: str, name: str, params: Params, h: object, dim: int, rule: _Ru
     return view, transposed
 
 
-def _prune(
-    fn: str, name: str, w: Tensor, h: Tensor, rule: _Rule, blocksize: int, percdamp: float
-) -> tuple[Tensor, Tensor]:
-    """One weight (or a stack of them, under vmap): ``(new weight, kept mask)``, both ``(..., out, in)``."""
+def _same(a: Tensor, b: Tensor) -> bool:
+    """Whether two Hessians are equal (then one factor serves both): the same tensor, or the same values."""
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b))
+
+
+#: A Hessian made ready: ``(U, dead, info)``, the upper Cholesky factor of the dampened ``H⁻¹``, the inputs
+#: that never carried a value, and the factorization's ``info`` (``0``: positive definite).
+_Factor = tuple[Tensor, Tensor, Tensor]
+
+
+def _factored(fn: str, name: str, h: Tensor, w: Tensor, percdamp: float) -> _Factor:
+    """``h`` (of the weight ``name``, or a stack of them) checked and factored (under vmap for a stack), in the
+    dtype ``w`` is pruned in."""
+    _check_finite(fn, name, h, "Hessian")
     dtype = torch.float64 if w.dtype == torch.float64 else torch.float32  # as the reference, float32 for narrower
-    if not _finite(w) or not _finite(h):
-        which = "weight" if not _finite(w) else "Hessian"
-        raise ValueError(f"{fn}: the {which} of {name!r} holds NaN or inf (an activation that overflowed its "
-                         "dtype?); SparseGPT needs finite ones")  # fmt: skip
-    with ieee(w.device):
-        layer = _layer(rule, blocksize, percdamp)
-        for _ in range(w.dim() - 2):
-            layer = torch.func.vmap(layer)
-        kept, mask, info = layer(w.detach().to(dtype), h.detach().to(dtype))
+    with ieee(h.device):
+        factor = _factor(percdamp)
+        for _ in range(h.dim() - 2):
+            factor = torch.func.vmap(factor)
+        u, dead, info = factor(h.detach().to(dtype))
     if bool((info != 0).any()):
         raise ValueError(f"{fn}: the Hessian of {name!r} is not positive definite after dampening by "
                          f"percdamp={percdamp}: raise percdamp")  # fmt: skip
-    return kept, mask
+    return u, dead, info
+
+
+def _prune(fn: str, name: str, w: Tensor, factored: _Factor, rule: _Rule, blocksize: int) -> tuple[Tensor, Tensor]:
+    """One weight (or a stack of them, under vmap): ``(new weight, kept mask)``, both ``(..., out, in)``.
+
+    ``factored``: its Hessian's, by :func:`_factored` (maybe made for another weight with an equal Hessian).
+    """
+    _check_finite(fn, name, w, "weight")
+    u, dead, _ = factored
+    dtype = u.dtype
+    with ieee(w.device):
+        solve = _solve(rule, blocksize)
+        for _ in range(w.dim() - 2):
+            solve = torch.func.vmap(solve)
+        return solve(w.detach().to(dtype), u, dead)
+
+
+def _check_finite(fn: str, name: str, t: Tensor, which: str) -> None:
+    if not _finite(t):
+        raise ValueError(f"{fn}: the {which} of {name!r} holds NaN or inf (an activation that overflowed its "
+                         "dtype?); SparseGPT needs finite ones")  # fmt: skip
 
 
 def _finite(t: Tensor) -> bool:
@@ -259,19 +288,25 @@ def _finite(t: Tensor) -> bool:
     return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
-def _layer(rule: _Rule, blocksize: int, percdamp: float) -> _Pass:
-    def run(w: Tensor, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        rows, cols = w.shape
+def _factor(percdamp: float) -> Callable[[Tensor], _Factor]:
+    def factor(h: Tensor) -> _Factor:
         # two (cols, cols) matrices live at most, besides the caller's h: each is dropped once the next is made
         h = h.clone()
         diagonal = torch.diagonal(h)
         dead = diagonal == 0
         diagonal.add_(dead.to(h.dtype))  # a zero diagonal: a zero row and column (H is PSD)
-        w = torch.where(dead, torch.zeros_like(w), w)
         diagonal.add_(percdamp * diagonal.mean())
         del diagonal
         u, info = _upper_factor_of_inverse(h)
-        del h
+        return u, dead, info
+
+    return factor
+
+
+def _solve(rule: _Rule, blocksize: int) -> Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]:
+    def solve(w: Tensor, u: Tensor, dead: Tensor) -> tuple[Tensor, Tensor]:
+        rows, cols = w.shape
+        w = torch.where(dead, torch.zeros_like(w), w)
         mask = torch.ones_like(w, dtype=torch.bool)
         for i1 in range(0, cols, blocksize):
             i2 = min(i1 + blocksize, cols)
@@ -284,9 +319,9 @@ def _layer(rule: _Rule, blocksize: int, percdamp: float) -> _Pass:
                 err1 = _columns(w, u, i1, i2, pruned, rule)
             mask[:, i1:i2] = ~pruned
             w[:, i2:] -= err1 @ u[i1:i2, i2:]
-        return w, mask, info
+        return w, mask
 
-    return run
+    return solve
 
 
 #: From this many columns, eagerly on the CPU, the factor of :func:`_upper_factor_of_inverse` is built by blocks

@@ -169,12 +169,16 @@ def _pruned(
     The built-in methods prune each weight from its own statistic alone (a
     weight's result does not depend on the others'), so they are called a
     weight at a time: what a call makes (Wanda's scores, the plan's
-    workspace, SparseGPT's copy) is one weight's at most, not the block's.
+    workspace, SparseGPT's copy) is one weight's at most, not the block's;
+    SparseGPT takes consecutive weights whose Hessians are equal (q, k and
+    v; gate and up) in one call, which factors that Hessian once.
     A method of your own gets the block's weights in one call, as
     :meth:`Method.prune` says.
     """
     plain = [n for n in names if n not in experts]
     calls = [[n] for n in plain] if isinstance(method, _SEPARABLE) else [plain]
+    if isinstance(method, SparseGPT):  # weights with equal Hessians (q, k, v; gate, up): one call, one factor
+        calls = _sharing(calls, statistics)
     new: dict[str, Tensor] = {}
     masks: dict[str, Tensor] = {}
     for some in calls:
@@ -225,6 +229,19 @@ def _pruned(
                     with torch.no_grad():
                         new[n][at] = got[n]
     return new, masks
+
+
+def _sharing(calls: list[list[str]], statistics: Mapping[str, Tensor]) -> list[list[str]]:
+    """``calls`` with each call of one name joined to the call before where their statistics are equal."""
+    joined: list[list[str]] = []
+    for some in calls:
+        if joined and len(some) == 1 and some[0] in statistics and joined[-1][-1] in statistics:
+            a, b = statistics[joined[-1][-1]], statistics[some[0]]
+            if a is b or (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)):
+                joined[-1] = [*joined[-1], *some]
+                continue
+        joined.append(list(some))
+    return joined
 
 
 def _on(call: Call, where: torch.device | None) -> Call:

@@ -333,3 +333,21 @@ def test_a_layer_past_the_blocked_size_equals_the_reference(spec: fp.Spec, ref: 
     want_w, want_mask = reference_sparsegpt(w, h, blocksize=128, **ref)  # type: ignore[arg-type]
     assert torch.equal(masks["w"], want_mask)
     torch.testing.assert_close(new["w"], want_w, rtol=0, atol=1e-9)
+
+
+def test_weights_with_equal_hessians_share_one_factor_and_give_what_they_give_alone() -> None:
+    """Consecutive weights whose Hessians are one tensor or equal ones (q, k, v) factor it once; the results are
+    those of one call per weight, bit for bit."""
+    w, _, h = layer(6, 32, 64, seed=12)
+    other = layer(5, 32, 64, seed=13)
+    params = {"q": w, "k": w[:3] * 2, "v": w[3:] - 1, "o": other[0]}
+    hessians = {"q": h, "k": h, "v": h.clone(), "o": other[2]}
+    made = []
+    real = _sparsegpt._upper_factor_of_inverse
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_sparsegpt, "_upper_factor_of_inverse", lambda m: made.append(m.shape) or real(m))
+        new, masks = fp.sparsegpt(params, hessians, fp.NM(2, 4))
+    assert len(made) == 2  # q, k and v's; o's
+    for name in params:
+        alone, alone_masks = fp.sparsegpt({name: params[name]}, {name: hessians[name]}, fp.NM(2, 4))
+        assert torch.equal(masks[name], alone_masks[name]) and torch.equal(new[name], alone[name])
