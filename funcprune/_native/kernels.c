@@ -1151,6 +1151,23 @@ typedef int32_t nm_lanes __attribute__((vector_size(32)));
 typedef uint8_t nm_bytes8 __attribute__((vector_size(8)));
 typedef uint8_t nm_bytes16 __attribute__((vector_size(16)));
 
+/* Eight 0/1 lanes written as eight bytes, narrowed in registers: AVX2 has no narrowing store
+ * (AVX-512's vpmovdb), and the compiler's own narrowing extracts each lane there. */
+#if defined(__AVX2__) && !defined(__AVX512F__)
+#include <immintrin.h>
+static inline void nm_store_flags8(uint8_t *out, const nm_lanes *flags) {
+    __m256i k;
+    memcpy(&k, flags, sizeof k);
+    __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
+    _mm_storel_epi64((__m128i *)out, _mm_packus_epi16(words, words));
+}
+#else
+static inline void nm_store_flags8(uint8_t *out, const nm_lanes *flags) {
+    nm_bytes8 bytes = __builtin_convertvector(*flags, nm_bytes8); /* 0 or 1, narrowed in registers */
+    memcpy(out, &bytes, sizeof bytes);
+}
+#endif
+
 static int64_t nm_groups_of_4_f32(const float *restrict x, const uint8_t *restrict e, int64_t len, int n,
                                   uint8_t *restrict kept) {
     /* round r: -1 in the lanes whose entry r further on (wrapping) has the higher index */
@@ -1179,8 +1196,8 @@ static int64_t nm_groups_of_4_f32(const float *restrict x, const uint8_t *restri
         nm_lanes minus_beaten = ((r1 > c) | ((r1 == c) & later1)) + ((r2 > c) | ((r2 == c) & later2)) +
                                 ((r3 > c) | ((r3 == c) & later3));
         nm_lanes keep = (minus_beaten > least) & (c != zero);
-        nm_bytes8 bytes = __builtin_convertvector(keep & one, nm_bytes8); /* 0 or 1, narrowed in registers */
-        memcpy(kept + i, &bytes, sizeof bytes);
+        keep &= one;
+        nm_store_flags8(kept + i, &keep);
     }
     return i;
 }

@@ -94,9 +94,10 @@ def test_nm_equals_todays_kernel(
      ((4096, 3), 0, 16), ((5, 64 * 3, 9), 1, 64), ((2, 48, 130), 1, 3)],
 )  # fmt: skip
 def test_the_kernel_on_larger_tensors_from_both_builds(
-    portable: ctypes.CDLL, shape: tuple[int, ...], dim: int, m: int, threads: int
+    portable: ctypes.CDLL, avx2: ctypes.CDLL | None, shape: tuple[int, ...], dim: int, m: int, threads: int
 ) -> None:
-    """Many runs and tiles a thread, vectors' tails; this CPU's build, the portable one, and torch's path."""
+    """Many runs and tiles a thread, vectors' tails; this CPU's build, the portable one, the AVX2 one (beside
+    AVX-512), and torch's path."""
     kinds = ((torch.float32, 2), (torch.float64, 1), (torch.float32, 0), (torch.bfloat16, 2), (torch.float16, 1))
     for dtype, kind in kinds:
         scores = values(shape, m, kind, dtype)
@@ -106,9 +107,12 @@ def test_the_kernel_on_larger_tensors_from_both_builds(
                 expected = n_m_reference(n, m, dim, scores, default)
                 with mode(True, threads):
                     assert torch.equal(fp.NM(n, m, dim).compute_mask(scores, default), expected)
-                    with _native.using(portable):
-                        fast = _native.n_m(scores, default, n, m, dim)
-                    assert fast is not None and torch.equal(fast, expected)
+                    for build in (portable, avx2):
+                        if build is None:
+                            continue
+                        with _native.using(build):
+                            fast = _native.n_m(scores, default, n, m, dim)
+                        assert fast is not None and torch.equal(fast, expected)
                 if dtype in (torch.float32, torch.bfloat16) and n == m // 2 and m <= _n_m.PORTABLE_MAX_M:
                     with mode(False, threads):
                         assert torch.equal(fp.NM(n, m, dim).compute_mask(scores, default), expected)
