@@ -290,15 +290,37 @@ def _finite(t: Tensor) -> bool:
 
 def _factor(percdamp: float) -> Callable[[Tensor], _Factor]:
     def factor(h: Tensor) -> _Factor:
-        # two (cols, cols) matrices live at most, besides the caller's h: each is dropped once the next is made
-        h = h.clone()
-        diagonal = torch.diagonal(h)
-        dead = diagonal == 0
-        diagonal.add_(dead.to(h.dtype))  # a zero diagonal: a zero row and column (H is PSD)
+        """``U`` with ``H⁻¹ = UᵀU``, upper triangular with a positive diagonal (the upper Cholesky factor of the
+        dampened ``H⁻¹``), row-major; the dead inputs; the factorization's ``info``.
+
+        With ``P`` the reversal of the indices and ``L`` the lower Cholesky factor of ``P H P``, ``H⁻¹ =
+        (P L⁻¹ P)ᵀ (P L⁻¹ P)``, and ``P L⁻¹ P`` is upper triangular with a positive diagonal: it is ``U``.
+        One factorization and one triangle's inverse, where the reference factors ``H``, inverts it from its
+        factor and factors the inverse (twice the operations). From :data:`_BLOCKED_MIN` columns, eagerly on
+        the CPU, both by blocks of matrix products; otherwise by LAPACK (under ``vmap`` too). Two ``(cols,
+        cols)`` matrices live at most besides the caller's ``h`` (and blocks of a quarter of that): each is
+        dropped once the next is made.
+        """
+        n = h.shape[-1]
+        r = h.flip(-1, -2)  # P H P: a copy of its own
+        diagonal = torch.diagonal(r)
+        dead_reversed = diagonal == 0
+        diagonal.add_(dead_reversed.to(r.dtype))  # a zero diagonal: a zero row and column (H is PSD)
         diagonal.add_(percdamp * diagonal.mean())
         del diagonal
-        u, info = _upper_factor_of_inverse(h)
-        return u, dead, info
+        if n < _BLOCKED_MIN or r.device.type != "cpu" or not is_concrete(r):
+            lower, info = torch.linalg.cholesky_ex(r)
+            del r
+            eye = torch.eye(n, dtype=lower.dtype, device=lower.device).expand_as(lower)
+            inverse = torch.linalg.solve_triangular(lower, eye, upper=False)
+            del lower
+        else:
+            failed = _cholesky_in_place(r)  # r becomes L
+            info = torch.tensor(failed, dtype=torch.int32)
+            inverse = r if failed else _inverse_of_lower(r)  # (a failure: the caller raises)
+            del r
+        u = inverse.flip(-1, -2)
+        return u, dead_reversed.flip(-1), info
 
     return factor
 
@@ -324,41 +346,11 @@ def _solve(rule: _Rule, blocksize: int) -> Callable[[Tensor, Tensor, Tensor], tu
     return solve
 
 
-#: From this many columns, eagerly on the CPU, the factor of :func:`_upper_factor_of_inverse` is built by blocks
-#: of matrix products: LAPACK's Cholesky factorization ran at a fifth of the matrix product's rate here (1 thread).
+#: From this many columns, eagerly on the CPU, :func:`_factor`'s factorization and inverse are made by blocks of
+#: matrix products: LAPACK's Cholesky factorization ran at a fifth of the matrix product's rate here (1 thread).
 _BLOCKED_MIN = 512
 #: Columns of a panel of the blocked Cholesky factorization, and of the smallest triangle inverted whole.
 _PANEL = 256
-
-
-def _upper_factor_of_inverse(h: Tensor) -> tuple[Tensor, Tensor]:
-    """``U``, upper triangular with a positive diagonal and ``H⁻¹ = UᵀU`` (the upper Cholesky factor of
-    ``H⁻¹``, row-major); and the factorization's ``info`` (``0``: ``h`` was positive definite). ``h`` is
-    consumed (overwritten).
-
-    With ``P`` the reversal of the indices and ``L`` the lower Cholesky factor of ``P H P``, ``H⁻¹ = (P L⁻¹
-    P)ᵀ (P L⁻¹ P)`` and ``P L⁻¹ P`` is upper triangular with a positive diagonal: it is ``U``. One
-    factorization and one triangle's inverse, where the reference factors ``H``, inverts it from its factor
-    and factors the inverse (twice the operations). From :data:`_BLOCKED_MIN` columns, eagerly on the CPU,
-    both are done by blocks of matrix products; otherwise by LAPACK (under ``vmap`` too). Two ``(cols,
-    cols)`` matrices live at most, besides blocks of a quarter of that.
-    """
-    n = h.shape[-1]
-    reversed_h = h.flip(-1, -2)
-    h.zero_()  # (the caller's copy: dropped; the flip is a copy of its own)
-    if n < _BLOCKED_MIN or h.device.type != "cpu" or not is_concrete(h):
-        lower, info = torch.linalg.cholesky_ex(reversed_h)
-        del reversed_h
-        eye = torch.eye(n, dtype=lower.dtype, device=lower.device).expand_as(lower)
-        inverse = torch.linalg.solve_triangular(lower, eye, upper=False)
-        del lower
-        return inverse.flip(-1, -2), info
-    info = _cholesky_in_place(reversed_h)
-    if info:
-        return reversed_h, torch.tensor(info)
-    inverse = _inverse_of_lower(reversed_h)
-    del reversed_h
-    return inverse.flip(-1, -2), torch.tensor(0)
 
 
 def _cholesky_in_place(a: Tensor) -> int:

@@ -305,10 +305,10 @@ def test_the_blocked_factor_of_the_inverse_equals_lapacks(cols: int) -> None:
     float64 rounding; panels that do not divide the size."""
     _, _, h = layer(4, cols, 2 * cols, seed=cols)
     h = h + cols * torch.eye(cols, dtype=torch.float64)
-    u, info = _sparsegpt._upper_factor_of_inverse(h.clone())
+    u, _, info = _sparsegpt._factor(0.0)(h)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_sparsegpt, "_BLOCKED_MIN", 10**9)
-        lapack, lapack_info = _sparsegpt._upper_factor_of_inverse(h.clone())
+        lapack, _, lapack_info = _sparsegpt._factor(0.0)(h)
     assert int(info) == 0 and int(lapack_info) == 0
     assert torch.equal(u, u.triu()) and bool((torch.diagonal(u) > 0).all()) and u.is_contiguous()
     torch.testing.assert_close(u, lapack, rtol=0, atol=1e-12 * float(lapack.abs().max()))
@@ -319,7 +319,7 @@ def test_the_blocked_factor_reports_a_matrix_not_positive_definite() -> None:
     """A negative eigenvalue: a nonzero info from the blocked path, and sparsegpt's error on a layer that wide."""
     _, _, h = layer(4, 600, 1200, seed=3)
     h[300, 300] = -1.0  # (its leading minors go negative from row 300 of the reversed matrix's order)
-    _, info = _sparsegpt._upper_factor_of_inverse(h.clone())
+    _, _, info = _sparsegpt._factor(0.0)(h)
     assert int(info) != 0
     w = torch.randn(4, 600, dtype=torch.float64)
     with pytest.raises(ValueError, match="not positive definite"):
@@ -343,9 +343,9 @@ def test_weights_with_equal_hessians_share_one_factor_and_give_what_they_give_al
     params = {"q": w, "k": w[:3] * 2, "v": w[3:] - 1, "o": other[0]}
     hessians = {"q": h, "k": h, "v": h.clone(), "o": other[2]}
     made = []
-    real = _sparsegpt._upper_factor_of_inverse
+    real = _sparsegpt._factor
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_sparsegpt, "_upper_factor_of_inverse", lambda m: made.append(m.shape) or real(m))
+        mp.setattr(_sparsegpt, "_factor", lambda percdamp: lambda m: made.append(m.shape) or real(percdamp)(m))
         new, masks = fp.sparsegpt(params, hessians, fp.NM(2, 4))
     assert len(made) == 2  # q, k and v's; o's
     for name in params:
