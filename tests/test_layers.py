@@ -50,7 +50,7 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._dtensor": BASE | {"funcprune._select", "funcprune._specs"},
     "funcprune._plans": BASE | {"funcprune._specs", "funcprune._dtensor"},
     "funcprune._targets": BASE,
-    "funcprune._criteria": BASE | {"funcprune._specs", "funcprune._dtensor"},
+    "funcprune._criteria": BASE | {"funcprune._native", "funcprune._specs", "funcprune._dtensor"},
     "funcprune._apply": BASE | {"funcprune._native", "funcprune._dtensor"},
     "funcprune._graph": BASE,
     "funcprune._structure": BASE | {"funcprune._targets", "funcprune._graph", "funcprune._payoff"},

@@ -380,7 +380,9 @@ def _inverse_of_lower(lower: Tensor) -> Tensor:
     inverted in turn down to :data:`_PANEL` columns (solved against the identity)."""
     n = lower.shape[0]
     if n <= _PANEL:
-        return torch.linalg.solve_triangular(lower, torch.eye(n, dtype=lower.dtype, device=lower.device), upper=False)
+        eye = torch.eye(n, dtype=lower.dtype, device=lower.device)
+        whole: Tensor = torch.linalg.solve_triangular(lower, eye, upper=False)
+        return whole
     half = (n // 2 + _PANEL - 1) // _PANEL * _PANEL
     out = torch.zeros_like(lower)
     a_inverse = _inverse_of_lower(lower[:half, :half])

@@ -20,6 +20,6 @@ from ._calls import ragged_keep as ragged_keep
 from ._calls import row_counts as row_counts
 from ._calls import rows_keep as rows_keep
 from ._calls import scan as scan
-from ._calls import sparsegpt_block as sparsegpt_block
 from ._calls import survivors as survivors
 from ._calls import threaded as threaded
+from ._sparsegpt import sparsegpt_block as sparsegpt_block

@@ -1,4 +1,4 @@
-"""Handing the memory freed with a streamed block back to the system."""
+"""Handing the memory freed with a block back to the system (the one-shot runs, in memory and streamed)."""
 
 from __future__ import annotations
 

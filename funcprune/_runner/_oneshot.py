@@ -17,6 +17,7 @@ from .._targets import input_dims
 from .._types import Tensor
 from ._blocks import UnroutedExpertsWarning, _at_once, _pruned, step
 from ._layers import Capture, find_layers
+from ._memory import trim
 from ._methods import Method, method_of
 from ._weights import check_groups, owl_specs, specs_of, weights_named
 
@@ -266,6 +267,7 @@ def oneshot(
                 new[full] = weights[full].to(params[full].device) if where is not None else weights[full]
             masks[full] = mask.to(params[full].device)
         del weights
+        trim()  # the block's workspace handed back: the next block's sizes do not all fit glibc's free pieces
     del held
     if outside:
         weights, more = _outside(fn, chosen_method, statistic, model, new, masks, outside, specs, dims, experts,

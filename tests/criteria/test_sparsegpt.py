@@ -342,10 +342,18 @@ def test_weights_with_equal_hessians_share_one_factor_and_give_what_they_give_al
     other = layer(5, 32, 64, seed=13)
     params = {"q": w, "k": w[:3] * 2, "v": w[3:] - 1, "o": other[0]}
     hessians = {"q": h, "k": h, "v": h.clone(), "o": other[2]}
-    made = []
+    made: list[tuple[int, ...]] = []
     real = _sparsegpt._factor
+
+    def counted(percdamp: float) -> Any:
+        def factor(m: Tensor) -> Any:
+            made.append(tuple(m.shape))
+            return real(percdamp)(m)
+
+        return factor
+
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_sparsegpt, "_factor", lambda percdamp: lambda m: made.append(m.shape) or real(percdamp)(m))
+        mp.setattr(_sparsegpt, "_factor", counted)
         new, masks = fp.sparsegpt(params, hessians, fp.NM(2, 4))
     assert len(made) == 2  # q, k and v's; o's
     for name in params:
