@@ -76,6 +76,55 @@ static inline double keep_or_inf_f64(double k, uint8_t eligible) {
     return k;
 }
 
+/* Where the compiler targets AVX2 (AVX-512 included): row b of lane_pack holds
+ * the lanes (of 8, 32-bit) set in b, first, then zeros; row b < 16 of
+ * lane_pack_pairs, the 32-bit halves of the lanes (of 4, 64-bit) set in b.
+ * Moving the lanes that pass a test to the front, as a compress store does,
+ * is one permutation by the row of their bits (the bracket's scan without
+ * AVX-512, the per-row selection's collecting pass). Filled when the
+ * library loads. */
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+static int32_t lane_pack[256][8], lane_pack_pairs[16][8];
+
+__attribute__((constructor)) static void lane_pack_fill(void) {
+    for (int b = 0; b < 256; b++) {
+        int f = 0;
+        for (int l = 0; l < 8; l++)
+            if (b >> l & 1) lane_pack[b][f++] = l;
+        while (f < 8) lane_pack[b][f++] = 0;
+    }
+    for (int b = 0; b < 16; b++) {
+        int f = 0;
+        for (int l = 0; l < 4; l++)
+            if (b >> l & 1) {
+                lane_pack_pairs[b][f++] = 2 * l;
+                lane_pack_pairs[b][f++] = 2 * l + 1;
+            }
+        while (f < 8) lane_pack_pairs[b][f++] = 0;
+    }
+}
+#define LANE_PACK ((const int32_t(*)[8])lane_pack)
+
+/* The sum of a vector's lanes: counts kept a lane each, added at the end of a pass. */
+static inline int64_t lanes_sum_epi32(__m256i v) {
+    int32_t lanes[8];
+    _mm256_storeu_si256((__m256i *)lanes, v);
+    int64_t total = 0;
+    for (int l = 0; l < 8; l++) total += lanes[l];
+    return total;
+}
+
+static inline int64_t lanes_sum_epi64(__m256i v) {
+    int64_t lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes, v);
+    return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+#else
+#define LANE_PACK ((const int32_t(*)[8])NULL)
+#endif
+
 /* The scan's inner step, 16 floats (8 doubles) at a time where the compiler
  * targets AVX-512, 8 (4) where it targets AVX2: adds the count below lo to
  * *below, stores the keys inside [lo, hi] at out + *found (a full vector's
@@ -83,8 +132,7 @@ static inline double keep_or_inf_f64(double k, uint8_t eligible) {
  * at (a multiple of the width; the caller finishes the rest). Elsewhere it
  * looks at none. Comparisons are ordered and quiet, as C's: NaN is neither
  * below nor inside. AVX2 has no compress store: the lanes inside are moved
- * to the front by a permutation looked up by their bits (scan_pack, filled
- * when the library loads). */
+ * to the front by a permutation looked up by their bits (lane_pack). */
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -130,30 +178,6 @@ static inline int64_t vector_scan_f64(const double *x, const uint8_t *e, int64_t
     return i;
 }
 #elif defined(__AVX2__)
-#include <immintrin.h>
-
-/* Row b: the lanes (32-bit) set in b, first; then, for 4 doubles, row b < 16
- * of scan_pack_pairs: the 32-bit halves of the doubles set in b, first. */
-static int32_t scan_pack[256][8], scan_pack_pairs[16][8];
-
-__attribute__((constructor)) static void scan_pack_fill(void) {
-    for (int b = 0; b < 256; b++) {
-        int f = 0;
-        for (int l = 0; l < 8; l++)
-            if (b >> l & 1) scan_pack[b][f++] = l;
-        while (f < 8) scan_pack[b][f++] = 0;
-    }
-    for (int b = 0; b < 16; b++) {
-        int f = 0;
-        for (int l = 0; l < 4; l++)
-            if (b >> l & 1) {
-                scan_pack_pairs[b][f++] = 2 * l;
-                scan_pack_pairs[b][f++] = 2 * l + 1;
-            }
-        while (f < 8) scan_pack_pairs[b][f++] = 0;
-    }
-}
-
 static inline int64_t vector_scan_f32(const float *x, const uint8_t *e, int64_t n, int absolute, float lo_,
                                       float hi_, float *out, int64_t *below, int64_t *found) {
     const __m256 lo = _mm256_set1_ps(lo_), hi = _mm256_set1_ps(hi_), inf = _mm256_set1_ps(INFINITY);
@@ -171,13 +195,11 @@ static inline int64_t vector_scan_f32(const float *x, const uint8_t *e, int64_t 
         count = _mm256_sub_epi32(count, _mm256_castps_si256(_mm256_cmp_ps(k, lo, _CMP_LT_OQ)));
         __m256 in = _mm256_and_ps(_mm256_cmp_ps(k, lo, _CMP_GE_OQ), _mm256_cmp_ps(k, hi, _CMP_LE_OQ));
         int bits = _mm256_movemask_ps(in);
-        __m256i order = _mm256_loadu_si256((const __m256i *)scan_pack[bits]);
+        __m256i order = _mm256_loadu_si256((const __m256i *)lane_pack[bits]);
         _mm256_storeu_ps(out + f, _mm256_permutevar8x32_ps(k, order));
         f += __builtin_popcount((unsigned)bits);
     }
-    int32_t lanes[8]; /* the caller passes at most 256 keys a call */
-    _mm256_storeu_si256((__m256i *)lanes, count);
-    for (int l = 0; l < 8; l++) *below += lanes[l];
+    *below += lanes_sum_epi32(count); /* (the caller passes at most 256 keys a call) */
     *found = f;
     return i;
 }
@@ -201,14 +223,12 @@ static inline int64_t vector_scan_f64(const double *x, const uint8_t *e, int64_t
         count = _mm256_sub_epi64(count, _mm256_castpd_si256(_mm256_cmp_pd(k, lo, _CMP_LT_OQ)));
         __m256d in = _mm256_and_pd(_mm256_cmp_pd(k, lo, _CMP_GE_OQ), _mm256_cmp_pd(k, hi, _CMP_LE_OQ));
         int bits = _mm256_movemask_pd(in);
-        __m256i order = _mm256_loadu_si256((const __m256i *)scan_pack_pairs[bits]);
+        __m256i order = _mm256_loadu_si256((const __m256i *)lane_pack_pairs[bits]);
         __m256i packed = _mm256_permutevar8x32_epi32(_mm256_castpd_si256(k), order);
         _mm256_storeu_si256((__m256i *)(out + f), packed);
         f += __builtin_popcount((unsigned)bits);
     }
-    int64_t lanes[4];
-    _mm256_storeu_si256((__m256i *)lanes, count);
-    for (int l = 0; l < 4; l++) *below += lanes[l];
+    *below += lanes_sum_epi64(count);
     *found = f;
     return i;
 }
@@ -749,9 +769,7 @@ static inline __attribute__((always_inline)) int64_t vector_bracket_f32(
         _mm256_storeu_si256((__m256i *)(inside + f), packed);
         f += __builtin_popcount((unsigned)in);
     }
-    int32_t lanes[8];
-    _mm256_storeu_si256((__m256i *)lanes, count);
-    for (int l = 0; l < 8; l++) *below += lanes[l];
+    *below += lanes_sum_epi32(count);
     *found = f;
     return i;
 }
@@ -781,13 +799,10 @@ static inline __attribute__((always_inline)) int64_t vector_fused_f32(
         memcpy(kept + i, &bytes, sizeof bytes);
         index = _mm256_add_epi32(index, eight);
     }
-    int32_t lanes[8];
-    _mm256_storeu_si256((__m256i *)lanes, count);
-    for (int l = 0; l < 8; l++) *below += lanes[l];
+    *below += lanes_sum_epi32(count);
     *found = f;
     return i;
 }
-#define ROW_PACK 1
 #else
 static inline int64_t vector_bracket_f32(const float *x, const uint8_t *e, int64_t n, int absolute,
                                          int32_t lo, int32_t hi, int32_t *inside, int64_t *below,
@@ -805,7 +820,6 @@ static inline int64_t vector_fused_f32(const float *x, const uint8_t *e, int64_t
         (void)kept, (void)below, (void)found, (void)pack;
     return 0;
 }
-#define ROW_PACK 0
 #endif
 
 static inline int64_t vector_bracket_f64(const double *x, const uint8_t *e, int64_t n, int absolute,
@@ -827,11 +841,10 @@ static inline int64_t vector_fused_f64(const double *x, const uint8_t *e, int64_
 
 /* A thread's scratch: for a row of up to `longest` keys, room for n + 8 codes
  * (and, from ROW_FUSE_MIN keys, as many indices and a copy of the codes), the
- * sample and a copy of it, and the vector pass's lane orders. */
+ * sample and a copy of it. */
 typedef struct {
     void *cand, *work, *sample;
     int32_t *where;
-    int32_t (*pack)[8];
 } RowScratch;
 
 static int row_scratch(RowScratch *s, int64_t longest, size_t width) {
@@ -841,14 +854,7 @@ static int row_scratch(RowScratch *s, int64_t longest, size_t width) {
     s->work = fuse ? malloc(room * width) : NULL;
     s->where = fuse ? malloc(room * sizeof(int32_t)) : NULL;
     s->sample = malloc(2 * ROW_SAMPLE_MAX * width);
-    s->pack = ROW_PACK ? malloc(256 * sizeof *s->pack) : NULL;
-    for (int b = 0; s->pack && b < 256; b++) { /* the lanes set in b, first */
-        int f = 0;
-        for (int l = 0; l < 8; l++)
-            if (b >> l & 1) s->pack[b][f++] = l;
-        while (f < 8) s->pack[b][f++] = 0;
-    }
-    return s->cand && s->sample && (!fuse || (s->work && s->where)) && (s->pack || !ROW_PACK);
+    return s->cand && s->sample && (!fuse || (s->work && s->where));
 }
 
 static void row_scratch_free(RowScratch *s) {
@@ -856,7 +862,6 @@ static void row_scratch_free(RowScratch *s) {
     free(s->work);
     free(s->where);
     free(s->sample);
-    free(s->pack);
 }
 
 #define ROWS_KEEP(NAME, RAGGED, T, C, CODE, CMAX, SELECT, VECTOR, FUSED)                 \
@@ -910,7 +915,7 @@ static void row_scratch_free(RowScratch *s) {
         int32_t *restrict where = sc->where;                                             \
         int64_t below = 0, found = 0, under, same;                                       \
         int64_t i = FUSED(x, e, n, absolute, lo, hi, cand, where, kept, &below, &found,  \
-                          (const int32_t(*)[8])sc->pack);                                \
+                          LANE_PACK);                                \
         for (; i < n; i++) {                                                             \
             C c = NAME##_code(x, e, i, absolute);                                        \
             below += c < lo;                                                             \
@@ -942,7 +947,7 @@ static void row_scratch_free(RowScratch *s) {
                 if (NAME##_fused(x, e, n, absolute, kk, lo, hi, sc, kept)) return;       \
             } else {                                                                     \
                 int64_t i = VECTOR(x, e, n, absolute, lo, hi, cand, &below, &found,      \
-                                   (const int32_t(*)[8])sc->pack);                       \
+                                   LANE_PACK);                       \
                 for (; i < n; i++) {                                                     \
                     C c = NAME##_code(x, e, i, absolute);                                \
                     below += c < lo;                                                     \
