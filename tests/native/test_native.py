@@ -35,32 +35,23 @@ _BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
 _EXAMPLES = max(1, settings().max_examples // 5)
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            return set(next((line for line in f if line.startswith("flags")), "").split())
-    except OSError:
-        return set()
-
-
-#: An AVX2 build differs from this CPU's own where that one uses AVX-512 (else it is the same build).
-AVX2_BESIDE_AVX512 = {"avx2", "avx512f"} <= _cpu_flags()
-
-
 @pytest.fixture(scope="module", params=["native", "portable", "x86-64-v3"])
-def kernels(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ctypes.CDLL]:
-    """The build for this CPU (the one in use), the portable build, the AVX2 build (beside AVX-512 only)."""
+def kernels(request: pytest.FixtureRequest) -> Iterator[ctypes.CDLL]:
+    """The build for this CPU (the one in use), then the session's portable and AVX2 builds (``tests/conftest.py``;
+    the AVX2 one beside AVX-512 only)."""
     if not HAVE_COMPILER:
         pytest.skip("no C compiler on this machine")
     if request.param == "native":
-        library, status = _build._cached()
+        built, status = _build._cached()
+        assert built is not None, status.detail
+        library: ctypes.CDLL = built
     elif request.param == "portable":
-        library, status = _native.open_library(tmp_path_factory.mktemp("portable"), portable=True)
-    elif not AVX2_BESIDE_AVX512:
-        pytest.skip("the AVX2 build is this CPU's own build here (or the CPU has no AVX2)")
+        library = request.getfixturevalue("portable")
     else:
-        library, status = _native.open_library(tmp_path_factory.mktemp("avx2"), portable=False, march="x86-64-v3")
-    assert library is not None, status.detail
+        avx2: ctypes.CDLL | None = request.getfixturevalue("avx2")
+        if avx2 is None:
+            pytest.skip("the AVX2 build is this CPU's own build here (or the CPU has no AVX2)")
+        library = avx2
     with _native.using(library):
         yield library
 
