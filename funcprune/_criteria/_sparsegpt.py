@@ -320,6 +320,8 @@ def _factor(percdamp: float) -> Callable[[Tensor], _Factor]:
             inverse = r if failed else _inverse_of_lower(r)  # (a failure: the caller raises)
             del r
         u = inverse.flip(-1, -2)
+        del inverse
+        u = u.contiguous()  # (LAPACK's results are column-major: rows, for the native column loop)
         return u, dead_reversed.flip(-1), info
 
     return factor

@@ -240,6 +240,10 @@ def test_half_precision_weights_are_pruned_in_float32_and_come_back_in_their_dty
          build="avx2", seed=6)  # a partial tile, two threads' tiles, the AVX2 build
 @example(rows=5, groups=1, spec=fp.NM(1, 4), blocksize=16, dtype=torch.float32, ties=True, dead=0, threads=1,
          build="portable", seed=7)
+@example(rows=17, groups=3, spec=fp.NM(1, 3), blocksize=48, dtype=torch.float32, ties=True, dead=1, threads=3,
+         build="native", seed=8)  # m = 3: steps of 15 columns, a group never split by one
+@example(rows=9, groups=3, spec=fp.NM(2, 6), blocksize=48, dtype=torch.float64, ties=False, dead=2, threads=1,
+         build="avx2", seed=9)  # m = 6: steps of 12
 def test_the_native_column_loop_gives_the_torch_loops_bits(
     rows: int, groups: int, spec: fp.Spec, blocksize: int, dtype: torch.dtype, ties: bool, dead: int, threads: int,
     build: str, seed: int, portable: ctypes.CDLL, avx2: ctypes.CDLL | None,
@@ -257,9 +261,19 @@ def test_the_native_column_loop_gives_the_torch_loops_bits(
     if ties:  # small integers over an equal diagonal: equal scores within groups, no update across columns
         w = torch.randint(-2, 3, w.shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
         h = 3 * torch.eye(cols, dtype=dtype)
+    ran: list[bool] = []  # whether each block's loop ran natively
+    kernel = _native.sparsegpt_block
+
+    def watched(*args: Any) -> Tensor | None:
+        err = kernel(*args)
+        ran.append(err is not None)
+        return err
+
     with pytest.MonkeyPatch.context() as mp, contextlib.nullcontext() if build == "native" else _native.using(library):
         mp.setattr(_calls, "_threads", lambda n: threads)
+        mp.setattr(_native, "sparsegpt_block", watched)
         native = fp.sparsegpt({"w": w}, {"w": h}, spec, blocksize=blocksize)
+    assert ran and all(ran)  # (else the torch loop was compared with itself)
     with _native.disabled():
         plain = fp.sparsegpt({"w": w}, {"w": h}, spec, blocksize=blocksize)
     assert torch.equal(native[1]["w"], plain[1]["w"])
