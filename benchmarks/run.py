@@ -378,7 +378,8 @@ def main() -> int:
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
         if args.march:
-            library, status = _native.open_library(Path(tempfile.mkdtemp()), portable=False, march=args.march)
+            where = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            library, status = _native.open_library(where, portable=False, march=args.march)
             if library is None:
                 print(f"--march {args.march}: {status.detail}", file=sys.stderr)
                 return 2

@@ -20,7 +20,9 @@ still running.
 The distributed tests' fixtures, one of each per test module that asks:
 ``mesh`` (a 1-D device mesh of this process alone, a gloo group of 1) and
 ``world2`` / ``world4`` (2 and 4 gloo processes, ``tests/_distributed.py``);
-and ``portable``, the native kernels built without ``-march=native``.
+``portable``, the native kernels built without ``-march=native``; and
+``avx2``, those built for AVX2 without AVX-512 (``None`` but beside
+AVX-512).
 """
 
 from __future__ import annotations
