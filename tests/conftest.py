@@ -128,12 +128,9 @@ def avx2(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL | None:
     """The native kernels built for AVX2 without AVX-512 (``x86-64-v3``), where this CPU has AVX-512 (else ``None``:
     the build in use is the AVX2 one already, or the CPU has no AVX2)."""
     from funcprune import _native
+    from funcprune._native import _build
 
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            flags = set(next((line for line in f if line.startswith("flags")), "").split())
-    except OSError:
-        return None
+    flags = set(_build._cpu_flags().split())  # (the line that keys the build cache)
     if not {"avx2", "avx512f"} <= flags or not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
         return None
     library, status = _native.open_library(tmp_path_factory.mktemp("avx2"), portable=False, march="x86-64-v3")

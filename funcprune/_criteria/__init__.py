@@ -31,4 +31,5 @@ from ._owl import owl_sparsity as owl_sparsity
 from ._scores import saliency as saliency
 from ._scores import taylor as taylor
 from ._scores import wanda as wanda
+from ._sparsegpt import same_hessians as same_hessians
 from ._sparsegpt import sparsegpt as sparsegpt

@@ -43,7 +43,7 @@ from .._types import Params, Tensor, is_dtensor
 from .._validate import is_concrete
 from ._hessians import ieee
 
-__all__ = ["sparsegpt"]
+__all__ = ["same_hessians", "sparsegpt"]
 
 _SPECS = "fp.L1Unstructured(fraction), fp.PerSlice(fp.L1Unstructured(fraction), dim=0) or fp.NM(n, m)"
 
@@ -161,7 +161,7 @@ def sparsegpt(
     factored: tuple[Tensor, _Factor] | None = None  # the last Hessian's factor: the next may be equal (q, k, v)
     for name, (weight, transposed) in plan.items():
         h = hessians[name]
-        if factored is None or not _same(factored[0], h):
+        if factored is None or not same_hessians(factored[0], h):
             factored = (h, _factored(fn, name, h, weight, float(percdamp)))
         kept, mask = _prune(fn, name, weight, factored[1], rule, blocksize)
         if transposed:
@@ -235,7 +235,7 @@ def _oriented(fn: str, name: str, params: Params, h: object, dim: int, rule: _Ru
     return view, transposed
 
 
-def _same(a: Tensor, b: Tensor) -> bool:
+def same_hessians(a: Tensor, b: Tensor) -> bool:
     """Whether two Hessians are equal (then one factor serves both): the same tensor, or the same values."""
     return a is b or (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b))
 

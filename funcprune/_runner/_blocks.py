@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .._apply import functional_call_masked
-from .._criteria import Call, Statistic, collect
+from .._criteria import Call, Statistic, collect, same_hessians
 from .._specs import Spec
 from .._types import Tensor
 from ._layers import Captured, hidden_of
@@ -178,7 +178,7 @@ def _pruned(
     plain = [n for n in names if n not in experts]
     calls = [[n] for n in plain] if isinstance(method, _SEPARABLE) else [plain]
     if isinstance(method, SparseGPT):  # weights with equal Hessians (q, k, v; gate, up): one call, one factor
-        calls = _sharing(calls, statistics)
+        calls, statistics = _sharing(calls, statistics)
     new: dict[str, Tensor] = {}
     masks: dict[str, Tensor] = {}
     for some in calls:
@@ -231,17 +231,23 @@ def _pruned(
     return new, masks
 
 
-def _sharing(calls: list[list[str]], statistics: Mapping[str, Tensor]) -> list[list[str]]:
-    """``calls`` with each call of one name joined to the call before where their statistics are equal."""
+def _sharing(
+    calls: list[list[str]], statistics: Mapping[str, Tensor]
+) -> tuple[list[list[str]], Mapping[str, Tensor]]:
+    """``calls`` with each call of one name joined to the call before where their Hessians are equal, and the
+    statistics with the joined names given the first one's tensor (``sparsegpt`` then sees one Hessian, without
+    comparing them again)."""
     joined: list[list[str]] = []
+    shared = dict(statistics)
     for some in calls:
-        if joined and len(some) == 1 and some[0] in statistics and joined[-1][-1] in statistics:
-            a, b = statistics[joined[-1][-1]], statistics[some[0]]
-            if a is b or (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)):
+        if joined and len(some) == 1 and some[0] in shared and joined[-1][-1] in shared:
+            before = shared[joined[-1][-1]]
+            if same_hessians(before, shared[some[0]]):
                 joined[-1] = [*joined[-1], *some]
+                shared[some[0]] = before
                 continue
         joined.append(list(some))
-    return joined
+    return joined, shared
 
 
 def _on(call: Call, where: torch.device | None) -> Call:
