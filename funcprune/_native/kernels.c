@@ -915,7 +915,7 @@ static void row_scratch_free(RowScratch *s) {
         int32_t *restrict where = sc->where;                                             \
         int64_t below = 0, found = 0, under, same;                                       \
         int64_t i = FUSED(x, e, n, absolute, lo, hi, cand, where, kept, &below, &found,  \
-                          LANE_PACK);                                \
+                          LANE_PACK);                                                    \
         for (; i < n; i++) {                                                             \
             C c = NAME##_code(x, e, i, absolute);                                        \
             below += c < lo;                                                             \
@@ -947,7 +947,7 @@ static void row_scratch_free(RowScratch *s) {
                 if (NAME##_fused(x, e, n, absolute, kk, lo, hi, sc, kept)) return;       \
             } else {                                                                     \
                 int64_t i = VECTOR(x, e, n, absolute, lo, hi, cand, &below, &found,      \
-                                   LANE_PACK);                       \
+                                   LANE_PACK);                                           \
                 for (; i < n; i++) {                                                     \
                     C c = NAME##_code(x, e, i, absolute);                                \
                     below += c < lo;                                                     \
