@@ -11,6 +11,7 @@ from torch import nn
 from .._apply import functional_call_masked
 from .._criteria import NORMS, Call, Statistic, calls, check_group, collect
 from .._expert_linears import expert_input_dims
+from .._payoff import pack_masks, unpack_masks
 from .._experts import routers
 from .._specs import Spec
 from .._targets import input_dims
@@ -249,7 +250,7 @@ def oneshot(
     if statistic is None:  # OWL's sparsities were all it needed the batches for
         return _at_once(fn, chosen_method, params, specs, dims, experts)
     new: dict[str, Tensor] = dict(params)
-    masks: dict[str, Tensor] = {}
+    packed: dict[str, Tensor] = {}  # the blocks' masks, a bit an entry until the last block is done
     last = max((i for i, here in enumerate(inside) if here), default=-1)
     for i, block in enumerate(layers.modules[: last + 1]):
         prefix = layers.prefix(i)
@@ -265,10 +266,12 @@ def oneshot(
                 new[full] = params[full]
             else:
                 new[full] = weights[full].to(params[full].device) if where is not None else weights[full]
-            masks[full] = mask.to(params[full].device)
-        del weights
+            packed.update(pack_masks({full: mask.to(params[full].device)}))
+        del weights, got
         trim()  # the block's workspace handed back: the next block's sizes do not all fit glibc's free pieces
     del held
+    masks = unpack_masks(packed)
+    del packed
     if outside:
         weights, more = _outside(fn, chosen_method, statistic, model, new, masks, outside, specs, dims, experts,
                                  kept_calls, group, inplace)  # fmt: skip

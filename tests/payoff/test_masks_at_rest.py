@@ -64,6 +64,20 @@ def test_bit_order_on_a_known_example() -> None:
     assert torch.equal(fp.unpack_masks(packed)["w"], mask)
 
 
+@pytest.mark.parametrize("offset", [0, 3, 8])
+def test_every_byte_packs_and_unpacks_as_its_weighted_bits(offset: int) -> None:
+    """All 256 groups of 8 entries, one per byte, against the definition (entry k weighs 2 ** (k % 8)); also from
+    a view that starts off a multiple of 8 entries, as a slice of a bigger mask does."""
+    groups = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool()
+    whole = torch.cat([torch.ones(offset, dtype=torch.bool), groups.reshape(-1), torch.tensor([True, False])])
+    mask = whole[offset:]
+    weights = torch.tensor([1 << k for k in range(8)], dtype=torch.int64)
+    expected = [*(groups.long() * weights).sum(dim=1).tolist(), 1]
+    packed = fp.pack_masks({"w": mask})
+    assert packed["w"].tolist() == expected
+    assert torch.equal(fp.unpack_masks(packed)["w"], mask)
+
+
 @given(st.lists(shapes, min_size=0, max_size=4), st.integers(0, 2**16), st.floats(0, 1))
 def test_pack_round_trip(mask_shapes: list[tuple[int, ...]], seed: int, p: float) -> None:
     masks = {f"m{i}.weight": random_mask(s, seed + i, p) for i, s in enumerate(mask_shapes)}
