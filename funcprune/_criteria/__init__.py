@@ -6,7 +6,8 @@ gathers the input norms of calibration batches (``input_norms``) and
 ``_hessians.py`` their ``XᵀX`` (``hessians``), both through one engine,
 ``collect`` (``_collect.py``: the calls of ``_calls.py``, the hooks of
 ``_hooks.py``), summed across processes where asked; ``_sparsegpt.py``
-and ``_owl.py`` prune and allocate from them. ``_moments.py`` collects the
+(reading ``H⁻¹`` through the factor of ``_inverse.py``) and ``_owl.py``
+prune and allocate from them. ``_moments.py`` collects the
 mean and variance of each input feature (``input_moments``) on the same
 engine, and ``_flap.py`` ranks by them and compensates with them (FLAP:
 ``fluctuation``, ``compensate``).
@@ -33,3 +34,4 @@ from ._scores import taylor as taylor
 from ._scores import wanda as wanda
 from ._sparsegpt import same_hessians as same_hessians
 from ._sparsegpt import sparsegpt as sparsegpt
+from ._sparsegpt import sparsegpt_consuming as sparsegpt_consuming

@@ -20,7 +20,7 @@ from .._types import Tensor
 from ._calls import Call
 from ._exact import FOLDS, ExactSum, Scratch, fold
 from ._hooks import (
-    ExpertTarget, Running, Statistic, Sum, Target, add_to, check_names, collector, expert_target_of,
+    ExpertTarget, Running, Statistic, Sum, Target, check_names, collector, expert_target_of,
     experts_collector, holder, target_of,
 )  # fmt: skip
 
@@ -42,6 +42,7 @@ def collect(
     experts: Mapping[str, int] | None = None,
     routed: dict[str, Tensor] | None = None,
     device: torch.device | None = None,
+    shared: bool = False,
 ) -> dict[str, Tensor]:
     """Sum ``statistic`` over every token reaching each named weight's module, in ``calls`` of ``module``.
 
@@ -73,6 +74,11 @@ def collect(
     included). ``device``: where the sums lie (where ``run`` runs the
     calls), for that ``all_reduce``'s buffer; default: the first weight's
     device.
+
+    ``shared``: weights that took the same statistic in every call (a
+    block's query, key and value projections) may be given one tensor (the
+    runner's, which then factors SparseGPT's Hessian once); by default each
+    gets its own.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__name__}")
@@ -86,7 +92,7 @@ def collect(
     sums: dict[str, Sum] = {}  # by weight name
     scratch = Scratch()  # the work tensors of the exact sums
     wide: set[str] = set()  # the weights that received a float64 input
-    current = Running()  # the call running: its real tokens, its last input seen
+    current = Running(sums)  # the call running: its real tokens, its last input seen, who takes it
     counts: dict[str, Tensor] = {}  # by stacked expert weight: tokens per expert
     handles = []
     try:
@@ -107,7 +113,7 @@ def collect(
     finally:
         for handle in handles:
             handle.remove()
-    out = _totals(fn, ran, targets, sums, wide, statistic)
+    out = _totals(fn, ran, targets, sums, wide, statistic, shared)
     out.update(_expert_totals(fn, expert_targets, sums, wide, statistic))
     if routed is not None:
         routed.update({t.name: counts[t.name] for t in expert_targets})
@@ -137,9 +143,11 @@ def _value(total: Sum) -> Tensor:
 
 
 def _totals(
-    fn: str, ran: int, targets: list[Target], sums: dict[str, Sum], wide: set[str], statistic: Statistic
+    fn: str, ran: int, targets: list[Target], sums: dict[str, Sum], wide: set[str], statistic: Statistic,
+    shared: bool = False,
 ) -> dict[str, Tensor]:
-    """The sums, once the calls ran and every target was called, in their result dtype and shape."""
+    """The sums, once the calls ran and every target was called, in their result dtype and shape; one tensor
+    each, unless ``shared``."""
     if not ran:
         raise ValueError(
             f"{fn}: no batches: batches was empty; pass at least one calibration batch"
@@ -160,7 +168,7 @@ def _totals(
         if statistic.finish is not None:
             total = statistic.finish(total)
         total = total.to(torch.float64 if wider else torch.float32)
-        if total.untyped_storage().data_ptr() in storages:  # shared with another weight's (the same input)
+        if not shared and total.untyped_storage().data_ptr() in storages:  # another weight's (the same input)
             total = total.clone()
         storages.add(total.untyped_storage().data_ptr())
         out[t.name] = total.reshape(t.shape) if total.dim() == 1 else total
@@ -304,7 +312,7 @@ def _run(run: Callable[[Call], object], calls: Iterable[Call], current: Running)
             for call in calls:
                 current.tokens = call.tokens
                 run(call)
-                current.forget()
+                current.end_call()
                 ran += 1
         finally:
             current.tokens = None

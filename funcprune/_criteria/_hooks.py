@@ -14,7 +14,7 @@ the tokens routed to it alone.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, final
 
 import torch
@@ -26,7 +26,7 @@ from .._types import Tensor, is_conv1d
 from ._exact import ExactSum, Scratch
 
 __all__ = [
-    "ExpertTarget", "Running", "Statistic", "Sum", "Target", "add_to", "check_names", "collector", "expert_target_of",
+    "ExpertTarget", "Running", "Statistic", "Sum", "Target", "add_exact", "check_names", "collector", "expert_target_of",
     "experts_collector", "holder", "target_of", "token_rows",
 ]  # fmt: skip
 
@@ -50,6 +50,9 @@ class Statistic:
     linear_only: bool
     narrow_in_float64: bool
     finish: Callable[[Tensor], Tensor] | None = None
+    #: ``part`` returns a tensor of its own (not a view of its rows): a running sum may start as it and be
+    #: added to in place from the second term (else the first term is held as it is).
+    fresh: bool = True
 
 
 @final
@@ -125,23 +128,45 @@ def target_of(fn: str, module: nn.Module, name: str, statistic: Statistic) -> Ta
 
 @dataclass(slots=True)
 class Running:
-    """The call running: its real tokens, and the last input a hook summed with what it gave.
+    """The call running: its real tokens, the last input a hook summed with what it gave, and who takes it.
 
     Modules fed the same input tensor in one call (a block's query, key and
     value projections) share its statistic instead of computing it again,
     as long as the tensor was not changed in place in between (``x +=
     fc1(x)``, ``relu_()``, through a view of it): its version counter,
     recorded with the statistic, tells (:meth:`reuses`).
+
+    Their running sums are shared too (:meth:`flush`): a statistic is added
+    once every module that takes it is known (when the next statistic is
+    taken, and at the end of the call), once per sum tensor: names whose
+    sums are one tensor and that take the same statistic keep one tensor.
+    Each name's sum has the bits of its own ordered sum (the first term,
+    then ``total + part`` in place, or as a new tensor where the first is
+    not a tensor of its own or is another name's too), and a name whose statistic
+    differs once gets a tensor of its own from then on. The exact sums of
+    ``float64`` inputs are added at once, a name at a time.
     """
 
+    sums: dict[str, Sum] = field(default_factory=dict)
     tokens: Tensor | None = None
     seen: Tensor | None = None
     version: int = 0
     dim: int = 0
     part: Tensor | None = None
+    #: The statistic waiting to be added, whether it is a tensor of its own, and the names that took it.
+    pending: Tensor | None = None
+    fresh: bool = False
+    takers: list[str] = field(default_factory=list)
+    #: The names whose sum is a tensor :meth:`flush` made (``total + part``): it may add to it in place.
+    owned: set[str] = field(default_factory=set)
 
     def forget(self) -> None:
         self.seen = self.part = None
+
+    def end_call(self) -> None:
+        """The call is over: its last statistic added, the input seen forgotten."""
+        self.flush()
+        self.forget()
 
     def reuses(self, x: Tensor, dim: int) -> Tensor | None:
         """The statistic summed for ``x`` (features in ``dim``) if ``x`` is unchanged since, else ``None``."""
@@ -157,6 +182,41 @@ class Running:
             self.forget()
         else:
             self.seen, self.version, self.dim, self.part = x, version, dim, part
+
+    def take(self, name: str, part: Tensor, fresh: bool) -> None:
+        """``name`` takes ``part`` (``fresh``: a tensor of its own), added with the other takers' by
+        :meth:`flush` (the statistic waiting is added first where ``part`` is another)."""
+        if part is not self.pending or name in self.takers:  # (a module called twice on one input: two terms)
+            self.flush()
+            self.pending, self.fresh = part, fresh
+        self.takers.append(name)
+
+    def flush(self) -> None:
+        """Add the statistic waiting to the sums of the names that took it, once per sum tensor."""
+        part, takers, sums = self.pending, self.takers, self.sums
+        self.pending, self.takers = None, []
+        if part is None:
+            return
+        groups: dict[int, list[str]] = {}
+        for name in takers:
+            groups.setdefault(id(sums.get(name)), []).append(name)
+        for group in groups.values():
+            total = sums.get(group[0])
+            if isinstance(total, ExactSum):  # (a name that had a float64 input before: its own exact sum)
+                total.add(part.to(torch.float64))
+                continue
+            if (total is not None and total is not part and all(n in self.owned for n in group)
+                    and total.dtype == torch.promote_types(total.dtype, part.dtype)
+                    and not any(t is total for n, t in sums.items() if n not in group)):  # fmt: skip
+                total.add_(part)  # (the bits of total + part, without a new tensor a term)
+                continue
+            made = part if total is None else total + part
+            for name in group:
+                sums[name] = made
+                if total is None and not self.fresh:  # (a view of the rows: held as it is)
+                    self.owned.discard(name)
+                else:
+                    self.owned.add(name)
 
 
 def _version(x: Tensor) -> int | None:
@@ -174,30 +234,12 @@ def _version(x: Tensor) -> int | None:
 Sum = Tensor | ExactSum
 
 
-def add_to(sums: dict[str, Sum], name: str, part: Tensor, exact: bool, scratch: Scratch, owned: bool = False) -> bool:
-    """Add ``part`` to ``sums[name]``: exactly, in any order, where ``exact`` (a ``float64`` input's); else as ``+``.
-
-    ``owned``: ``sums[name]`` is a tensor of this sum's own (made by an
-    earlier call), added to in place; the first term is held as it is (it
-    may be another sum's too: q, k and v share theirs). Returns whether
-    ``sums[name]`` is now a tensor of its own: pass it back as ``owned``.
-    """
-    total = sums.get(name)
-    if exact:
-        total = sums[name] = ExactSum.of(total, part.shape, part.device, scratch)
-        total.add(part)
-        return False
-    if isinstance(total, ExactSum):
-        total.add(part.to(torch.float64))
-        return False
-    if total is None:
-        sums[name] = part
-        return False
-    if owned and total.dtype == torch.promote_types(total.dtype, part.dtype):
-        total.add_(part)  # (the bits of total + part, without a new tensor a term)
-    else:
-        sums[name] = total + part
-    return True
+def add_exact(sums: dict[str, Sum], name: str, part: Tensor, scratch: Scratch) -> None:
+    """Add the ``float64`` ``part`` to ``sums[name]``, an :class:`~._exact.ExactSum` (made, holding the running
+    sum of another dtype as one term, where it is not one yet): the same bits in any order. The other sums are
+    added by :meth:`Running.flush`."""
+    total = sums[name] = ExactSum.of(sums.get(name), part.shape, part.device, scratch)
+    total.add(part)
 
 
 def collector(
@@ -216,10 +258,7 @@ def collector(
     ordered or split between processes.
     """
 
-    owned = False  # whether sums[target.name] is a tensor of this hook's own, added to in place
-
     def hook(owner: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        nonlocal owned
         x = args[0] if args else kwargs.get("input")
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             got = f"dtype {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
@@ -235,9 +274,11 @@ def collector(
         if part is None:  # (q, k and v; gate and up share theirs: summed once)
             part = statistic.part(_rows(fn, target, x, current.tokens))
             current.record(x, target.feature_dim, part)
-        owned = add_to(sums, target.name, part, x.dtype == torch.float64, scratch, owned and target.name in sums)
         if x.dtype == torch.float64:
+            add_exact(sums, target.name, part, scratch)  # (the same bits in any order: added now)
             wide.add(target.name)
+        else:
+            current.take(target.name, part, statistic.fresh)  # (added with the other takers' once all are known)
 
     return hook
 

@@ -40,10 +40,11 @@ from .. import _native
 from .._names import check_params, unknown_name
 from .._specs import NM, L1Unstructured, PerSlice, Spec
 from .._types import Params, Tensor, is_dtensor
-from .._validate import is_concrete
 from ._hessians import ieee
+from . import _inverse
+from ._inverse import Factor as _Factor
 
-__all__ = ["same_hessians", "sparsegpt"]
+__all__ = ["same_hessians", "sparsegpt", "sparsegpt_consuming"]
 
 _SPECS = "fp.L1Unstructured(fraction), fp.PerSlice(fp.L1Unstructured(fraction), dim=0) or fp.NM(n, m)"
 
@@ -156,13 +157,46 @@ def sparsegpt(
     if isinstance(percdamp, bool) or not isinstance(percdamp, (int, float)) or not 0 <= percdamp < math.inf:
         raise ValueError(f"{fn}: percdamp must be a finite real number >= 0, got {percdamp!r}")
     dims = _check_input_dims(fn, input_dims)
+    return _pruned(fn, params, hessians, rule, blocksize, float(percdamp), dims, consume=False)
+
+
+def sparsegpt_consuming(
+    params: Params,
+    hessians: Mapping[str, Tensor],
+    spec: Spec,
+    *,
+    blocksize: int = 128,
+    percdamp: float = 0.01,
+    input_dims: Mapping[str, int] | None = None,
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """:func:`sparsegpt`, whose Hessians the caller gives up (the runner's own sums): each may be overwritten
+    by its factor, which then needs no ``(in, in)`` copy of its own. Weights share a factor where their Hessians
+    are one tensor (an overwritten Hessian equals no other)."""
+    fn = "sparsegpt"
+    rule = _rule(fn, spec)
+    return _pruned(fn, params, hessians, rule, blocksize, float(percdamp), _check_input_dims(fn, input_dims),
+                   consume=True)  # fmt: skip
+
+
+def _pruned(
+    fn: str,
+    params: Params,
+    hessians: Mapping[str, Tensor],
+    rule: _Rule,
+    blocksize: int,
+    percdamp: float,
+    dims: Mapping[str, int],
+    *,
+    consume: bool,
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The weights of ``hessians`` pruned, checked arguments: ``(new params, masks)`` (see :func:`sparsegpt`)."""
     plan = {name: _oriented(fn, name, params, hessians[name], dims.get(name, -1), rule) for name in hessians}
     new, masks = dict(params), {}
     factored: tuple[Tensor, _Factor] | None = None  # the last Hessian's factor: the next may be equal (q, k, v)
     for name, (weight, transposed) in plan.items():
         h = hessians[name]
-        if factored is None or not same_hessians(factored[0], h):
-            factored = (h, _factored(fn, name, h, weight, float(percdamp)))
+        if factored is None or not (factored[0] is h if consume else same_hessians(factored[0], h)):
+            factored = (h, _factored(fn, name, h, weight, percdamp, consume))
         kept, mask = _prune(fn, name, weight, factored[1], rule, blocksize)
         if transposed:
             kept, mask = kept.transpose(-1, -2), mask.transpose(-1, -2)
@@ -240,18 +274,13 @@ def same_hessians(a: Tensor, b: Tensor) -> bool:
     return a is b or (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b))
 
 
-#: A Hessian made ready: ``(U, dead, info)``, the upper Cholesky factor of the dampened ``H⁻¹``, the inputs
-#: that never carried a value, and the factorization's ``info`` (``0``: positive definite).
-_Factor = tuple[Tensor, Tensor, Tensor]
-
-
-def _factored(fn: str, name: str, h: Tensor, w: Tensor, percdamp: float) -> _Factor:
+def _factored(fn: str, name: str, h: Tensor, w: Tensor, percdamp: float, consume: bool = False) -> _Factor:
     """``h`` (of the weight ``name``, or a stack of them) checked and factored (under vmap for a stack), in the
-    dtype ``w`` is pruned in."""
+    dtype ``w`` is pruned in; ``consume``: ``h`` may be overwritten (see :func:`~._inverse.factor`)."""
     _check_finite(fn, name, h, "Hessian")
     dtype = torch.float64 if w.dtype == torch.float64 else torch.float32  # as the reference, float32 for narrower
     with ieee(h.device):
-        factor = _factor(percdamp)
+        factor = _inverse.factor(percdamp, consume)
         for _ in range(h.dim() - 2):
             factor = torch.func.vmap(factor)
         u, dead, info = factor(h.detach().to(dtype))
@@ -288,45 +317,6 @@ def _finite(t: Tensor) -> bool:
     return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
-def _factor(percdamp: float) -> Callable[[Tensor], _Factor]:
-    def factor(h: Tensor) -> _Factor:
-        """``U`` with ``H⁻¹ = UᵀU``, upper triangular with a positive diagonal (the upper Cholesky factor of the
-        dampened ``H⁻¹``), row-major; the dead inputs; the factorization's ``info``.
-
-        With ``P`` the reversal of the indices and ``L`` the lower Cholesky factor of ``P H P``, ``H⁻¹ =
-        (P L⁻¹ P)ᵀ (P L⁻¹ P)``, and ``P L⁻¹ P`` is upper triangular with a positive diagonal: it is ``U``.
-        One factorization and one triangle's inverse, where the reference factors ``H``, inverts it from its
-        factor and factors the inverse (twice the operations). From :data:`_BLOCKED_MIN` columns, eagerly on
-        the CPU, both by blocks of matrix products; otherwise by LAPACK (under ``vmap`` too). Two ``(cols,
-        cols)`` matrices live at most besides the caller's ``h`` (and blocks of a quarter of that): each is
-        dropped once the next is made.
-        """
-        n = h.shape[-1]
-        r = h.flip(-1, -2)  # P H P: a copy of its own
-        diagonal = torch.diagonal(r)
-        dead_reversed = diagonal == 0
-        diagonal.add_(dead_reversed.to(r.dtype))  # a zero diagonal: a zero row and column (H is PSD)
-        diagonal.add_(percdamp * diagonal.mean())
-        del diagonal
-        if n < _BLOCKED_MIN or r.device.type != "cpu" or not is_concrete(r):
-            lower, info = torch.linalg.cholesky_ex(r)
-            del r
-            eye = torch.eye(n, dtype=lower.dtype, device=lower.device).expand_as(lower)
-            inverse = torch.linalg.solve_triangular(lower, eye, upper=False)
-            del lower
-        else:
-            failed = _cholesky_in_place(r)  # r becomes L
-            info = torch.tensor(failed, dtype=torch.int32)
-            inverse = r if failed else _inverse_of_lower(r)  # (a failure: the caller raises)
-            del r
-        u = inverse.flip(-1, -2)
-        del inverse
-        u = u.contiguous()  # (LAPACK's results are column-major: rows, for the native column loop)
-        return u, dead_reversed.flip(-1), info
-
-    return factor
-
-
 def _solve(rule: _Rule, blocksize: int) -> Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]:
     def solve(w: Tensor, u: Tensor, dead: Tensor) -> tuple[Tensor, Tensor]:
         rows, cols = w.shape
@@ -346,53 +336,6 @@ def _solve(rule: _Rule, blocksize: int) -> Callable[[Tensor, Tensor, Tensor], tu
         return w, mask
 
     return solve
-
-
-#: From this many columns, eagerly on the CPU, :func:`_factor`'s factorization and inverse are made by blocks of
-#: matrix products: LAPACK's Cholesky factorization ran at a fifth of the matrix product's rate here (1 thread).
-_BLOCKED_MIN = 512
-#: Columns of a panel of the blocked Cholesky factorization, and of the smallest triangle inverted whole.
-_PANEL = 256
-
-
-def _cholesky_in_place(a: Tensor) -> int:
-    """``a`` (symmetric) overwritten by its lower Cholesky factor, a panel of :data:`_PANEL` columns at a time
-    (its upper triangle zeroed); LAPACK's ``info``: ``0``, or the order of the first minor not positive
-    definite."""
-    n = a.shape[0]
-    for k in range(0, n, _PANEL):
-        e = min(k + _PANEL, n)
-        diagonal, info = torch.linalg.cholesky_ex(a[k:e, k:e])
-        if int(info):
-            return k + int(info)
-        a[k:e, k:e] = diagonal
-        if e == n:
-            break
-        panel = torch.linalg.solve_triangular(diagonal.mT, a[e:, k:e], upper=True, left=False)  # A21 L11⁻ᵀ
-        a[e:, k:e] = panel
-        for j in range(e, n, _PANEL):  # the trailing matrix's lower blocks: A22 -= L21 L21ᵀ
-            f = min(j + _PANEL, n)
-            a[j:, j:f] -= panel[j - e :] @ panel[j - e : f - e].mT
-    a.tril_()
-    return 0
-
-
-def _inverse_of_lower(lower: Tensor) -> Tensor:
-    """``L⁻¹`` of a lower triangular ``L``: ``[[A, 0], [B, C]]⁻¹ = [[A⁻¹, 0], [-C⁻¹ B A⁻¹, C⁻¹]]``, halves
-    inverted in turn down to :data:`_PANEL` columns (solved against the identity)."""
-    n = lower.shape[0]
-    if n <= _PANEL:
-        eye = torch.eye(n, dtype=lower.dtype, device=lower.device)
-        whole: Tensor = torch.linalg.solve_triangular(lower, eye, upper=False)
-        return whole
-    half = (n // 2 + _PANEL - 1) // _PANEL * _PANEL
-    out = torch.zeros_like(lower)
-    a_inverse = _inverse_of_lower(lower[:half, :half])
-    out[:half, :half] = a_inverse
-    c_inverse = _inverse_of_lower(lower[half:, half:])
-    out[half:, half:] = c_inverse
-    out[half:, :half] = -(c_inverse @ (lower[half:, :half] @ a_inverse))
-    return out
 
 
 def _columns(w: Tensor, u: Tensor, i1: int, i2: int, pruned: Tensor, rule: _Rule) -> Tensor:

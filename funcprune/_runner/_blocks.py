@@ -24,6 +24,7 @@ from .._criteria import Call, Statistic, collect, same_hessians
 from .._specs import Spec
 from .._types import Tensor
 from ._layers import Captured, hidden_of
+from ._memory import trim
 from ._methods import Magnitude, Method, SparseGPT, Wanda, prune_with
 
 if TYPE_CHECKING:
@@ -164,7 +165,9 @@ def _pruned(
     reached are pruned by magnitude to the same spec, with a
     :class:`UnroutedExpertsWarning`. ``inplace``: each new weight is
     written into its tensor in ``weights`` as soon as it is made, and
-    returned as that tensor.
+    returned as that tensor. ``statistics`` are the caller's own (what
+    ``collect`` made for this call): SparseGPT overwrites each Hessian with
+    its factor.
 
     The built-in methods prune each weight from its own statistic alone (a
     weight's result does not depend on the others'), so they are called a
@@ -181,9 +184,10 @@ def _pruned(
         calls, statistics = _sharing(calls, statistics)
     new: dict[str, Tensor] = {}
     masks: dict[str, Tensor] = {}
-    for some in calls:
+    for some in calls:  # (the statistics are collect's, made for this call: SparseGPT may consume them)
         got, more = prune_with(fn, method, {n: weights[n] for n in some}, {n: statistics[n] for n in some if n in
-                               statistics}, {n: specs[n] for n in some}, _dims_of(some, dims))  # fmt: skip
+                               statistics}, {n: specs[n] for n in some}, _dims_of(some, dims),
+                               consume=True)  # fmt: skip
         masks.update(more)
         for n, t in got.items():
             if inplace:
@@ -308,7 +312,8 @@ def _prune_block(
     stacked = {n[len(prefix) :]: experts[n] for n in names if n in experts}
     counts: dict[str, Tensor] = {}
     sums = collect(fn, block, block_calls, local, statistic, across=group, run=_runner(block, params, buffers, where),
-                   experts=stacked, routed=counts, device=where)  # fmt: skip
+                   experts=stacked, routed=counts, device=where, shared=True)  # fmt: skip
+    trim()  # (the calls' workspace handed back before the pruning's is made)
     weights = {prefix + n: params[n] for n in local}
     statistics = {prefix + n: s for n, s in sums.items()}
     routed = {prefix + n: c for n, c in counts.items()}

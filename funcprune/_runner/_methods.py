@@ -22,7 +22,7 @@ from typing import Literal, final
 
 import torch
 
-from .._criteria import GRAMS, NORMS, Statistic, sparsegpt, wanda
+from .._criteria import GRAMS, NORMS, Statistic, sparsegpt, sparsegpt_consuming, wanda
 from .._plans import Plan
 from .._specs import Spec
 from .._types import Tensor
@@ -305,12 +305,25 @@ class SparseGPT(Method):
         input_dims: Mapping[str, int],
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """SparseGPT's new weights and masks, the weights of each spec pruned by one call."""
+        return self._prune(weights, statistics, specs, input_dims, consume=False)
+
+    def _prune(
+        self,
+        weights: Mapping[str, Tensor],
+        statistics: Mapping[str, Tensor],
+        specs: Mapping[str, Spec],
+        input_dims: Mapping[str, int],
+        *,
+        consume: bool,
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """:meth:`prune`; ``consume``: the statistics are the runner's own, each may become its factor."""
         masks: dict[str, Tensor] = {}
         new: dict[str, Tensor] = {}
+        call = sparsegpt_consuming if consume else sparsegpt
         for spec in dict.fromkeys(specs.values()):
             group = [n for n in specs if specs[n] == spec]
-            updated, more = sparsegpt(dict(weights), {n: statistics[n] for n in group}, spec,
-                                      blocksize=self.blocksize, percdamp=self.percdamp, input_dims=input_dims)  # fmt: skip
+            updated, more = call(dict(weights), {n: statistics[n] for n in group}, spec, blocksize=self.blocksize,
+                                 percdamp=self.percdamp, input_dims=input_dims)  # fmt: skip
             new.update({n: updated[n] for n in group})
             masks.update(more)
         return new, {n: masks[n] for n in specs}
@@ -353,10 +366,16 @@ def prune_with(
     input_dims: Mapping[str, int],
     *,
     experts: bool = False,
+    consume: bool = False,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """``method.prune`` (``experts``: ``method.prune_experts``, on stacked expert weights) on the weights
-    detached, its result checked: ``(new weights, masks)``, masks in order."""
+    detached, its result checked: ``(new weights, masks)``, masks in order. ``consume``: the statistics are
+    the caller's own, given up: the built-in SparseGPT overwrites each Hessian with its factor instead of
+    copying it."""
     weights = {n: w.detach() for n, w in weights.items()}
+    if consume and not experts and isinstance(method, SparseGPT):
+        return _checked(f"{fn}: SparseGPT.prune", weights, method._prune(weights, statistics, specs, input_dims,
+                                                                          consume=True))  # fmt: skip
     call = method.prune_experts if experts else method.prune
     return _checked(f"{fn}: {type(method).__name__}.{call.__name__}", weights, call(weights, statistics, specs, input_dims))
 

@@ -309,6 +309,71 @@ def test_an_unchanged_input_is_summed_once_a_changed_one_again(monkeypatch: pyte
     fp.input_norms(InPlace("add_").eval(), [randn(3, 4, seed=11)], IN_PLACE_NAMES)
     assert len(made) == 3  # fc1; fc2 and fc3 after the change (shared); fc4 after the second change
 
+
+class Parting(nn.Module):
+    """``fc1``, ``fc2`` and ``fc3`` on one input, which is changed in place before the layer ``parts_at``
+    (``"fc2"``, ``"fc3"``, or ``""``: none) in the calls whose batch's first row starts with a positive value."""
+
+    def __init__(self, parts_at: str) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = (nn.Linear(4, 4) for _ in range(3))
+        self.parts_at = parts_at
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.clone()
+        parts = bool(x.reshape(-1, 4)[0, 0] > 0)
+        out: Tensor = self.fc1(h)
+        for name in ("fc2", "fc3"):
+            if parts and self.parts_at == name:
+                h.mul_(2.0)
+            out = out + getattr(self, name)(h)
+        return out
+
+
+@pytest.mark.parametrize("parts_at", ["fc2", "fc3"])
+@pytest.mark.parametrize("pattern", ["+--+-", "-+-++", "--+--", "+++--"], ids=lambda p: p.replace("+", "P"))
+def test_sums_shared_while_the_input_is_shared_give_each_weight_its_own_ordered_sum_bit_for_bit(
+    parts_at: str, pattern: str
+) -> None:
+    """The runner's sharing (``shared=True``: q, k and v keep one running sum while every call feeds them one
+    input): each weight's sum has the bits of the left fold of its own ``xᵀx`` terms, in float32, however the
+    calls part its input from the others' (``+``: this call changes the input before ``parts_at``) and join it
+    again; weights that took the same terms in every call get one tensor, and by default each its own."""
+    from funcprune._criteria import GRAMS, calls, collect
+
+    torch.manual_seed(0)
+    model = Parting(parts_at).eval()
+    batches = [randn(2, 3, 4, seed=i).abs() * (1 if sign == "+" else -1) for i, sign in enumerate(pattern)]
+    names = ["fc1.weight", "fc2.weight", "fc3.weight"]
+    seen = inputs_of(model, names, batches)
+    got = collect("hessians", model, calls("hessians", batches), names, GRAMS, shared=True)
+    for name in names:
+        terms = [x.reshape(-1, 4).T @ x.reshape(-1, 4) for x in seen[name]]
+        folded = terms[0]
+        for term in terms[1:]:
+            folded = folded + term
+        assert torch.equal(got[name], folded), name
+    alike = {name: [torch.equal(a, b) for a, b in zip(seen[name], seen["fc1.weight"], strict=True)] for name in names}
+    for name in names[1:]:
+        assert (got[name] is got["fc1.weight"]) == all(alike[name]), (name, alike[name])
+    alone = fp.hessians(model, batches, names)
+    assert len({t.untyped_storage().data_ptr() for t in alone.values()}) == 3
+    assert all(torch.equal(alone[n], got[n]) for n in names)
+
+
+def test_a_first_term_that_is_a_view_of_the_input_is_never_added_to_in_place() -> None:
+    """A statistic may return a view of its rows, and the rows of a batch that reaches a layer unchanged are a
+    view of the caller's tensor: the sum holds that first term as it is, and adds to a tensor of its own."""
+    from funcprune._criteria import Statistic, calls, collect
+
+    first_row = Statistic(lambda rows: rows[0], lambda f: (f,), linear_only=True, narrow_in_float64=False, fresh=False)
+    model = nn.Linear(4, 2)
+    batches = [randn(1, 4, seed=i) for i in range(3)]
+    before = [b.clone() for b in batches]
+    got = collect("first rows", model, calls("first rows", batches), ["weight"], first_row)
+    assert all(torch.equal(a, b) for a, b in zip(batches, before, strict=True))
+    torch.testing.assert_close(got["weight"], sum(b[0] for b in before))
+
 # --- transformers: GPT-2's Conv1D, Llama's Linears ---------------------------------------------
 
 
@@ -742,3 +807,28 @@ def test_weights_fed_the_same_input_get_equal_results_that_share_no_memory(llama
                 assert torch.equal(got[name], terms[0][name] + terms[1][name] + terms[2][name])
         got[names[0]].add_(1.0)
         assert not torch.equal(got[names[0]], got[names[1]])
+
+
+class Twice(nn.Module):
+    """``fc`` called twice on one unchanged input, then ``other`` on it once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.other = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.fc(x) + self.fc(x) + self.other(x)
+        return out
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_module_called_twice_on_one_input_counts_it_twice(shared: bool) -> None:
+    """The statistic made once for the input counts once per call of the module, also where sums are shared."""
+    from funcprune._criteria import GRAMS, calls, collect
+
+    model = Twice().eval()
+    batches = [randn(3, 4, seed=i) for i in range(3)]
+    got = collect("hessians", model, calls("hessians", batches), ["fc.weight", "other.weight"], GRAMS, shared=shared)
+    once = gram(batches)
+    torch.testing.assert_close(got["fc.weight"].double(), 2 * once, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got["other.weight"].double(), once, rtol=1e-5, atol=1e-5)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import funcprune as fp
 from funcprune import _native
-from funcprune._criteria import _sparsegpt
+from funcprune._criteria import _inverse, _sparsegpt
 from funcprune._native import _calls
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -319,10 +319,10 @@ def test_the_blocked_factor_of_the_inverse_equals_lapacks(cols: int) -> None:
     float64 rounding; panels that do not divide the size."""
     _, _, h = layer(4, cols, 2 * cols, seed=cols)
     h = h + cols * torch.eye(cols, dtype=torch.float64)
-    u, _, info = _sparsegpt._factor(0.0)(h)
+    u, _, info = _inverse.factor(0.0)(h)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_sparsegpt, "_BLOCKED_MIN", 10**9)
-        lapack, _, lapack_info = _sparsegpt._factor(0.0)(h)
+        mp.setattr(_inverse, "_BLOCKED_MIN", 10**9)
+        lapack, _, lapack_info = _inverse.factor(0.0)(h)
     assert int(info) == 0 and int(lapack_info) == 0
     assert torch.equal(u, u.triu()) and bool((torch.diagonal(u) > 0).all()) and u.is_contiguous()
     torch.testing.assert_close(u, lapack, rtol=0, atol=1e-12 * float(lapack.abs().max()))
@@ -333,7 +333,7 @@ def test_the_blocked_factor_reports_a_matrix_not_positive_definite() -> None:
     """A negative eigenvalue: a nonzero info from the blocked path, and sparsegpt's error on a layer that wide."""
     _, _, h = layer(4, 600, 1200, seed=3)
     h[300, 300] = -1.0  # (its leading minors go negative from row 300 of the reversed matrix's order)
-    _, _, info = _sparsegpt._factor(0.0)(h)
+    _, _, info = _inverse.factor(0.0)(h)
     assert int(info) != 0
     w = torch.randn(4, 600, dtype=torch.float64)
     with pytest.raises(ValueError, match="not positive definite"):
@@ -357,19 +357,69 @@ def test_weights_with_equal_hessians_share_one_factor_and_give_what_they_give_al
     params = {"q": w, "k": w[:3] * 2, "v": w[3:] - 1, "o": other[0]}
     hessians = {"q": h, "k": h, "v": h.clone(), "o": other[2]}
     made: list[tuple[int, ...]] = []
-    real = _sparsegpt._factor
+    real = _inverse.factor
 
-    def counted(percdamp: float) -> Any:
+    def counted(percdamp: float, consume: bool = False) -> Any:
         def factor(m: Tensor) -> Any:
             made.append(tuple(m.shape))
-            return real(percdamp)(m)
+            return real(percdamp, consume)(m)
 
         return factor
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_sparsegpt, "_factor", counted)
+        mp.setattr(_inverse, "factor", counted)
         new, masks = fp.sparsegpt(params, hessians, fp.NM(2, 4))
     assert len(made) == 2  # q, k and v's; o's
     for name in params:
         alone, alone_masks = fp.sparsegpt({name: params[name]}, {name: hessians[name]}, fp.NM(2, 4))
         assert torch.equal(masks[name], alone_masks[name]) and torch.equal(new[name], alone[name])
+
+
+@pytest.mark.parametrize("piece", [7, 1 << 18])
+@pytest.mark.parametrize("cols", [1, 5, 512, 515])
+def test_the_reversal_in_place_is_the_flip_of_both_dims(cols: int, piece: int) -> None:
+    """``P t P`` in place, by pieces swapped from both ends (a last piece shorter, an odd middle entry kept)."""
+    t = torch.randn(cols, cols, generator=torch.Generator().manual_seed(cols))
+    want = t.flip(0, 1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_inverse, "_PIECE", piece)
+        _inverse._reverse_in_place(t)
+    assert torch.equal(t, want)
+
+
+@pytest.mark.parametrize("cols", [64, 600])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_consuming_call_gives_the_pure_call_s_bits_and_overwrites_only_its_own_hessians(
+    cols: int, dtype: torch.dtype
+) -> None:
+    """The runner's call (its own sums given up: each may become its factor) against ``fp.sparsegpt``: the same
+    weights and masks bit for bit, below and past the blocked size; the pure call leaves its Hessians as they
+    were; weights share a factor only where their Hessians are one tensor (an overwritten one equals no other)."""
+    w, _, h = layer(6, cols, 2 * cols, seed=cols, dead=1)
+    w, h = w.to(dtype), h.to(dtype)
+    params = {"q": w, "k": w * 2, "v": w - 1, "o": w.flip(1)}
+    given = {"q": h.clone(), "k": h.clone(), "v": h.clone(), "o": h.clone()}
+    pure, pure_masks = fp.sparsegpt(params, given, fp.NM(2, 4))
+    assert all(torch.equal(t, h) for t in given.values())
+    own = h.clone()
+    consumed = {"q": own, "k": own, "v": h.clone(), "o": h.clone()}
+    made: list[int] = []
+    real = _inverse.factor
+
+    def counted(percdamp: float, consume: bool = False) -> Any:
+        assert consume
+
+        def factor(m: Tensor) -> Any:
+            made.append(1)
+            return real(percdamp, consume)(m)
+
+        return factor
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_inverse, "factor", counted)
+        new, masks = _sparsegpt.sparsegpt_consuming(params, consumed, fp.NM(2, 4))
+    assert len(made) == 3  # q and k's one tensor; v's equal one; o's
+    for name in params:
+        assert torch.equal(masks[name], pure_masks[name]) and torch.equal(new[name], pure[name]), name
+    if cols >= _inverse._BLOCKED_MIN:
+        assert not torch.equal(own, h)  # (overwritten by its factor: no copy was made)
