@@ -24,7 +24,6 @@ __all__ = ["Factor", "factor"]
 Factor = tuple[Tensor, Tensor, Tensor]
 
 
-
 def factor(percdamp: float, consume: bool = False) -> Callable[[Tensor], Factor]:
     def made(h: Tensor) -> Factor:
         """``U`` with ``H⁻¹ = UᵀU``, upper triangular with a positive diagonal (the upper Cholesky factor of the
@@ -37,7 +36,7 @@ def factor(percdamp: float, consume: bool = False) -> Callable[[Tensor], Factor]
         the CPU, both by blocks of matrix products, in place, and the reversals too: one ``(cols, cols)``
         matrix lives besides the caller's ``h`` (and products of a quarter of it), and none where ``consume``
         gives ``h`` up (it becomes ``U``). Otherwise by LAPACK (under ``vmap`` too): two at most, each dropped
-        once the next is made. The bits are the same either way.
+        once the next is made. ``consume`` changes no bit of the result.
         """
         n = h.shape[-1]
         blocked = n >= _BLOCKED_MIN and h.device.type == "cpu" and is_concrete(h)

@@ -40,8 +40,8 @@ from .. import _native
 from .._names import check_params, unknown_name
 from .._specs import NM, L1Unstructured, PerSlice, Spec
 from .._types import Params, Tensor, is_dtensor
-from ._hessians import ieee
 from . import _inverse
+from ._hessians import ieee
 from ._inverse import Factor as _Factor
 
 __all__ = ["same_hessians", "sparsegpt", "sparsegpt_consuming"]
