@@ -105,8 +105,9 @@ def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
         raise ValueError(f"{fn}: cannot follow the channels through {e}") from None
     atoms = walk.atoms
     roots = atoms.roots()
+    by_atoms = atoms.related()
     for name, node in walk.read_directly.items():  # a parameter read as a value: its channels stay
-        for by_index in atoms.related().get(name, {}).values():
+        for by_index in by_atoms.get(name, {}).values():
             for group in by_index.values():
                 for atom in group:
                     atoms.blocked.setdefault(atom, f"{node} reads {name!r} directly")
@@ -115,12 +116,16 @@ def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
         made.setdefault(roots[atom], []).extend(slices)
     related: dict[str, dict[int, dict[int, frozenset[int]]]] = {}
     own: dict[int, dict[tuple[str, int], list[int]]] = {}  # own_indices', made in the same pass
-    for t, dims in atoms.related().items():
+    of_group: dict[frozenset[int], frozenset[int]] = {}  # each group of atoms' roots, made once (many indices share it)
+    for t, dims in by_atoms.items():
         related[t] = by_dim = {}
         for d, by in dims.items():
             by_dim[d] = by_index = {}
             for i, group in by.items():
-                by_index[i] = groups = frozenset([roots[a] for a in group])
+                groups = of_group.get(group)
+                if groups is None:
+                    groups = of_group[group] = frozenset([roots[a] for a in group])
+                by_index[i] = groups
                 if len(groups) == 1:
                     (single,) = groups
                     own.setdefault(single, {}).setdefault((t, d), []).append(i)
