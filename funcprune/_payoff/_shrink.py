@@ -402,7 +402,7 @@ def _probe(
     """How a probe's copy of ``module`` without ``groups`` (``masks`` closed over them) fails the check, or ``None``."""
     removed = sorted(set(groups))
     keep, closed = removing(analysis, masks, removed, sizes)
-    small, _ = built(module, analysis, keep, closed, removed, probe=True)
+    small, _ = built(module, analysis, keep, closed, removed, probe=True, masked=set(masks))
     return mismatch(small, analysis.inputs, Later(lambda: masked_outputs(analysis, closed)))  # (none if it raises)
 
 

@@ -11,7 +11,7 @@ them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 import torch
@@ -66,18 +66,22 @@ def masked_run(module: nn.Module, masks: Mapping[str, Tensor], inputs: Inputs, r
 
 def built(
     module: nn.Module, analysis: Analysis, keep: Mapping[str, Mapping[int, list[int]]], closed: Masks,
-    removed: Sequence[int], *, probe: bool = False,
+    removed: Sequence[int], *, probe: bool = False, masked: Set[str] | None = None,
 ) -> tuple[nn.Module, Record]:  # fmt: skip
     """A copy of ``module`` without ``removed`` (``keep``), the closure applied; and the size attributes that changed.
 
-    A ``probe`` (a copy only run and thrown away) shares ``module``'s
-    parameters and buffers instead of copying them, and gets new tensors
-    where the masks zero entries: a 1B model's trial costs what it changes.
+    A ``probe`` (a copy only run and thrown away, and checked) shares
+    ``module``'s parameters and buffers instead of copying them, and gets
+    new tensors where the masks zero entries that stay: only the tensors
+    ``masked`` names (those of the masks the closure was made from; all of
+    ``closed`` if ``None``), since the closure adds zeros only at the
+    indices that go, which the copy cuts. A 1B model's trial costs what it
+    changes.
     """
     sharing = [*module.parameters(), *module.buffers()] if probe else []
     result = copy_module("shrink", module, sharing=sharing)
     if probe:
-        zeroed_(result, closed)
+        zeroed_(result, closed if masked is None else {n: m for n, m in closed.items() if n in masked})
     else:
         zero_pruned_(result, closed)
     return result, resize_modules(result, keep, analysis, set(removed))

@@ -1129,3 +1129,27 @@ def test_a_size_spelled_out_for_many_channels_costs_a_few_builds(monkeypatch: py
     small: Any = check_equal_outputs(model, masks, torch.randn(2, 3, 8, 8), kept=r"'conv' keeps 256 \(removing them changes")
     assert (small.conv.out_channels, small.side.out_channels) == (512, 32)
     assert len(builds) <= 16  # propagate and shrink: a check and a few probes each (it was 500 builds and more each)
+
+
+def test_a_probe_zeroes_only_the_tensors_the_masks_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The closure adds zeros only at the indices a probe's copy cuts: structure's trial (no masks) copies no
+    tensor to zero it, and shrink's search zeroes only what its masks prune; what they decide is unchanged."""
+    from funcprune._payoff import _smaller
+
+    zeroed: list[set[str]] = []
+    real = _smaller.zeroed_
+
+    def spied(module: nn.Module, masks: dict[str, Tensor]) -> None:
+        zeroed.append(set(masks))
+        real(module, masks)
+
+    monkeypatch.setattr(_smaller, "zeroed_", spied)
+    model = seeded(SpelledWide())
+    with pytest.warns(fp.UnitsLeftOutWarning, match="'conv' .* removing one changes"):
+        s = fp.structure(model, torch.randn(2, 3, 8, 8))
+    assert zeroed and all(not names for names in zeroed)
+    assert "side" in s and "conv" not in s  # (conv's removal changes a size the code spells out: its trial fails)
+    zeroed.clear()
+    masks = half_channels(model, ["conv.weight", "side.weight"])
+    check_equal_outputs(model, masks, torch.randn(2, 3, 8, 8), kept=r"'conv' keeps 256 \(removing them changes")
+    assert zeroed and all(names <= set(masks) for names in zeroed)
