@@ -143,7 +143,11 @@ def narrowed(
     fn: str, module: nn.Module, masks: Mapping[str, Tensor], analysis: Analysis,
     channels: Sequence[int] | None = None,
 ) -> Narrowed:  # fmt: skip
-    """``module`` without the hidden channels ``masks`` prune (or ``channels``, a trial), where that is exact."""
+    """``module`` without the hidden channels ``masks`` prune (or ``channels``, a trial), where that is exact.
+
+    The masks returned with the smaller model are ``masks`` cut to the channels kept (a trial's own masks,
+    which prune only the channels cut, are left out: cut, they prune nothing).
+    """
     shapes = {name: tuple(p.shape) for name, p in module.named_parameters()}
     hidden = hidden_of(analysis, shapes)
     if hidden is None:
@@ -151,6 +155,7 @@ def narrowed(
     gone = list(channels) if channels is not None else pruned_channels(hidden, masks)
     if not gone:
         return Narrowed(module, dict(masks))
+    given = masks
     if channels is not None:  # a trial: the masks prune those channels in every member
         masks = {**masks, **_pruning(hidden, module, gone, masks)}
     d, kept = hidden.size, [i for i in range(hidden.size) if i not in set(gone)]
@@ -178,7 +183,8 @@ def narrowed(
         if reason is not None:
             return Narrowed(module, dict(masks), why=reason)
         model = rebuilt
-    sliced = {name: _sliced(mask, keep.get(name, {})) for name, mask in masks.items()}
+    # (a trial's own masks prune only the channels cut: sliced, they would prune nothing, and are left out)
+    sliced = {name: _sliced(mask, keep.get(name, {})) for name, mask in masks.items() if name in given}
     probe = copy_module(fn, model, sharing=[*model.parameters(), *model.buffers()])
     zeroed_(probe, sliced)
     failure = mismatch(probe, analysis.inputs, reference, float64=_FLOAT32_INSIDE)

@@ -176,3 +176,32 @@ def test_stacked_experts_keep_hidden_widths_torch_cannot_run() -> None:
     assert any("the hidden channels that the masks prune entirely stay" in m and "16 bytes" in m for m in said), said
     assert small.config.hidden_size == 32
     torch.testing.assert_close(logits(small, x), masked_logits(t.model, masks, x), atol=1e-5, rtol=1e-5)
+
+
+def test_the_hidden_size_s_trial_cuts_no_mask_and_shrink_cuts_the_masks_it_was_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """structure's trial of one hidden channel prunes it in every member and checks the copy without it; its own
+    masks, cut to the channels kept, would prune nothing: none is cut (a copy of every member's mask, saved).
+    shrink still cuts every mask it was given, and its smaller model computes the masked one."""
+    from funcprune._payoff import _hidden
+
+    cut: list[tuple[int, ...]] = []
+    real = _hidden._sliced
+
+    def spied(mask: torch.Tensor, dims: Any) -> torch.Tensor:
+        cut.append(tuple(mask.shape))
+        return real(mask, dims)
+
+    monkeypatch.setattr(_hidden, "_sliced", spied)
+    torch.manual_seed(0)
+    model = Tiny(6, 5, 2, False).double().eval()
+    ids = torch.randint(0, 11, (2, 6))
+    s = _structure(model, ids)
+    assert s["hidden"].size == 6 and not cut
+    masks = fp.structured(s, fp.LnStructured(2, n=2), kinds="hidden")(dict(model.named_parameters()))
+    small = fp.shrink(model, masks, ids)
+    assert len(cut) == len(masks) and small.embed.weight.shape == (11, 4)
+    with torch.no_grad():
+        want = fp.functional_call_masked(model, dict(model.named_parameters()), masks, ids)
+        torch.testing.assert_close(small(ids), want, atol=1e-12 * float(want.abs().max()), rtol=0)
