@@ -1153,3 +1153,26 @@ def test_a_probe_zeroes_only_the_tensors_the_masks_name(monkeypatch: pytest.Monk
     masks = half_channels(model, ["conv.weight", "side.weight"])
     check_equal_outputs(model, masks, torch.randn(2, 3, 8, 8), kept=r"'conv' keeps 256 \(removing them changes")
     assert zeroed and all(names <= set(masks) for names in zeroed)
+
+
+@pytest.mark.parametrize("shape", [(), (0, 3), (1,), (7,), (5, 9), (3, 4, 5)])
+@pytest.mark.parametrize("pruned", [0, 1, 3])
+def test_keeps_all_and_zeroed_are_all_and_masked_fill(shape: tuple[int, ...], pruned: int) -> None:
+    """The masked model's shortcuts: ``keeps_all`` is ``mask.all()`` (contiguous or not, empty, 0-d), and ``zeroed``
+    gives ``masked_fill(~mask, 0.0)``'s bits (``+0.0`` over ``-1.0``, ``nan`` and ``-inf``)."""
+    from funcprune._payoff._smaller import keeps_all, zeroed
+
+    g = torch.Generator().manual_seed(sum(shape) + pruned)
+    mask = torch.ones(shape, dtype=torch.bool)
+    if mask.numel():
+        flat = mask.view(-1)
+        flat[torch.randperm(flat.numel(), generator=g)[: min(pruned, flat.numel())]] = False
+    w = torch.randn(shape, generator=g)
+    if w.numel() >= 3:
+        w.view(-1)[:3] = torch.tensor([float("nan"), -1.0, float("-inf")])
+    for m, t in ((mask, w), (mask.mT, w.mT) if mask.dim() >= 2 else (mask, w)):
+        assert keeps_all(m) == bool(m.all())
+        want = t.masked_fill(~m, 0.0)
+        got = zeroed(t, m)
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+        assert torch.equal(got.signbit(), want.signbit())
