@@ -40,11 +40,11 @@ def factor(percdamp: float, consume: bool = False) -> Callable[[Tensor], Factor]
         """
         n = h.shape[-1]
         blocked = n >= _BLOCKED_MIN and h.device.type == "cpu" and is_concrete(h)
-        if blocked:
-            r = h if consume and h.is_contiguous() else h.clone(memory_format=torch.contiguous_format)
-            _reverse_in_place(r)  # P H P
+        if blocked and consume and h.is_contiguous():
+            r = h
+            _reverse_in_place(r)  # P H P, in the Hessian given up
         else:
-            r = h.flip(-1, -2)  # P H P: a copy of its own
+            r = h.flip(-1, -2).contiguous()  # P H P: a copy of its own, row-major (a strided h's flip is not)
         diagonal = torch.diagonal(r)
         dead_reversed = diagonal == 0
         diagonal.add_(dead_reversed.to(r.dtype))  # a zero diagonal: a zero row and column (H is PSD)

@@ -423,3 +423,14 @@ def test_a_consuming_call_gives_the_pure_call_s_bits_and_overwrites_only_its_own
         assert torch.equal(masks[name], pure_masks[name]) and torch.equal(new[name], pure[name]), name
     if cols >= _inverse._BLOCKED_MIN:
         assert not torch.equal(own, h)  # (overwritten by its factor: no copy was made)
+
+
+def test_a_strided_hessian_past_the_blocked_size_gives_its_contiguous_copy_s_bits() -> None:
+    """A Hessian that is a transposed view (symmetric, so the same values) takes the blocked path as its
+    row-major copy does: the same weights and masks, bit for bit, and the native column loop still runs."""
+    w, _, h = layer(6, 600, 1200, seed=21, dead=1)
+    strided = h.T.contiguous().T  # (the same values, column-major)
+    assert not strided.is_contiguous()
+    want, want_masks = fp.sparsegpt({"w": w}, {"w": h.contiguous()}, fp.NM(2, 4))
+    got, got_masks = fp.sparsegpt({"w": w}, {"w": strided}, fp.NM(2, 4))
+    assert torch.equal(got_masks["w"], want_masks["w"]) and torch.equal(got["w"], want["w"])
