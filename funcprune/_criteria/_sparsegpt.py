@@ -144,20 +144,7 @@ def sparsegpt(
     tensor([[1.0000, 0.0000],
             [0.0000, 2.0990]])
     """
-    fn = "sparsegpt"
-    check_params(fn, params)
-    if not isinstance(hessians, Mapping):
-        raise TypeError(f"{fn}: hessians must be a mapping of names to (in, in) tensors, got {type(hessians).__name__}")
-    rule = _rule(fn, spec)
-    if isinstance(blocksize, bool) or not isinstance(blocksize, int) or blocksize < 1:
-        raise ValueError(f"{fn}: blocksize must be a positive int, got {blocksize!r}")
-    if rule.kind == "nm" and blocksize % rule.m:
-        raise ValueError(f"{fn}: blocksize={blocksize} must be a multiple of the spec's m={rule.m}, so that "
-                         "no group of m columns straddles two blocks")  # fmt: skip
-    if isinstance(percdamp, bool) or not isinstance(percdamp, (int, float)) or not 0 <= percdamp < math.inf:
-        raise ValueError(f"{fn}: percdamp must be a finite real number >= 0, got {percdamp!r}")
-    dims = _check_input_dims(fn, input_dims)
-    return _pruned(fn, params, hessians, rule, blocksize, float(percdamp), dims, consume=False)
+    return _pruned(params, hessians, spec, blocksize, percdamp, input_dims, consume=False)
 
 
 def sparsegpt_consuming(
@@ -172,24 +159,34 @@ def sparsegpt_consuming(
     """:func:`sparsegpt`, whose Hessians the caller gives up (the runner's own sums): each may be overwritten
     by its factor, which then needs no ``(in, in)`` copy of its own. Weights share a factor where their Hessians
     are one tensor (an overwritten Hessian equals no other)."""
-    fn = "sparsegpt"
-    rule = _rule(fn, spec)
-    return _pruned(fn, params, hessians, rule, blocksize, float(percdamp), _check_input_dims(fn, input_dims),
-                   consume=True)  # fmt: skip
+    return _pruned(params, hessians, spec, blocksize, percdamp, input_dims, consume=True)
 
 
 def _pruned(
-    fn: str,
     params: Params,
     hessians: Mapping[str, Tensor],
-    rule: _Rule,
+    spec: object,
     blocksize: int,
     percdamp: float,
-    dims: Mapping[str, int],
+    input_dims: Mapping[str, int] | None,
     *,
     consume: bool,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """The weights of ``hessians`` pruned, checked arguments: ``(new params, masks)`` (see :func:`sparsegpt`)."""
+    """The arguments checked, the weights of ``hessians`` pruned: ``(new params, masks)`` (see :func:`sparsegpt`)."""
+    fn = "sparsegpt"
+    check_params(fn, params)
+    if not isinstance(hessians, Mapping):
+        raise TypeError(f"{fn}: hessians must be a mapping of names to (in, in) tensors, got {type(hessians).__name__}")
+    rule = _rule(fn, spec)
+    if isinstance(blocksize, bool) or not isinstance(blocksize, int) or blocksize < 1:
+        raise ValueError(f"{fn}: blocksize must be a positive int, got {blocksize!r}")
+    if rule.kind == "nm" and blocksize % rule.m:
+        raise ValueError(f"{fn}: blocksize={blocksize} must be a multiple of the spec's m={rule.m}, so that "
+                         "no group of m columns straddles two blocks")  # fmt: skip
+    if isinstance(percdamp, bool) or not isinstance(percdamp, (int, float)) or not 0 <= percdamp < math.inf:
+        raise ValueError(f"{fn}: percdamp must be a finite real number >= 0, got {percdamp!r}")
+    dims = _check_input_dims(fn, input_dims)
+    percdamp = float(percdamp)
     plan = {name: _oriented(fn, name, params, hessians[name], dims.get(name, -1), rule) for name in hessians}
     new, masks = dict(params), {}
     factored: tuple[Tensor, _Factor] | None = None  # the last Hessian's factor: the next may be equal (q, k, v)
