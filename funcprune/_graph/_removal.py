@@ -61,7 +61,8 @@ def plan_removal(
     Raises:
         ValueError: if an op the analysis cannot reason about reads a group that would go.
     """
-    pruned = {s for slices in analysis.made.values() for s in slices if _is_pruned(s, masks)}
+    empty = _EmptyIndices(masks)
+    pruned = {s for slices in analysis.made.values() for s in slices if empty.has(s)}
     candidates = {g for g, slices in analysis.made.items() if slices and all(s in pruned for s in slices)}
     why: dict[int, str] = {}
     for group, slices in analysis.made.items():
@@ -84,9 +85,33 @@ def plan_removal(
     return Removal(frozenset(removed), frozenset(candidates), kept)
 
 
-def _is_pruned(s: Slice, masks: Mapping[str, Tensor]) -> bool:
-    mask = masks.get(s.tensor)
-    return mask is not None and mask.dim() > s.dim and not bool(mask.select(s.dim, s.index).any())
+class _EmptyIndices:
+    """Whether the masks prune a slice whole (every entry of its index): one ``any`` per mask and dim, read as a
+    list, instead of one ``select(...).any()`` per slice (394,000 of them, 2.3 s, on a 1.1B Llama)."""
+
+    def __init__(self, masks: Mapping[str, Tensor]) -> None:
+        self._masks = masks
+        self._flags: dict[tuple[str, int], list[bool] | None] = {}
+
+    def has(self, s: Slice) -> bool:
+        key = (s.tensor, s.dim)
+        if key not in self._flags:
+            self._flags[key] = _empty_indices(self._masks.get(s.tensor), s.dim)
+        flags = self._flags[key]
+        return flags is not None and flags[s.index]
+
+
+def _empty_indices(mask: Tensor | None, dim: int) -> list[bool] | None:
+    """For each index of ``mask``'s dim ``dim``, whether it prunes every entry there (``None``: no such dim)."""
+    if mask is None or mask.dim() <= dim:
+        return None
+    others = tuple(d for d in range(mask.dim()) if d != dim)
+    if not others:
+        return (~mask.bool()).tolist()
+    if any(mask.shape[d] == 0 for d in others):  # nothing to keep at any index
+        return [True] * mask.shape[dim]
+    flags: list[bool] = (~mask.any(dim=others)).tolist()
+    return flags
 
 
 def _module(tensor: str) -> str:

@@ -80,7 +80,7 @@ class Depthless:
 
 def depthless(
     fn: str, module: nn.Module, masks: Mapping[str, Tensor], inputs: Inputs,
-    blocks: Mapping[str, Sequence[int]] | None = None,
+    blocks: Mapping[str, Sequence[int]] | None = None, *, probe: bool = False,
 ) -> Depthless:  # fmt: skip
     """``module`` without the blocks whose every parameter ``masks`` prune, where that is exact.
 
@@ -94,7 +94,10 @@ def depthless(
     alone leaves the others' out; the blocks that go are then checked with
     every mask. ``blocks``:
     the blocks to try, by stack path (a trial: all of a stack's may go),
-    instead of those :func:`pruned_blocks` finds.
+    instead of those :func:`pruned_blocks` finds. With ``probe`` (a caller
+    that reads what goes and why, not the model), the model returned shares
+    ``module``'s tensors, as a probe's copy does: no copy of a 1B model's
+    weights made for nothing.
     """
     sizes = stacks_of(module)
     removed = pruned_blocks(module, masks) if blocks is None else {p: list(b) for p, b in blocks.items() if b}
@@ -134,7 +137,7 @@ def depthless(
             removed = {}
     if not removed:
         return Depthless(module, dict(masks), {}, kept, {})
-    model = without_blocks(fn, module, removed)
+    model = without_blocks(fn, module, removed, probe=probe)
     why = describe_depth_(model, removed, sizes)
     return Depthless(model, _moved(module, masks, removed), removed, kept, renamed(module, removed), why)
 

@@ -145,8 +145,9 @@ def narrowed(
 ) -> Narrowed:  # fmt: skip
     """``module`` without the hidden channels ``masks`` prune (or ``channels``, a trial), where that is exact.
 
-    The masks returned with the smaller model are ``masks`` cut to the channels kept (a trial's own masks,
-    which prune only the channels cut, are left out: cut, they prune nothing).
+    The masks returned with the smaller model are ``masks`` cut to the channels kept. A trial makes no masks of
+    its own (cut, they would prune nothing): the masked model's tensors get zeros at ``channels``, and the copy,
+    only run, is cut to views where the channels kept are one run.
     """
     shapes = {name: tuple(p.shape) for name, p in module.named_parameters()}
     hidden = hidden_of(analysis, shapes)
@@ -155,20 +156,20 @@ def narrowed(
     gone = list(channels) if channels is not None else pruned_channels(hidden, masks)
     if not gone:
         return Narrowed(module, dict(masks))
-    given = masks
-    if channels is not None:  # a trial: the masks prune those channels in every member
-        masks = {**masks, **_pruning(hidden, module, gone, masks)}
+    trial = channels is not None
     d, kept = hidden.size, [i for i in range(hidden.size) if i not in set(gone)]
     params = dict(module.named_parameters())
     norms = _norms(module, hidden, params)
     why = _no_exact_form(module, norms)
     if why is not None:
         return Narrowed(module, dict(masks), why=why)
-    reference = masked_run(module, masks, analysis.inputs)  # first: its masked tensors are gone before ours
-    # the copy shares what it does not cut; every member is cut into a new tensor, and only those change below
+    dropped = {name: {dim: gone} for name, dim in hidden.members} if trial else None
+    reference = masked_run(module, masks, analysis.inputs, dropped=dropped)  # first: its tensors are gone before ours
+    # the copy shares what it does not cut; every member is cut into a new tensor (a trial's: a view where it
+    # can), and the corrections below replace the tensors they change, writing into none
     model = copy_module(fn, module, sharing=[*module.parameters(), *module.buffers()])
     keep = {name: {dim: kept} for name, dim in hidden.members}
-    resize_modules(model, keep, analysis, set())
+    resize_modules(model, keep, analysis, set(), views=trial)
     _tied_again_(module, model)
     eps = _corrected_norms_(model, norms, d, len(kept))
     if is_transformers_model(model):
@@ -183,8 +184,7 @@ def narrowed(
         if reason is not None:
             return Narrowed(module, dict(masks), why=reason)
         model = rebuilt
-    # (a trial's own masks prune only the channels cut: sliced, they would prune nothing, and are left out)
-    sliced = {name: _sliced(mask, keep.get(name, {})) for name, mask in masks.items() if name in given}
+    sliced = {name: _sliced(mask, keep.get(name, {})) for name, mask in masks.items()}
     probe = copy_module(fn, model, sharing=[*model.parameters(), *model.buffers()])
     zeroed_(probe, sliced)
     failure = mismatch(probe, analysis.inputs, reference, float64=_FLOAT32_INSIDE)
@@ -193,17 +193,15 @@ def narrowed(
     return Narrowed(model, sliced, tuple(gone), None, keep)
 
 
-def _pruning(hidden: Hidden, module: nn.Module, channels: Sequence[int], masks: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """The members' masks with ``channels`` pruned, on top of ``masks``."""
-    params = dict(module.named_parameters())
-    out: dict[str, Tensor] = {}
-    for name, dim in hidden.members:
-        mask = out.get(name, masks.get(name))
-        if mask is None:
-            mask = torch.ones(params[name].shape, dtype=torch.bool, device=params[name].device)
-        index = torch.tensor(list(channels), dtype=torch.long, device=mask.device)
-        out[name] = mask.index_fill(dim, index, False)
-    return out
+def _replaced_(model: nn.Module, old: Tensor, value: Tensor) -> nn.Parameter:
+    """Every name of ``model``'s parameter ``old`` made to hold a new parameter of ``value`` (returned): the
+    corrections write no tensor in place, which a trial's copy may share with the model (a view)."""
+    new = nn.Parameter(value, old.requires_grad)
+    for layer in model.modules():
+        for attr, param in list(layer._parameters.items()):
+            if param is old:
+                layer._parameters[attr] = new
+    return new
 
 
 def _tied_again_(module: nn.Module, model: nn.Module) -> None:
@@ -267,7 +265,7 @@ def _corrected_norms_(model: nn.Module, norms: Sequence[str], d: int, kept: int)
         norm = model.get_submodule(path)
         weight: Any = getattr(norm, "weight")
         offset = _offset(norm, weight)
-        weight.copy_((weight + offset) * scale - offset)
+        _replaced_(model, weight, (weight + offset) * scale - offset)
         attr = _eps_attr(norm)
         assert attr is not None
         old = getattr(norm, attr)
@@ -374,8 +372,7 @@ def _put_right_(
         alike = all(math.isclose(a, pairs[0][0], rel_tol=1e-6) and math.isclose(b, pairs[0][1], rel_tol=1e-6) for a, b in pairs)
         if path in embeddings and alike and isinstance(weight, nn.Parameter):
             old_value, new_value = pairs[0]  # one scale (Gemma holds it twice: a float and a buffer)
-            weight.mul_(old_value / new_value)
-            folded.append((weight, new_value / old_value))
+            folded.append((_replaced_(rebuilt, weight, weight * (old_value / new_value)), new_value / old_value))
             continue
         attrs = ", ".join(f"{a} {v:g} to {w:g}" for a, (v, w) in changed.items())
         return f"the config with the new hidden size changes {path!r} ({attrs}), and funcprune cannot make up for it"
@@ -402,7 +399,7 @@ def _put_right_(
         norm = rebuilt.get_submodule(made)
         w: Any = getattr(norm, "weight")
         offset = _offset(norm, w)
-        w.copy_((w + offset) * ratio - offset)  # the head computes what it did
+        _replaced_(rebuilt, w, (w + offset) * ratio - offset)  # the head computes what it did
     return None
 
 

@@ -42,11 +42,15 @@ SIZE_ATTRIBUTES = frozenset({
 
 @torch.no_grad()
 def resize_modules(
-    model: nn.Module, keep: Mapping[str, Mapping[int, list[int]]], analysis: Analysis, removed: Set[int]
-) -> dict[str, dict[str, Any]]:
+    model: nn.Module, keep: Mapping[str, Mapping[int, list[int]]], analysis: Analysis, removed: Set[int],
+    *, views: bool = False,
+) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Cut ``model``'s tensors to ``keep`` (by first name) and update the size attributes (in place).
 
     ``removed`` are the groups that go (those ``keep`` follows from).
+    ``views``: a dim that keeps one run of indices is cut to a view of the
+    tensor (``narrow``: no copy, maybe not contiguous), for a probe that
+    only runs; otherwise every cut tensor is a new, contiguous one.
     Returns the size attributes that changed: new values by module path and name.
     """
     paths = {name.rpartition(".")[0] for name in keep} | {a.module for a in analysis.attention}
@@ -59,12 +63,16 @@ def resize_modules(
         old = getattr(module, attr)
         new = old
         for dim, kept in sorted(dims.items()):
-            new = new.index_select(dim, torch.tensor(kept, dtype=torch.long, device=new.device))
+            if views and kept and kept[-1] - kept[0] == len(kept) - 1:  # one run (kept is ascending)
+                new = new.narrow(dim, kept[0], len(kept))
+            else:
+                new = new.index_select(dim, torch.tensor(kept, dtype=torch.long, device=new.device))
         touched.setdefault(owner, {})[attr] = tuple(old.shape)
+        new = new if views else new.contiguous()
         if isinstance(old, nn.Parameter):
-            setattr(module, attr, nn.Parameter(new.contiguous(), old.requires_grad))
+            setattr(module, attr, nn.Parameter(new, old.requires_grad))
         else:
-            setattr(module, attr, new.contiguous())
+            setattr(module, attr, new)
     for owner, old_shapes in touched.items():
         _resize(model.get_submodule(owner), old_shapes)
     for attention in analysis.attention:

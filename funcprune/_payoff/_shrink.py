@@ -26,7 +26,7 @@ from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
 from ._config import Record, ShrunkConfigWarning, describe_, is_transformers_model, record_, shapes_of
 from ._depth import depthless
 from ._hidden import narrowed
-from ._smaller import built, masked_outputs, removing, tensor_shapes
+from ._smaller import built, masked_outputs, masked_tensors, probing, removing, tensor_shapes
 
 __all__ = ["KeptChannelsWarning", "propagate", "removable", "shrink"]
 
@@ -297,8 +297,10 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, d
         removal = plan_removal(fn, analysis, checked, sizes, vetoed=vetoed)
         removed = sorted(removal.removed)
         keep, closed = removing(analysis, checked, removed, sizes)
-        reference = masked_outputs(analysis, closed)
-        small, attributes = built(module, analysis, keep, closed, removed)
+        baked = masked_tensors(module, closed)  # the masked model's tensors, then cut into the smaller one's
+        reference = masked_outputs(analysis, closed, baked=baked)
+        small, attributes = built(module, analysis, keep, closed, removed, baked=baked)
+        del baked
         why = differ_in_eval(small, analysis.inputs, reference)
         if why is None:
             break
@@ -399,11 +401,28 @@ def _probe(
     module: nn.Module, analysis: Analysis, masks: Mapping[str, Tensor], groups: Iterable[int],
     sizes: Mapping[str, tuple[int, ...]],
 ) -> Failure | None:  # fmt: skip
-    """How a probe's copy of ``module`` without ``groups`` (``masks`` closed over them) fails the check, or ``None``."""
+    """How a probe's copy of ``module`` without ``groups`` (``masks`` closed over them) fails the check, or ``None``.
+
+    The copy is cut to views where it can (a tensor that keeps one run of indices); if that copy fails and holds
+    a tensor that is not contiguous, the failure is the one of a copy cut to new tensors (a model may read a
+    weight as contiguous: ``weight.view(...)``).
+    """
     removed = sorted(set(groups))
-    keep, closed = removing(analysis, masks, removed, sizes)
-    small, _ = built(module, analysis, keep, closed, removed, probe=True, masked=set(masks))
-    return mismatch(small, analysis.inputs, Later(lambda: masked_outputs(analysis, closed)))  # (none if it raises)
+    keep, closed, dropped = probing(analysis, masks, removed, sizes)
+    made: list[Any] = []
+
+    def reference() -> Any:  # made once, if a copy runs
+        if not made:
+            made.append(masked_outputs(analysis, closed, dropped))
+        return made[0]
+
+    small, _ = built(module, analysis, keep, closed, removed, probe=True, masked=set(masks), views=True)
+    failure = mismatch(small, analysis.inputs, Later(reference))  # (none if it raises)
+    if failure is not None and not all(t.is_contiguous() for t in [*small.parameters(), *small.buffers()]):
+        del small
+        small, _ = built(module, analysis, keep, closed, removed, probe=True, masked=set(masks))
+        failure = mismatch(small, analysis.inputs, Later(reference))
+    return failure
 
 
 def _warn_kept(fn: str, kept: Mapping[str, Mapping[str, int]]) -> None:

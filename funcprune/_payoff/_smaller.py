@@ -11,6 +11,7 @@ them.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
@@ -24,7 +25,8 @@ from ._config import Record
 from ._resize import resize_modules
 
 __all__ = [
-    "built", "keeps_all", "masked_outputs", "masked_run", "removing", "tensor_shapes", "zero_pruned_", "zeroed", "zeroed_",
+    "Dropped", "built", "keeps_all", "masked_outputs", "masked_run", "masked_tensors", "probing", "removing", "tensor_shapes",
+    "zeroed", "zeroed_",
 ]  # fmt: skip
 
 
@@ -41,67 +43,155 @@ def removing(
     return keep, closure(masks, keep, dict(analysis.model.named_parameters()))
 
 
-def masked_outputs(analysis: Analysis, closed: Masks) -> Any:
-    """What the masked model (``closed``, a closure) computes on the example inputs, removed experts never routed to."""
-    return masked_run(analysis.model, closed, analysis.inputs, [layer.router for layer in analysis.experts])
+def masked_outputs(
+    analysis: Analysis, closed: Masks, dropped: Dropped | None = None, baked: Mapping[str, Tensor] | None = None
+) -> Any:
+    """What the masked model (``closed``, a closure; ``dropped`` and ``baked`` as :func:`masked_run` reads them)
+    computes on the example inputs, removed experts never routed to."""
+    routers = [layer.router for layer in analysis.experts]
+    return masked_run(analysis.model, closed, analysis.inputs, routers, dropped=dropped, baked=baked)
 
 
-def masked_run(module: nn.Module, masks: Mapping[str, Tensor], inputs: Inputs, routers: Sequence[Router] = ()) -> Any:
+#: Indices zeroed on top of the masks: by parameter name, for each dim, the indices whose every entry is pruned.
+Dropped = Mapping[str, Mapping[int, Sequence[int]]]
+
+
+def probing(
+    analysis: Analysis, masks: Mapping[str, Tensor], removed: Sequence[int], sizes: Mapping[str, tuple[int, ...]]
+) -> tuple[dict[str, dict[int, list[int]]], Masks, dict[str, dict[int, list[int]]]]:
+    """:func:`removing` for a probe: what each tensor keeps, the closure of ``masks`` made only for the tensors they
+    name (and the routers', whose masks say which experts are never routed to), and the indices each other
+    parameter loses (:data:`Dropped`), whose closure would be exactly that: no mask of a 1B model's size made."""
+    keep = kept_indices(analysis, removed, sizes)
+    params = dict(analysis.model.named_parameters())
+    named = set(masks) | {layer.router.weight for layer in analysis.experts}
+    closed = closure(masks, {name: dims for name, dims in keep.items() if name in named}, params)
+    dropped = {
+        name: {dim: _complement(kept, params[name].shape[dim]) for dim, kept in dims.items()}
+        for name, dims in keep.items()
+        if name in params and name not in named
+    }
+    return keep, closed, dropped
+
+
+def _complement(kept: Sequence[int], size: int) -> list[int]:
+    gone = torch.ones(size, dtype=torch.bool)
+    gone[list(kept)] = False
+    indices: list[int] = gone.nonzero().flatten().tolist()
+    return indices
+
+
+def masked_run(
+    module: nn.Module, masks: Mapping[str, Tensor], inputs: Inputs, routers: Sequence[Router] = (),
+    *, dropped: Dropped | None = None, baked: Mapping[str, Tensor] | None = None,
+) -> Any:  # fmt: skip
     """What ``module`` masked by ``masks`` computes on ``inputs``, in eval mode (its modes restored after).
 
     Pruned entries are ``+0.0``, as the shrunk model holds them, bound through
     :func:`torch.func.functional_call` (nothing copied but the masked
     tensors); the experts of ``routers`` that the masks remove are never
-    routed to.
+    routed to. ``dropped``: indices of parameters zeroed on top of the masks
+    (a probe's, which would otherwise make a mask of every weight it cuts):
+    the tensor copied and ``+0.0`` written there, the same bits as the mask
+    that prunes them would give, at half the memory traffic of ``torch.where``.
+    ``baked``: the :func:`masked_tensors` of ``masks``, where the caller has them.
     """
-    params = dict(module.named_parameters())
-    baked = {name: zeroed(params[name], mask) for name, mask in masks.items() if not keeps_all(mask)}
+    baked = masked_tensors(module, masks, dropped) if baked is None else baked
     modes = [(m, m.training) for m in module.modules()]
     module.eval()
     try:
         with torch.no_grad(), never_routed(module, masks, list(routers)):
-            return torch.func.functional_call(module, baked, tuple(inputs.args), dict(inputs.kwargs))
+            return torch.func.functional_call(module, dict(baked), tuple(inputs.args), dict(inputs.kwargs))
     finally:
         for m, mode in modes:
             m.training = mode
 
 
+@torch.no_grad()
+def masked_tensors(module: nn.Module, masks: Mapping[str, Tensor], dropped: Dropped | None = None) -> dict[str, Tensor]:
+    """New tensors of ``module``'s parameters that ``masks`` (and ``dropped``, as :func:`masked_run` reads it)
+    prune entries of, ``+0.0`` there, by first name; the parameters they prune nothing of are left out."""
+    params = dict(module.named_parameters())
+    baked = {name: zeroed(params[name], mask) for name, mask in masks.items() if not keeps_all(mask)}
+    for name, dims in (dropped or {}).items():
+        if name not in params:  # a buffer: the masked model keeps it
+            continue
+        tensor = baked.get(name)
+        tensor = params[name].detach().clone() if tensor is None else tensor  # (zeroed gave a new tensor)
+        for dim, indices in dims.items():
+            if indices:
+                tensor.index_fill_(dim, torch.tensor(indices, dtype=torch.long, device=tensor.device), 0.0)
+        baked[name] = tensor
+    return baked
+
+
 def built(
     module: nn.Module, analysis: Analysis, keep: Mapping[str, Mapping[int, list[int]]], closed: Masks,
-    removed: Sequence[int], *, probe: bool = False, masked: Set[str] | None = None,
+    removed: Sequence[int], *, probe: bool = False, masked: Set[str] | None = None, views: bool = False,
+    baked: dict[str, Tensor] | None = None,
 ) -> tuple[nn.Module, Record]:  # fmt: skip
     """A copy of ``module`` without ``removed`` (``keep``), the closure applied; and the size attributes that changed.
 
-    A ``probe`` (a copy only run and thrown away, and checked) shares
-    ``module``'s parameters and buffers instead of copying them, and gets
-    new tensors where the masks zero entries that stay: only the tensors
-    ``masked`` names (those of the masks the closure was made from; all of
-    ``closed`` if ``None``), since the closure adds zeros only at the
-    indices that go, which the copy cuts. A 1B model's trial costs what it
-    changes.
+    The copy is made sharing ``module``'s parameters and buffers; each
+    masked one is replaced by its :func:`masked_tensors` tensor (``baked``,
+    those the masked model ran with, where the caller has them: ``baked``
+    is emptied, so that each is freed as its cut replaces it, and the cuts
+    reuse that memory), the tensors are cut into new ones, and what the
+    copy still shares is then copied (``copy.deepcopy``): no copy of the
+    whole model is made only to be cut.
+
+    A ``probe`` (a copy only run and thrown away, and checked) keeps sharing
+    what it does not cut, and gets new tensors where the masks zero entries
+    that stay: only the tensors ``masked`` names (those of the masks the
+    closure was made from; all of ``closed`` if ``None``), since the closure
+    adds zeros only at the indices that go, which the copy cuts. A 1B
+    model's trial costs what it changes. With ``views`` (a probe's), a
+    tensor that keeps one run of indices along each dim it loses is cut to
+    a view (``narrow``), not a copy.
     """
-    sharing = [*module.parameters(), *module.buffers()] if probe else []
+    sharing = [*module.parameters(), *module.buffers()]
     result = copy_module("shrink", module, sharing=sharing)
     if probe:
         zeroed_(result, closed if masked is None else {n: m for n, m in closed.items() if n in masked})
     else:
-        zero_pruned_(result, closed)
-    return result, resize_modules(result, keep, analysis, set(removed))
+        zeroed_(result, closed, masked_tensors(module, closed) if baked is None else baked)
+        if baked is not None:
+            baked.clear()  # the copy holds them now: each freed as its cut replaces it
+    record = resize_modules(result, keep, analysis, set(removed), views=views and probe)
+    if not probe:
+        _owned_(result, sharing)
+    return result, record
+
+
+def _owned_(module: nn.Module, shared: Sequence[Tensor]) -> None:
+    """Each parameter and buffer of ``module`` that is one of ``shared`` replaced by a copy of its own
+    (``copy.deepcopy``, as a copy of the whole module makes it; every name of a tied one gets the same)."""
+    ids = {id(t) for t in shared}
+    copies: dict[int, Any] = {}
+    for layer in module.modules():
+        for table in (layer._parameters, layer._buffers):
+            for attr, tensor in list(table.items()):
+                if tensor is not None and id(tensor) in ids:
+                    if id(tensor) not in copies:
+                        copies[id(tensor)] = copy.deepcopy(tensor)
+                    table[attr] = copies[id(tensor)]
 
 
 @torch.no_grad()
-def zeroed_(module: nn.Module, masks: Masks) -> None:
-    """:func:`zero_pruned_` without writing into the tensors: each masked parameter of ``module`` (every name
-    of a tied one) is replaced by a new one, so that tensors ``module`` shares with another are left as they are."""
+def zeroed_(module: nn.Module, masks: Masks, baked: Mapping[str, Tensor] | None = None) -> None:
+    """``+0.0`` at the entries ``masks`` prune (as :func:`~funcprune.bake` writes them, even where a weight is
+    ``nan``), written into no tensor: each masked parameter of ``module`` (every name of a tied one) is
+    replaced by a new one, so that tensors ``module`` shares with another are left as they are.
+    ``baked``: the new tensors, made already (:func:`masked_tensors` of ``masks``)."""
     params = dict(module.named_parameters(remove_duplicate=False))
     aliases: dict[int, list[str]] = {}
     for name, param in params.items():
         aliases.setdefault(id(param), []).append(name)
     for name, mask in masks.items():
-        if keeps_all(mask):  # nothing pruned: the tensor as it is (no copy of a 1B model's weights for nothing)
-            continue
+        if baked is not None and name not in baked or baked is None and keeps_all(mask):
+            continue  # nothing pruned: the tensor as it is (no copy of a 1B model's weights for nothing)
         old = params[name]
-        new = nn.Parameter(zeroed(old, mask), old.requires_grad)
+        new = nn.Parameter(zeroed(old, mask) if baked is None else baked[name], old.requires_grad)
         for alias in aliases[id(old)]:
             owner, _, attr = alias.rpartition(".")
             setattr(module.get_submodule(owner), attr, new)
@@ -119,14 +209,3 @@ def zeroed(tensor: Tensor, mask: Tensor) -> Tensor:
     """A new ``tensor`` with ``+0.0`` where ``mask`` prunes (also where it holds ``nan``), as ``masked_fill(~mask,
     0.0)`` gives it, without the inverted mask."""
     return torch.where(mask, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device))
-
-
-@torch.no_grad()
-def zero_pruned_(module: nn.Module, masks: Masks) -> None:
-    """Write ``+0.0`` into the pruned entries of ``module`` (a copy: nobody else holds it).
-
-    As :func:`~funcprune.bake` does: ``+0.0`` even where a weight is ``nan`` or ``inf``.
-    """
-    params = dict(module.named_parameters())
-    for name, mask in masks.items():
-        params[name].masked_fill_(~mask, 0.0)

@@ -151,8 +151,9 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
     heads = set() if outputs else output_parameters(model)
     excluded = {name for name, p in model.named_parameters() if id(p) in heads}
     found = _found(analysis, {name: tuple(p.shape) for name, p in model.named_parameters()}, excluded)
-    trial = {name: units[:: len(units) // group.parts] for name, (group, units) in found.groups.items()}
-    failed = removable(model, analysis, trial)  # one unit of each group (of each part, where parts lose evenly)
+    # the last unit of each group (of each part, where parts lose evenly): the probe cuts what it keeps to views
+    trial = {name: units[len(units) // group.parts - 1 :: len(units) // group.parts] for name, (group, units) in found.groups.items()}
+    failed = removable(model, analysis, trial)
     left = {name: f"removing one changes what the model computes ({why})" for name, why in failed.items()}
     groups = {name: group for name, (group, _) in found.groups.items() if name not in failed}
     layers, stacks_left = layer_groups(fn, model, analysis.inputs, excluded)

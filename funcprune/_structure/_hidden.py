@@ -32,7 +32,7 @@ def hidden_group(fn: str, model: nn.Module, analysis: graph.Analysis) -> tuple[U
         return None, "no group of channels spans the residual stream whole (no norm couples one)"
     # stacked experts run in torch's grouped matmul, which needs widths in multiples of 16 bytes: remove as many
     align = max(1, 16 // next(model.parameters()).element_size()) if analysis.experts else 1
-    trial = narrowed(fn, model, {}, analysis, channels=range(align))
+    trial = narrowed(fn, model, {}, analysis, channels=range(found.size - align, found.size))
     if trial.why is not None:
         return None, trial.why
     members = tuple(Member(name, dim, 1) for name, dim in found.members)

@@ -52,7 +52,8 @@ def layer_groups(
              for path, by_kind in kinds.items() for blocks in by_kind.values() for n in names_of[path][blocks[0]]}  # fmt: skip
     if not trial:
         return {}, left
-    tried = depthless(fn, model, trial, inputs, {path: [b[0] for b in by_kind.values()] for path, by_kind in kinds.items()})
+    tried = depthless(fn, model, trial, inputs, {path: [b[0] for b in by_kind.values()] for path, by_kind in kinds.items()},
+                      probe=True)  # fmt: skip
     groups: dict[str, UnitGroup] = {}
     for path, by_kind in kinds.items():
         if path in tried.config:  # shrink could not save what it makes

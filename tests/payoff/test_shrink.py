@@ -1139,9 +1139,10 @@ def test_a_probe_zeroes_only_the_tensors_the_masks_name(monkeypatch: pytest.Monk
     zeroed: list[set[str]] = []
     real = _smaller.zeroed_
 
-    def spied(module: nn.Module, masks: dict[str, Tensor]) -> None:
-        zeroed.append(set(masks))
-        real(module, masks)
+    def spied(module: nn.Module, masks: dict[str, Tensor], baked: dict[str, Tensor] | None = None) -> None:
+        if baked is None:  # a probe's (shrink's own copy takes the closure's tensors its masked run made)
+            zeroed.append(set(masks))
+        real(module, masks, baked)
 
     monkeypatch.setattr(_smaller, "zeroed_", spied)
     model = seeded(SpelledWide())
@@ -1176,3 +1177,122 @@ def test_keeps_all_and_zeroed_are_all_and_masked_fill(shape: tuple[int, ...], pr
         got = zeroed(t, m)
         assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
         assert torch.equal(got.signbit(), want.signbit())
+
+
+class _ViewReader(nn.Module):
+    """Reads its second layer's weight through ``view(-1)``, which a weight that is not contiguous cannot take."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 6), nn.Linear(6, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.fc2.weight.view(-1).view(self.fc2.weight.shape)
+        return F.linear(torch.relu(self.fc1(x)), w, self.fc2.bias)
+
+
+def test_a_probe_cut_to_views_that_fails_is_tried_again_on_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """structure's trial cuts the model's tensors to views (the last unit goes: what stays is one run); a copy
+    whose view is not contiguous and that fails is tried again cut into new tensors, so that a model reading a
+    weight as contiguous keeps its units; a plain model's trial builds no copy of what it cuts."""
+    from funcprune._payoff import _resize, _smaller
+    from funcprune._payoff import _shrink as shrinking
+
+    cuts: list[bool] = []
+    real = _resize.resize_modules
+
+    def spied(*args: Any, views: bool = False) -> Any:
+        cuts.append(views)
+        return real(*args, views=views)
+
+    monkeypatch.setattr(_resize, "resize_modules", spied)
+    monkeypatch.setattr(_smaller, "resize_modules", spied)
+    torch.manual_seed(0)
+    model = _ViewReader().eval()
+    s = fp.structure(model, torch.randn(2, 4))
+    assert "fc1" in s and s["fc1"].size == 6
+    assert cuts == [True, False]  # the view failed (view(-1) on columns cut to a view), the copy passed
+    cuts.clear()
+    plain = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3)).eval()
+    stored = {name: p.untyped_storage().data_ptr() for name, p in plain.named_parameters()}
+    built: list[nn.Module] = []
+    real_mismatch = vars(shrinking)["mismatch"]
+
+    def seen(small: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        built.append(small)
+        return real_mismatch(small, *args, **kwargs)
+
+    monkeypatch.setattr(shrinking, "mismatch", seen)
+    assert "0" in fp.structure(plain, torch.randn(2, 4))
+    assert cuts == [True] and len(built) == 1
+    probe = dict(built[0].named_parameters())
+    assert probe["0.weight"].shape == (5, 4) and probe["2.weight"].shape == (3, 5)
+    assert all(probe[name].untyped_storage().data_ptr() == ptr for name, ptr in stored.items())  # views of the model's
+
+
+class _Tied(nn.Module):
+    """An embedding tied to the head, a BatchNorm between two layers: tensors shrink cuts, and some it leaves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.fc1, self.bn, self.fc2 = nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 8)
+        self.head = nn.Linear(8, 10, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids: Tensor) -> Tensor:
+        h = self.emb(ids)
+        out: Tensor = self.head(h + self.fc2(torch.relu(self.bn(self.fc1(h)))))
+        return out
+
+
+def test_the_shrunk_copy_shares_no_tensor_with_the_model() -> None:
+    """shrink builds its copy on the model's tensors (none copied whole only to be cut) and returns it owning
+    every one: what it cuts is new, what it leaves (a tied embedding, a bias, running statistics) a copy; tied
+    parameters stay tied, and the copy computes the masked model."""
+    torch.manual_seed(0)
+    model = seeded(_Tied()).eval()
+    ids = torch.randint(0, 10, (4,))
+    masks = half_channels(model, ["fc1.weight"])
+    small: Any = check_equal_outputs(model, masks, ids)
+    assert isinstance(small.fc1, nn.Linear) and small.fc1.out_features == 8
+    theirs = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    mine = {t.untyped_storage().data_ptr() for t in [*small.parameters(), *small.buffers()]}
+    assert not theirs & mine
+    assert small.head.weight is small.emb.weight
+    before = model.emb.weight.clone()
+    with torch.no_grad():
+        small.emb.weight.add_(1.0)
+    assert torch.equal(model.emb.weight, before)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.lists(st.integers(0, 5), max_size=6), cols=st.lists(st.integers(0, 6), max_size=7),
+    given_mask=st.booleans(), seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_a_probe_s_dropped_indices_give_the_bits_of_the_closure_s_mask(
+    rows: list[int], cols: list[int], given_mask: bool, seed: int
+) -> None:
+    """The masked model of a probe zeroes the indices that go without making the closure's masks: a copy with
+    ``+0.0`` written there (over a given mask's zeros, over ``nan`` and ``-inf``) is ``torch.where`` with the
+    closure of that mask, bit for bit."""
+    from funcprune._graph import closure
+    from funcprune._payoff._smaller import masked_tensors, zeroed
+
+    g = torch.Generator().manual_seed(seed)
+    model = nn.Linear(7, 6)
+    with torch.no_grad():
+        model.weight.copy_(torch.randn(6, 7, generator=g))
+        model.weight.view(-1)[:3] = torch.tensor([float("nan"), -0.0, float("-inf")])
+    masks = {"weight": torch.rand(6, 7, generator=g) > 0.3} if given_mask else {}
+    rows, cols = sorted(set(rows)), sorted(set(cols))
+    keep = {"weight": {0: [i for i in range(6) if i not in rows], 1: [j for j in range(7) if j not in cols]}}
+    closed = closure(masks, keep, dict(model.named_parameters()))
+    baked = masked_tensors(model, masks, {"weight": {0: rows, 1: cols}})
+    expected = zeroed(model.weight.detach(), closed["weight"]) if "weight" in closed else None
+    if expected is None or bool(closed["weight"].all()):
+        assert "weight" not in baked or torch.equal(baked["weight"].view(torch.int32), model.weight.detach().view(torch.int32))
+    else:
+        assert torch.equal(baked["weight"].view(torch.int32), expected.view(torch.int32))
+    assert "bias" not in baked

@@ -205,3 +205,29 @@ def test_the_hidden_size_s_trial_cuts_no_mask_and_shrink_cuts_the_masks_it_was_g
     with torch.no_grad():
         want = fp.functional_call_masked(model, dict(model.named_parameters()), masks, ids)
         torch.testing.assert_close(small(ids), want, atol=1e-12 * float(want.abs().max()), rtol=0)
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_structure_writes_into_no_tensor_of_the_model_and_copies_none(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """structure's trials (a unit of every group, one hidden channel, one block of each kind) run on copies that
+    share the model's tensors, cut to views where they can: no parameter is copied whole, and the corrections of
+    the hidden size's trial (the norms' weights, Gemma's scaled, tied embedding) write into none of the model's."""
+    t = tiny(name, layers=3)
+    x = inputs(t)
+    before = {k: v.clone() for k, v in t.model.state_dict().items()}
+    copied: list[tuple[int, ...]] = []
+    real = nn.Parameter.__deepcopy__
+
+    def spied(self: nn.Parameter, memo: dict[int, Any]) -> nn.Parameter:
+        copied.append(tuple(self.shape))
+        result: nn.Parameter = real(self, memo)  # type: ignore[no-untyped-call]
+        return result
+
+    monkeypatch.setattr(nn.Parameter, "__deepcopy__", spied)
+    s = _structure(t.model, x)
+    assert s.of_kinds("hidden") and s.of_kinds("layers")
+    assert copied == []
+    after = t.model.state_dict()
+    assert after.keys() == before.keys()
+    for k, v in before.items():  # bit for bit (nan-safe)
+        assert torch.equal(v.view(torch.uint8) if v.is_floating_point() else v, after[k].view(torch.uint8) if v.is_floating_point() else after[k]), k
