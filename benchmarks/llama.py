@@ -13,7 +13,10 @@ The model is ``LlamaForCausalLM`` with TinyLlama-1.1B's config (hidden
 and 30% of the MLP channels, each ranked globally by L2 norm (so every layer
 keeps its own share), then saves and reloads the model with
 ``fp.load_shrunk``. Timed: ``fp.structure`` and ``fp.shrink`` (given
-``structure=``: its analysis taken back; one call each, wall clock), and
+``structure=``: its analysis taken back; one call each, wall clock), then
+``fp.shrink(..., check=False)`` (no masked model made or run: the price of
+the check, after the checked call) and its model compared with the checked
+one bit for bit, and
 the forward pass of the dense and the shrunk model
 on the same tokens, interleaved (dense, shrunk, dense, ...) after a
 warm-up, at 1 thread and at the default thread count: the median and the
@@ -106,10 +109,19 @@ def main() -> int:
     start = time.perf_counter()
     small: Any = fp.shrink(model, masks, example, structure=structure)  # its analysis taken back
     t_shrink = time.perf_counter() - start
+    start = time.perf_counter()
+    unchecked: Any = fp.shrink(model, masks, example, structure=structure, check=False)  # no masked model made or run
+    t_unchecked = time.perf_counter() - start
+    same = small.state_dict().keys() == unchecked.state_dict().keys() and all(
+        torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        for a, b in zip(small.state_dict().values(), unchecked.state_dict().values(), strict=True)
+    )
+    del unchecked
     small_params = sum(p.numel() for p in small.parameters())
     kv = [layer.self_attn.k_proj.out_features // 64 for layer in small.model.layers]
     mlp = [layer.mlp.up_proj.out_features for layer in small.model.layers]
-    print(f"structure {t_structure:.1f} s ({len(structure)} groups), plan {t_plan:.2f} s, shrink {t_shrink:.1f} s")
+    print(f"structure {t_structure:.1f} s ({len(structure)} groups), plan {t_plan:.2f} s, shrink {t_shrink:.1f} s, "
+          f"shrink(check=False) {t_unchecked:.1f} s ({'the same model, bit for bit' if same else 'ANOTHER MODEL'})")  # fmt: skip
     print(f"parameters {dense_params:,} -> {small_params:,} ({small_params / dense_params:.3f}); "
           f"KV groups per layer {kv}; MLP channels per layer {mlp}")  # fmt: skip
 
@@ -146,7 +158,7 @@ def main() -> int:
             print("Torch-Pruning 1.6.1 (the same model, the same 32 tokens):")
             for key, value in result.items():
                 print(f"  {key}: {value}")
-    ok = diff < 1e-3 and reload_diff == 0.0
+    ok = diff < 1e-3 and reload_diff == 0.0 and same
     print("checked: outputs equal" if ok else "FAILED: outputs differ")
     return 0 if ok else 1
 

@@ -21,7 +21,7 @@ from .._names import check_masks, check_not_hooked
 from .._types import Masks, Tensor
 from .._units import Structure
 from .._validate import refuse_in
-from ._verify import Failure, Later, differ_in_eval, mismatch, search, shape_changes
+from ._verify import Failure, Later, differ_in_eval, mismatch, outputs_in_eval, search, shape_changes
 from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
 from ._config import Record, ShrunkConfigWarning, describe_, is_transformers_model, record_, shapes_of
 from ._depth import depthless
@@ -117,7 +117,10 @@ def propagate(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: ob
     return _shrunk("propagate", module, masks, example_inputs, describe=False).closure
 
 
-def shrink(module: _M, masks: Mapping[str, Tensor], example_inputs: object, *, structure: Structure | None = None) -> _M:
+def shrink(
+    module: _M, masks: Mapping[str, Tensor], example_inputs: object, *, structure: Structure | None = None,
+    check: bool = True,
+) -> _M:  # fmt: skip
     """A new, smaller copy of ``module`` without the channels ``masks`` remove.
 
     The copy keeps the class and the ``forward`` of ``module``; its Linear,
@@ -225,6 +228,21 @@ def shrink(module: _M, masks: Mapping[str, Tensor], example_inputs: object, *, s
             Otherwise, or for a structure built by hand or unpickled, the
             model is analyzed again, as without it. The result is the same
             either way.
+        check: whether the smaller model is checked against the masked
+            one on ``example_inputs`` (the default, and the guarantee
+            above). The check costs the masked model's tensors (a new copy
+            of every weight the closure prunes entries of) and a run of it,
+            and a run of the smaller model: on the 1.1B Llama of
+            ``benchmarks/llama.py``, about a third of shrink's time
+            (``docs/benchmarks.md``). ``check=False`` skips them: the copy
+            is cut straight from the model's tensors, the closure's zeros
+            that stay written after, and what a size spelled out in the
+            code breaks is not searched for, so the smaller model may fail
+            or compute something else on inputs the analysis saw run; only
+            the analysis vouches for it (and, given ``structure``, its
+            trial of one unit of each group). A transformers model whose
+            config is made to describe it is still run once before and once
+            after, so that a module reading a width off the config is caught.
 
     Returns:
         A new module, of the class of ``module``, in its training mode.
@@ -251,7 +269,9 @@ def shrink(module: _M, masks: Mapping[str, Tensor], example_inputs: object, *, s
       (2): Linear(in_features=4, out_features=2, bias=True)
     )
     """
-    return _shrunk("shrink", module, masks, example_inputs, structure=structure).model  # type: ignore[return-value]
+    if not isinstance(check, bool):
+        raise TypeError(f"shrink: check must be a bool, got {check!r}")
+    return _shrunk("shrink", module, masks, example_inputs, structure=structure, check=check).model  # type: ignore[return-value]
 
 
 @final
@@ -266,11 +286,13 @@ class _Shrunk:
 
 
 def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, describe: bool = True,
-            structure: object = None) -> _Shrunk:  # fmt: skip
+            structure: object = None, check: bool = True) -> _Shrunk:  # fmt: skip
     """Check everything, analyze, remove, build and check the smaller model; warn about what stays.
 
     With ``describe``, a transformers model's config is made to describe the smaller one. ``structure``: a
     :class:`~funcprune.Structure` whose analysis is taken back where still valid (:func:`~funcprune._graph.remembered`).
+    Without ``check``, the smaller model is not checked against the masked one (:func:`shrink` says what that
+    leaves out).
     """
     if structure is not None and not isinstance(structure, Structure):
         raise TypeError(f"{fn}: structure must be the fp.structure of the module (a funcprune Structure) or None, "
@@ -297,6 +319,10 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, d
         removal = plan_removal(fn, analysis, checked, sizes, vetoed=vetoed)
         removed = sorted(removal.removed)
         keep, closed = removing(analysis, checked, removed, sizes)
+        if not check:  # no masked model made or run: the copy cut first, the zeros that stay written after
+            small, attributes = built(module, analysis, keep, closed, removed, cut_first=True)
+            reference: Any = None  # (unread: see below)
+            break
         baked = masked_tensors(module, closed)  # the masked model's tensors, then cut into the smaller one's
         reference = masked_outputs(analysis, closed, baked=baked)
         small, attributes = built(module, analysis, keep, closed, removed, baked=baked)
@@ -325,7 +351,7 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, d
                 ShrunkConfigWarning,
                 stacklevel=3,
             )
-        _describe_checked(small, shapes_of(module), attributes, analysis.inputs, reference)
+        _describe_checked(small, shapes_of(module), attributes, analysis.inputs, reference, checked=check)
     if narrow.removed:  # the closure laid out as before the hidden channels went
         closed = {name: narrow.widened(name, mask, depth.masks.get(name)) for name, mask in closed.items()}
     if depth.removed:  # the closure by the original names, the removed blocks' masks as given
@@ -348,8 +374,11 @@ def _warn_blocks_kept(fn: str, kept: Mapping[str, str]) -> None:
 
 
 def _describe_checked(small: nn.Module, original: Mapping[str, tuple[int, ...]], attributes: Record,
-                      inputs: Inputs, reference: Any) -> None:  # fmt: skip
-    """Make the shrunk model's config describe it, and check that it still computes the same."""
+                      inputs: Inputs, reference: Any, *, checked: bool = True) -> None:  # fmt: skip
+    """Make the shrunk model's config describe it, and check that it still computes the same: ``reference``, the
+    masked model's outputs, or (not ``checked``: no masked model was run) what the shrunk model computes before."""
+    if not checked:
+        reference = outputs_in_eval("shrink", small, inputs)
     config: Any = getattr(small, "config")
     saved = dict(vars(config))
     describe_(small, original, attributes)

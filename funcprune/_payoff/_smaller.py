@@ -128,7 +128,7 @@ def masked_tensors(module: nn.Module, masks: Mapping[str, Tensor], dropped: Drop
 def built(
     module: nn.Module, analysis: Analysis, keep: Mapping[str, Mapping[int, list[int]]], closed: Masks,
     removed: Sequence[int], *, probe: bool = False, masked: Set[str] | None = None, views: bool = False,
-    baked: dict[str, Tensor] | None = None,
+    baked: dict[str, Tensor] | None = None, cut_first: bool = False,
 ) -> tuple[nn.Module, Record]:  # fmt: skip
     """A copy of ``module`` without ``removed`` (``keep``), the closure applied; and the size attributes that changed.
 
@@ -138,7 +138,10 @@ def built(
     is emptied, so that each is freed as its cut replaces it, and the cuts
     reuse that memory), the tensors are cut into new ones, and what the
     copy still shares is then copied (``copy.deepcopy``): no copy of the
-    whole model is made only to be cut.
+    whole model is made only to be cut. With ``cut_first`` (shrink unchecked:
+    no masked model made), the tensors are cut first, and the closure's zeros
+    that stay (its masks cut alike) written after: a tensor is copied whole
+    only where they prune an entry it keeps.
 
     A ``probe`` (a copy only run and thrown away, and checked) keeps sharing
     what it does not cut, and gets new tensors where the masks zero entries
@@ -151,6 +154,11 @@ def built(
     """
     sharing = [*module.parameters(), *module.buffers()]
     result = copy_module("shrink", module, sharing=sharing)
+    if cut_first and not probe:
+        record = resize_modules(result, keep, analysis, set(removed))
+        zeroed_(result, {name: _cut(mask, keep.get(name, {})) for name, mask in closed.items()})
+        _owned_(result, sharing)
+        return result, record
     if probe:
         zeroed_(result, closed if masked is None else {n: m for n, m in closed.items() if n in masked})
     else:
@@ -161,6 +169,13 @@ def built(
     if not probe:
         _owned_(result, sharing)
     return result, record
+
+
+def _cut(tensor: Tensor, dims: Mapping[int, list[int]]) -> Tensor:
+    """``tensor`` cut to the indices ``dims`` keeps along each of its dims (itself where it keeps all)."""
+    for dim, kept in sorted(dims.items()):
+        tensor = tensor.index_select(dim, torch.tensor(kept, dtype=torch.long, device=tensor.device))
+    return tensor
 
 
 def _owned_(module: nn.Module, shared: Sequence[Tensor]) -> None:

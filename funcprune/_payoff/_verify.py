@@ -24,7 +24,7 @@ from .._graph import Analysis, Inputs, own_indices, run
 from .._torch_private import tree_leaves
 from .._types import Tensor
 
-__all__ = ["Failure", "Later", "differ_in_eval", "mismatch", "search", "shape_changes"]
+__all__ = ["Failure", "Later", "differ_in_eval", "mismatch", "outputs_in_eval", "search", "shape_changes"]
 
 
 def differ_in_eval(small: nn.Module, inputs: Inputs, reference: Any) -> str | None:
@@ -60,21 +60,39 @@ def mismatch(small: nn.Module, inputs: Inputs, reference: Any, *, float64: tuple
     if not :data:`_FLOAT64_TOLERANCE`. A :class:`Later` reference is made
     once ``small`` has run (not where it raised).
     """
-    modes = [(m, m.training) for m in small.modules()]
-    small.eval()
     try:
-        outputs = run(small, inputs)
+        outputs = _in_eval(small, inputs)
     except Exception as e:  # a size spelled out in the code no longer fits
         frames = traceback.extract_tb(e.__traceback__)
         where = f"{type(e).__name__} at {frames[-1].filename}:{frames[-1].lineno}" if frames else type(e).__name__
         return Failure(f"{type(e).__name__}: {e}", where)
-    finally:
-        for m, mode in modes:
-            m.training = mode
     if isinstance(reference, Later):
         reference = reference.make()
     why = _differ(outputs, reference, float64 or _FLOAT64_TOLERANCE)
     return None if why is None else Failure(why)
+
+
+def outputs_in_eval(fn: str, small: nn.Module, inputs: Inputs) -> Any:
+    """What ``small`` (a smaller model, unchecked) computes on ``inputs`` in eval mode, or a ValueError saying
+    that it fails there."""
+    try:
+        return _in_eval(small, inputs)
+    except Exception as e:
+        raise ValueError(
+            f"{fn}: the smaller model fails on the example inputs ({type(e).__name__}: {e}); with check=True, "
+            f"{fn} finds the channels whose removal breaks it and keeps them"
+        ) from e
+
+
+def _in_eval(module: nn.Module, inputs: Inputs) -> Any:
+    """``module`` run on ``inputs`` in eval mode, each submodule's training flag restored after."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        return run(module, inputs)
+    finally:
+        for m, mode in modes:
+            m.training = mode
 
 
 _T = TypeVar("_T")

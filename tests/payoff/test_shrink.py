@@ -1296,3 +1296,68 @@ def test_a_probe_s_dropped_indices_give_the_bits_of_the_closure_s_mask(
     else:
         assert torch.equal(baked["weight"].view(torch.int32), expected.view(torch.int32))
     assert "bias" not in baked
+
+
+def _state_bits(model: nn.Module) -> dict[str, Tensor]:
+    return {k: v.view(torch.uint8) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("case", ["cnn", "residual", "tied", "mlp_nan"])
+def test_shrink_unchecked_builds_the_checked_model_bit_for_bit(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """check=False runs no masked model and cuts first, writing the closure's zeros that stay after (whole rows
+    pruned and single entries, a tied weight, running statistics, a nan that a pruned entry holds): where nothing
+    breaks, the model is the checked one's, bit for bit, and owns its tensors."""
+    from funcprune._payoff import _shrink as shrinking
+
+    model: nn.Module
+    if case == "cnn":
+        model, x = seeded(cnn()), image()
+        masks = half_channels(model, ["0.weight"])
+        masks["3.weight"] = torch.rand(16, 8, 3, 3, generator=torch.Generator().manual_seed(1)) > 0.3
+        masks["8.bias"] = torch.tensor([True, False, True, True, False])
+    elif case == "residual":
+        model, x = seeded(ResidualNet()), image()
+        masks = channel_masks(model, {"stem.weight": [0, 1, 2], "conv2.weight": [0, 1, 2], "conv1.weight": [4]})
+    elif case == "tied":
+        model, x = seeded(_Tied()), torch.randint(0, 10, (4,))
+        masks = half_channels(model, ["fc1.weight"])
+        masks["emb.weight"] = torch.rand(10, 8, generator=torch.Generator().manual_seed(2)) > 0.2
+    else:
+        model, x = seeded(mlp()), torch.randn(4, 8)
+        masks = half_channels(model, ["0.weight", "2.weight"])
+        with torch.no_grad():
+            dict(model.named_parameters())["0.weight"][~masks["0.weight"]] = float("nan")
+    model.eval()
+    checked = fp.shrink(model, masks, x)
+    ran: list[str] = []
+    real = vars(shrinking)["masked_tensors"]
+
+    def spied(*args: Any, **kwargs: Any) -> Any:
+        ran.append("masked")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(shrinking, "masked_tensors", spied)
+    unchecked = fp.shrink(model, masks, x, check=False)
+    assert ran == []
+    assert repr(unchecked) == repr(checked)
+    mine, theirs = _state_bits(unchecked), _state_bits(checked)
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    shared = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    assert not shared & {t.untyped_storage().data_ptr() for t in [*unchecked.parameters(), *unchecked.buffers()]}
+
+
+def test_shrink_unchecked_does_not_look_for_what_a_size_spelled_out_breaks() -> None:
+    """The price of check=False: the channels whose removal breaks a size the code spells out are not found and
+    kept; the smaller model fails where the checked one keeps them (with a warning)."""
+    model = seeded(SpelledWide()).eval()
+    masks = half_channels(model, ["conv.weight", "side.weight"])
+    x = torch.randn(2, 3, 8, 8)
+    with pytest.warns(KeptChannelsWarning, match=r"'conv' keeps 256 \(removing them changes"):
+        checked: Any = fp.shrink(model, masks, x)
+    unchecked: Any = fp.shrink(model, masks, x, check=False)
+    assert checked.conv.out_channels == 512 and unchecked.conv.out_channels == 256
+    assert checked.side.out_channels == unchecked.side.out_channels == 32
+    with pytest.raises(RuntimeError):
+        unchecked(x)
+    with pytest.raises(TypeError, match="shrink: check must be a bool, got 'no'"):
+        fp.shrink(model, masks, x, check="no")  # type: ignore[arg-type]

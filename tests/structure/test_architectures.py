@@ -99,7 +99,15 @@ def test_every_unit_structure_lists_goes_when_a_plan_prunes_it(name: str) -> Non
     plans = [fp.structured(s, fp.LnStructured(1, n=2), scope="group", kinds=kinds)]
     if s.of_kinds("hidden"):  # 8 hidden channels: stacked experts need widths in multiples of 16 bytes
         plans.append(fp.structured(s, fp.LnStructured(8, n=2), kinds="hidden"))
-    shrunk(t, fp.compose(*plans)(dict(t.model.named_parameters())), structure=s)  # its analysis, where still valid
+    masks = fp.compose(*plans)(dict(t.model.named_parameters()))
+    small = shrunk(t, masks, structure=s)  # its analysis, where still valid
+    with warnings.catch_warnings():  # unchecked (no masked model run): the same model, bit for bit, and config
+        warnings.simplefilter("error", fp.KeptChannelsWarning)
+        unchecked: Any = fp.shrink(t.model, masks, inputs(t), structure=s, check=False)
+    mine, theirs = unchecked.state_dict(), small.state_dict()
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[k].view(torch.uint8), theirs[k].view(torch.uint8)) for k in mine if mine[k].is_floating_point())
+    assert unchecked.config.to_dict() == small.config.to_dict()
 
 
 @pytest.mark.ci
