@@ -191,7 +191,7 @@ def shrunk_exactly(model: nn.Module, masks: fp.Masks, x: Any, structure: fp.Stru
     with warnings.catch_warnings():
         warnings.simplefilter("error", fp.KeptChannelsWarning)
         both = _shrunk("shrink", model, masks, x, structure=structure)
-    assert both.closure.keys() == masks.keys() and all(torch.equal(both.closure[k], masks[k]) for k in masks)
+    assert both.closure is not None and both.closure.keys() == masks.keys() and all(torch.equal(both.closure[k], masks[k]) for k in masks)
     removed = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in both.model.parameters())
     assert removed == sum(int((~m).sum()) for m in masks.values())
     torch.testing.assert_close(logits(both.model, x), masked_logits(model, masks, x), atol=1e-5, rtol=1e-5)

@@ -16,7 +16,7 @@ from typing import Any, TypeVar, final
 
 from torch import nn
 
-from .._graph import Analysis, Inputs, analyze, as_inputs, plan_removal, remembered, warn_unreached
+from .._graph import Analysis, Inputs, analyze, as_inputs, kept_indices, plan_removal, remembered, warn_unreached
 from .._names import check_masks, check_not_hooked
 from .._types import Masks, Tensor
 from .._units import Structure
@@ -114,7 +114,9 @@ def propagate(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: ob
     tensor([[ True, False,  True],
             [ True, False,  True]])
     """
-    return _shrunk("propagate", module, masks, example_inputs, describe=False).closure
+    closure = _shrunk("propagate", module, masks, example_inputs, describe=False).closure
+    assert closure is not None  # (checked)
+    return closure
 
 
 def shrink(
@@ -279,9 +281,10 @@ def shrink(
 
 
 class _Shrunk:
-    """The closure of the masks, and the model shrunk to it (checked against the masked model)."""
+    """The closure of the masks (``None``: shrink unchecked, which makes none), and the model shrunk to it
+    (checked against the masked model, unless unchecked)."""
 
-    closure: Masks
+    closure: Masks | None
     model: nn.Module
 
 
@@ -318,11 +321,13 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, d
     while True:
         removal = plan_removal(fn, analysis, checked, sizes, vetoed=vetoed)
         removed = sorted(removal.removed)
-        keep, closed = removing(analysis, checked, removed, sizes)
-        if not check:  # no masked model made or run: the copy cut first, the zeros that stay written after
-            small, attributes = built(module, analysis, keep, closed, removed, cut_first=True)
+        if not check:  # no masked model made or run, no closure: the copy cut first, the masks' zeros that stay after
+            keep = kept_indices(analysis, removed, sizes)
+            small, attributes = built(module, analysis, keep, checked, removed, cut_first=True)
             reference: Any = None  # (unread: see below)
+            closed: Masks | None = None
             break
+        keep, closed = removing(analysis, checked, removed, sizes)
         baked = masked_tensors(module, closed)  # the masked model's tensors, then cut into the smaller one's
         reference = masked_outputs(analysis, closed, baked=baked)
         small, attributes = built(module, analysis, keep, closed, removed, baked=baked)
@@ -352,6 +357,8 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, d
                 stacklevel=3,
             )
         _describe_checked(small, shapes_of(module), attributes, analysis.inputs, reference, checked=check)
+    if closed is None:  # unchecked: shrink returns the model alone
+        return _Shrunk(None, small)
     if narrow.removed:  # the closure laid out as before the hidden channels went
         closed = {name: narrow.widened(name, mask, depth.masks.get(name)) for name, mask in closed.items()}
     if depth.removed:  # the closure by the original names, the removed blocks' masks as given

@@ -139,9 +139,10 @@ def built(
     reuse that memory), the tensors are cut into new ones, and what the
     copy still shares is then copied (``copy.deepcopy``): no copy of the
     whole model is made only to be cut. With ``cut_first`` (shrink unchecked:
-    no masked model made), the tensors are cut first, and the closure's zeros
-    that stay (its masks cut alike) written after: a tensor is copied whole
-    only where they prune an entry it keeps.
+    no masked model made), the tensors are cut first, and the zeros of
+    ``closed`` that stay (its masks cut alike: the closure's or the masks it
+    is made of, which prune the same entries of what stays) written after: a
+    tensor is copied whole only where they prune an entry it keeps.
 
     A ``probe`` (a copy only run and thrown away, and checked) keeps sharing
     what it does not cut, and gets new tensors where the masks zero entries
