@@ -45,7 +45,7 @@ from .._families import DEPTH_INDEX_LISTS, DEPTH_THRESHOLDS, LAYER_INDEX
 from .._payoff import block_names, describe_depth_, is_transformers_model, stacks_of, without_blocks
 from .._units import Member, Structure, UnitGroup
 
-__all__ = ["on_meta", "shadow_structure"]
+__all__ = ["block_kinds", "on_meta", "shadow_blocks", "shadow_structure"]
 
 #: Reads the structure of a model with values (``structure`` itself, past its checks).
 Read = Callable[[nn.Module, object, bool], Structure]
@@ -72,8 +72,8 @@ def shadow_structure(fn: str, model: nn.Module, example_inputs: object, outputs:
         )
     graph.as_inputs(fn, model, example_inputs)  # the inputs' type errors, as for any model
     sizes = stacks_of(model)
-    kinds = {path: _kinds(model, path, size) for path, size in sizes.items()}
-    kept = {path: _kept(k) for path, k in kinds.items()}
+    kinds = {path: block_kinds(model, path, size) for path, size in sizes.items()}
+    kept = {path: shadow_blocks(k) for path, k in kinds.items()}
     removed = {path: [i for i in range(sizes[path]) if i not in kept[path]] for path in sizes}
     removed = {path: gone for path, gone in removed.items() if gone}
     small = without_blocks(fn, model, removed)
@@ -105,7 +105,7 @@ def _plain(value: object) -> bool:
     return value is None or isinstance(value, (bool, int, float, str, torch.dtype))
 
 
-def _kinds(model: nn.Module, path: str, size: int) -> list[str]:
+def block_kinds(model: nn.Module, path: str, size: int) -> list[str]:
     """The kind of each block of the stack at ``path``: what it holds and what the config says of it (a string)."""
     config: Any = getattr(model, "config", None)
     entries = vars(config) if config is not None else {}
@@ -128,7 +128,7 @@ def _kinds(model: nn.Module, path: str, size: int) -> list[str]:
     return out
 
 
-def _kept(kinds: Sequence[str]) -> list[int]:
+def shadow_blocks(kinds: Sequence[str]) -> list[int]:
     """The blocks the shadow keeps: the first two of each kind, and the last."""
     kept: list[int] = []
     for kind in dict.fromkeys(kinds):
