@@ -85,7 +85,7 @@ def _new_rows(walk: Walk, node: fx.Node, origin: Origin, axis: int, biases: Sequ
     if found is None:
         return None
     dim, index = found
-    atoms = walk.atoms.new(index.numel(), [Slice(origin.name, dim, int(i)) for i in index.tolist()])
+    atoms = walk.atoms.new(index.numel(), [Slice(origin.name, dim, i) for i in index.tolist()])
     walk.atoms.relate(origin.name, dim, index, atoms, couple=True)
     for bias in biases:
         bias_origin = walk.origin(bias)
