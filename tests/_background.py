@@ -13,7 +13,9 @@ go on meanwhile), and the fixture waits for what is left of its job
 imported otherwise) starts when first waited for.
 
 Each job runs in a temporary directory of its own, which it may first fill
-(``prepare``), with its output in files there (a pipe nobody reads could
+(``prepare``: in the thread that hands the jobs over, before the tests
+start, since a preparation may use torch's global RNG, which the tests use
+too), with its output in files there (a pipe nobody reads could
 fill and stall it). It is bounded in time, counted from its start: past its
 timeout it is killed, and :meth:`Job.result` raises
 :class:`subprocess.TimeoutExpired`. At the end of the session
@@ -50,6 +52,7 @@ class Job:
         env: Mapping[str, str] | None = None,
     ) -> None:
         self._prepare = prepare
+        self._args: list[str] | None = None
         self._timeout = timeout
         self._cwd = cwd
         self._env = env
@@ -72,13 +75,23 @@ class Job:
             self._directory = Path(tempfile.mkdtemp(prefix="funcprune-tests-"))
         return self._directory
 
+    def prepare(self) -> None:
+        """Write the job's files and make its command line (once), in the calling thread."""
+        with _LOCK:
+            self._prepared()
+
+    def _prepared(self) -> list[str]:
+        if self._args is None:
+            self._args = self._prepare(self._make_directory())
+        return self._args
+
     def start(self) -> None:
         """Start the subprocess, unless it was started already (or the session ended)."""
         with _LOCK:
             if self._process is not None or _stopped:
                 return
             directory = self._make_directory()
-            args = self._prepare(directory)
+            args = self._prepared()
             stdout, stderr = self._outputs = tuple(open(directory / name, "w+b") for name in ("stdout", "stderr"))  # noqa: SIM115
             self._deadline = time.monotonic() + self._timeout
             try:
@@ -135,9 +148,17 @@ class Job:
 
 
 def run_in_order(jobs: Sequence[Job]) -> None:
-    """Run ``jobs`` one after another on a thread of their own (this returns at once)."""
+    """Prepare ``jobs`` here, then run them one after another on a thread of their own (this returns then).
+
+    The preparations run in the calling thread, before the tests: one may use
+    torch's global RNG (a tiny model built and saved, seeded), which on the
+    thread beside the tests raced with them for it (a test comparing RNG states
+    saw a seed of 0 appear mid-test, once in a few runs).
+    """
     if not jobs:
         return
+    for job in jobs:
+        job.prepare()
 
     def run() -> None:
         for job in jobs:

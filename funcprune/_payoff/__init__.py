@@ -37,10 +37,10 @@ from ._masks_files import load_masks as load_masks
 from ._masks_files import save_masks as save_masks
 from ._masks_packed import pack_masks as pack_masks
 from ._masks_packed import unpack_masks as unpack_masks
+from ._probes import removable as removable
 from ._reload import load_shrunk as load_shrunk
 from ._shrink import KeptChannelsWarning as KeptChannelsWarning
 from ._shrink import propagate as propagate
-from ._shrink import removable as removable
 from ._shrink import shrink as shrink
 from ._sparse import to_sparse as to_sparse
 from ._masks_files import PackedMasks as PackedMasks

@@ -21,14 +21,15 @@ from .._names import check_masks, check_not_hooked
 from .._types import Masks, Tensor
 from .._units import Structure
 from .._validate import refuse_in
-from ._verify import Failure, Later, differ_in_eval, mismatch, outputs_in_eval, search, shape_changes
+from ._verify import differ_in_eval, outputs_in_eval
 from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
 from ._config import Record, ShrunkConfigWarning, describe_, is_transformers_model, record_, shapes_of
 from ._depth import depthless
 from ._hidden import narrowed
-from ._smaller import built, masked_outputs, masked_tensors, probing, removing, tensor_shapes
+from ._probes import breaking
+from ._smaller import built, masked_outputs, masked_tensors, removing, tensor_shapes
 
-__all__ = ["KeptChannelsWarning", "propagate", "removable", "shrink"]
+__all__ = ["KeptChannelsWarning", "propagate", "shrink"]
 
 _M = TypeVar("_M", bound=nn.Module)
 #: How many layers a :class:`KeptChannelsWarning` names.
@@ -337,7 +338,7 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, d
             break
         if not removed:  # the masked model itself: a model that runs otherwise each time
             raise ValueError(f"{fn}: the model computes something else on each run ({why}); cannot check what shrink removes")
-        bad = _breaking(module, analysis, checked, removed, sizes) or removed
+        bad = breaking(module, analysis, checked, removed, sizes) or removed
         vetoed.update(dict.fromkeys(bad, _CHANGES_OUTPUTS))
     _warn_kept(fn, removal.kept)
     _warn_blocks_kept(fn, depth.kept)
@@ -394,71 +395,6 @@ def _describe_checked(small: nn.Module, original: Mapping[str, tuple[int, ...]],
         vars(config).clear()
         vars(config).update(saved)
         record_(small, original, attributes)
-
-
-def removable(module: nn.Module, analysis: Analysis, trial: Mapping[str, Sequence[int]]) -> dict[str, str]:
-    """The entries of ``trial`` whose groups cannot go, each with why; the others go (checked).
-
-    ``trial`` maps names (unit groups) to groups of ``analysis`` (of
-    ``module``) to remove. They are removed all at once from a copy of
-    ``module``, as :func:`shrink` removes them, and the smaller copy is
-    checked against the masked model on the analysis' example inputs;
-    where that fails, halving finds the entries whose removal does it, and
-    each one's reason is what removing it alone gives (an error the copy
-    raises, or how far its outputs are from the masked model's).
-    """
-    sizes = tensor_shapes(module)
-
-    def fails(names: Sequence[str]) -> Failure | None:
-        return _probe(module, analysis, {}, {g for name in names for g in trial[name]}, sizes)
-
-    names = list(trial)
-    if not names or fails(names) is None:
-        return {}
-    shapes = shape_changes(analysis)
-    alike = {name: tuple(shapes.get(g, ()) for g in trial[name]) for name in names}
-    return {name: failure.why for name, failure in search(names, alike.__getitem__, fails).items()}
-
-
-def _breaking(
-    module: nn.Module, analysis: Analysis, masks: Mapping[str, Tensor], removed: Sequence[int],
-    sizes: Mapping[str, tuple[int, ...]],
-) -> list[int]:  # fmt: skip
-    """The groups of ``removed`` whose removal changes the outputs (:func:`search`), the rest removable."""
-
-    def fails(groups: Sequence[int]) -> Failure | None:
-        return _probe(module, analysis, masks, groups, sizes)
-
-    shapes = shape_changes(analysis)
-    return sorted(search(list(removed), lambda g: shapes.get(g, ()), fails))
-
-
-def _probe(
-    module: nn.Module, analysis: Analysis, masks: Mapping[str, Tensor], groups: Iterable[int],
-    sizes: Mapping[str, tuple[int, ...]],
-) -> Failure | None:  # fmt: skip
-    """How a probe's copy of ``module`` without ``groups`` (``masks`` closed over them) fails the check, or ``None``.
-
-    The copy is cut to views where it can (a tensor that keeps one run of indices); if that copy fails and holds
-    a tensor that is not contiguous, the failure is the one of a copy cut to new tensors (a model may read a
-    weight as contiguous: ``weight.view(...)``).
-    """
-    removed = sorted(set(groups))
-    keep, closed, dropped = probing(analysis, masks, removed, sizes)
-    made: list[Any] = []
-
-    def reference() -> Any:  # made once, if a copy runs
-        if not made:
-            made.append(masked_outputs(analysis, closed, dropped))
-        return made[0]
-
-    small, _ = built(module, analysis, keep, closed, removed, probe=True, masked=set(masks), views=True)
-    failure = mismatch(small, analysis.inputs, Later(reference))  # (none if it raises)
-    if failure is not None and not all(t.is_contiguous() for t in [*small.parameters(), *small.buffers()]):
-        del small
-        small, _ = built(module, analysis, keep, closed, removed, probe=True, masked=set(masks))
-        failure = mismatch(small, analysis.inputs, Later(reference))
-    return failure
 
 
 def _warn_kept(fn: str, kept: Mapping[str, Mapping[str, int]]) -> None:

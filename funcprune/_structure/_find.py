@@ -21,14 +21,14 @@ from torch import nn
 
 from .. import _graph as graph
 from .._names import check_not_hooked
-from .._payoff import block_names, removable, stacks_of
+from .._payoff import removable
 from .._targets import output_parameters
 from .._torch_private import ConvNd
 from .._units import Kind, Member, Structure, UnitGroup
 from .._validate import refuse_in
 from ._hidden import hidden_group
 from ._layers import layer_groups
-from ._shadow import block_kinds, on_meta, shadow_blocks, shadow_structure
+from ._shadow import on_meta, shadow_structure, standing_for
 
 __all__ = ["UnitsLeftOutWarning", "structure", "units_of"]
 
@@ -160,7 +160,7 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
     found = _found(analysis, {name: tuple(p.shape) for name, p in model.named_parameters()}, excluded)
     # the last unit of each group (of each part, where parts lose evenly): the probe cuts what it keeps to views
     trial = {name: units[len(units) // group.parts - 1 :: len(units) // group.parts] for name, (group, units) in found.groups.items()}
-    standing = _standing_for(model, list(trial))  # a block's groups tried once per kind of block
+    standing = standing_for(model, list(trial))  # a block's groups tried once per kind of block
     tried = removable(model, analysis, {name: trial[name] for name in dict.fromkeys(standing.values())})
     failed = {name: tried[by] for name, by in standing.items() if by in tried}
     left = {name: f"removing one changes what the model computes ({why})" for name, why in failed.items()}
@@ -174,29 +174,6 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
     found_structure = Structure(groups, {"hidden": why} if why is not None else {})
     object.__setattr__(found_structure, "_analyzed", memo)  # for shrink(..., structure=): never pickled or compared
     return found_structure
-
-
-def _standing_for(model: nn.Module, names: Sequence[str]) -> dict[str, str]:
-    """For each of ``names`` (unit groups), the group whose trial stands for it: itself, or, for a group of a
-    block of a stack beyond the first two blocks of its kind and the stack's last, the same group of the first
-    block of its kind, where there is one (blocks of one kind as a model on the meta device is read: modules,
-    plain attributes but the layer index, tensors and the config's per-layer entries agreeing)."""
-    out = {name: name for name in names}
-    for path, size in stacks_of(model).items():
-        kinds = block_kinds(model, path, size)
-        kept = set(shadow_blocks(kinds))
-        blocks = block_names(model, path)
-        first = {kind: blocks[kinds.index(kind)] for kind in kinds}
-        alike = {block: first[kinds[i]] for i, block in enumerate(blocks) if i not in kept}
-        for name in names:
-            parts = name.split(".")
-            for k in range(1, len(parts) + 1):
-                block = ".".join(parts[:k])
-                if block in alike:
-                    by = alike[block] + name[len(block) :]
-                    out[name] = by if by in out else name
-                    break
-    return out
 
 
 def units_of(

@@ -45,7 +45,7 @@ from .._families import DEPTH_INDEX_LISTS, DEPTH_THRESHOLDS, LAYER_INDEX
 from .._payoff import block_names, describe_depth_, is_transformers_model, stacks_of, without_blocks
 from .._units import Member, Structure, UnitGroup
 
-__all__ = ["block_kinds", "on_meta", "shadow_blocks", "shadow_structure"]
+__all__ = ["on_meta", "shadow_structure", "standing_for"]
 
 #: Reads the structure of a model with values (``structure`` itself, past its checks).
 Read = Callable[[nn.Module, object, bool], Structure]
@@ -72,8 +72,8 @@ def shadow_structure(fn: str, model: nn.Module, example_inputs: object, outputs:
         )
     graph.as_inputs(fn, model, example_inputs)  # the inputs' type errors, as for any model
     sizes = stacks_of(model)
-    kinds = {path: block_kinds(model, path, size) for path, size in sizes.items()}
-    kept = {path: shadow_blocks(k) for path, k in kinds.items()}
+    kinds = {path: _kinds(model, path, size) for path, size in sizes.items()}
+    kept = {path: _kept(k) for path, k in kinds.items()}
     removed = {path: [i for i in range(sizes[path]) if i not in kept[path]] for path in sizes}
     removed = {path: gone for path, gone in removed.items() if gone}
     small = without_blocks(fn, model, removed)
@@ -105,7 +105,7 @@ def _plain(value: object) -> bool:
     return value is None or isinstance(value, (bool, int, float, str, torch.dtype))
 
 
-def block_kinds(model: nn.Module, path: str, size: int) -> list[str]:
+def _kinds(model: nn.Module, path: str, size: int) -> list[str]:
     """The kind of each block of the stack at ``path``: what it holds and what the config says of it (a string)."""
     config: Any = getattr(model, "config", None)
     entries = vars(config) if config is not None else {}
@@ -128,7 +128,7 @@ def block_kinds(model: nn.Module, path: str, size: int) -> list[str]:
     return out
 
 
-def shadow_blocks(kinds: Sequence[str]) -> list[int]:
+def _kept(kinds: Sequence[str]) -> list[int]:
     """The blocks the shadow keeps: the first two of each kind, and the last."""
     kept: list[int] = []
     for kind in dict.fromkeys(kinds):
@@ -366,3 +366,26 @@ class _Mapping:
             f"{self.fn}: model is on the meta device, and its structure is read off a copy with fewer blocks, "
             f"but that copy's groups cannot be mapped onto the model{shown}: {why}; build the model on a real device"
         )
+
+
+def standing_for(model: nn.Module, names: Sequence[str]) -> dict[str, str]:
+    """For each of ``names`` (unit groups), the group whose trial stands for it: itself, or, for a group of a
+    block of a stack beyond the first two blocks of its kind and the stack's last, the same group of the first
+    block of its kind, where there is one (blocks of one kind as a model on the meta device is read: modules,
+    plain attributes but the layer index, tensors and the config's per-layer entries agreeing)."""
+    out = {name: name for name in names}
+    for path, size in stacks_of(model).items():
+        kinds = _kinds(model, path, size)
+        kept = set(_kept(kinds))
+        blocks = block_names(model, path)
+        first = {kind: blocks[kinds.index(kind)] for kind in kinds}
+        alike = {block: first[kinds[i]] for i, block in enumerate(blocks) if i not in kept}
+        for name in names:
+            parts = name.split(".")
+            for k in range(1, len(parts) + 1):
+                block = ".".join(parts[:k])
+                if block in alike:
+                    by = alike[block] + name[len(block) :]
+                    out[name] = by if by in out else name
+                    break
+    return out

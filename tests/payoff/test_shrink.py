@@ -1116,7 +1116,7 @@ class SpelledWide(nn.Module):
 def test_a_size_spelled_out_for_many_channels_costs_a_few_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     model = seeded(SpelledWide())
     masks = half_channels(model, ["conv.weight", "side.weight"])
-    from funcprune._payoff import _shrink, _smaller
+    from funcprune._payoff import _probes, _shrink, _smaller
 
     builds: list[int] = []
     built = _smaller.built
@@ -1126,6 +1126,7 @@ def test_a_size_spelled_out_for_many_channels_costs_a_few_builds(monkeypatch: py
         return built(*args, **kwargs)
 
     monkeypatch.setattr(_shrink, "built", counted)  # as shrink calls it
+    monkeypatch.setattr(_probes, "built", counted)  # as its probes call it
     small: Any = check_equal_outputs(model, masks, torch.randn(2, 3, 8, 8), kept=r"'conv' keeps 256 \(removing them changes")
     assert (small.conv.out_channels, small.side.out_channels) == (512, 32)
     assert len(builds) <= 16  # propagate and shrink: a check and a few probes each (it was 500 builds and more each)
@@ -1195,8 +1196,7 @@ def test_a_probe_cut_to_views_that_fails_is_tried_again_on_copies(monkeypatch: p
     """structure's trial cuts the model's tensors to views (the last unit goes: what stays is one run); a copy
     whose view is not contiguous and that fails is tried again cut into new tensors, so that a model reading a
     weight as contiguous keeps its units; a plain model's trial builds no copy of what it cuts."""
-    from funcprune._payoff import _resize, _smaller
-    from funcprune._payoff import _shrink as shrinking
+    from funcprune._payoff import _probes, _resize, _smaller
 
     cuts: list[bool] = []
     real = _resize.resize_modules
@@ -1216,13 +1216,13 @@ def test_a_probe_cut_to_views_that_fails_is_tried_again_on_copies(monkeypatch: p
     plain = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3)).eval()
     stored = {name: p.untyped_storage().data_ptr() for name, p in plain.named_parameters()}
     built: list[nn.Module] = []
-    real_mismatch = vars(shrinking)["mismatch"]
+    real_mismatch = vars(_probes)["mismatch"]
 
     def seen(small: nn.Module, *args: Any, **kwargs: Any) -> Any:
         built.append(small)
         return real_mismatch(small, *args, **kwargs)
 
-    monkeypatch.setattr(shrinking, "mismatch", seen)
+    monkeypatch.setattr(_probes, "mismatch", seen)
     assert "0" in fp.structure(plain, torch.randn(2, 4))
     assert cuts == [True] and len(built) == 1
     probe = dict(built[0].named_parameters())

@@ -39,16 +39,18 @@ class Stack(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
             x = layer(x)
-        return self.head(x)
+        out: torch.Tensor = self.head(x)
+        return out
 
 
 def _tried(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     calls: list[list[str]] = []
-    real = _find.removable
+    real = vars(_find)["removable"]
 
     def spied(model: nn.Module, analysis: Any, trial: dict[str, Any]) -> dict[str, str]:
         calls.append(sorted(trial))
-        return real(model, analysis, trial)
+        failed: dict[str, str] = real(model, analysis, trial)
+        return failed
 
     monkeypatch.setattr(_find, "removable", spied)
     return calls
@@ -63,7 +65,7 @@ def test_a_stack_s_groups_are_tried_once_per_kind_of_block(monkeypatch: pytest.M
     s = fp.structure(model, torch.randn(2, 8))
     assert calls == [["layers.0", "layers.1", "layers.5"]]
     assert [name for name in s if name.startswith("layers.")][:6] == [f"layers.{i}" for i in range(6)]
-    monkeypatch.setattr(_find, "_standing_for", lambda model, names: {n: n for n in names})  # every group tried
+    monkeypatch.setattr(_find, "standing_for", lambda model, names: {n: n for n in names})  # every group tried
     calls.clear()
     assert fp.structure(model, torch.randn(2, 8)) == s
     assert calls == [[f"layers.{i}" for i in range(6)]]
@@ -96,6 +98,6 @@ def test_a_transformer_s_layers_are_tried_once_per_kind(monkeypatch: pytest.Monk
         s = fp.structure(t.model, inputs(t))
         tried = {name.split(".")[2] for name in calls[0] if name.startswith("model.layers.")}
         assert tried == {"0", "1", "4"}
-        monkeypatch.setattr(_find, "_standing_for", lambda model, names: {n: n for n in names})
+        monkeypatch.setattr(_find, "standing_for", lambda model, names: {n: n for n in names})
         assert fp.structure(t.model, inputs(t)) == s
     assert {g.split(".")[2] for g in s if g.startswith("model.layers.") and s[g].kind != "layers"} == set("01234")
