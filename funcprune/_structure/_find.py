@@ -74,10 +74,10 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
     same group of the first block of their kind (blocks of one kind as for
     a model on the meta device, below): a block whose code depends on its
     index alone is not told apart, and :func:`~funcprune.shrink`, which
-    checks what it builds, keeps what breaks it, with a warning. What stays whatever the masks say is left
-    out too: the model's outputs, channels read by an op the analysis
-    cannot follow, and a unit that is all of a layer's side (an attention
-    with one KV group).
+    checks what it builds, keeps what breaks it, with a warning. What
+    stays whatever the masks say is left out too: the model's outputs,
+    channels read by an op the analysis cannot follow, and a unit that is
+    all of a layer's side (an attention with one KV group).
 
     Two kinds cut the other axes, pruned only where a plan names them:
 
