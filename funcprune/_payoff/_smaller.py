@@ -180,17 +180,16 @@ def _cut(tensor: Tensor, dims: Mapping[int, list[int]]) -> Tensor:
 
 
 def _owned_(module: nn.Module, shared: Sequence[Tensor]) -> None:
-    """Each parameter and buffer of ``module`` that is one of ``shared`` replaced by a copy of its own
-    (``copy.deepcopy``, as a copy of the whole module makes it; every name of a tied one gets the same)."""
+    """Each parameter and buffer of ``module`` that is one of ``shared`` replaced by a copy of its own, as a
+    copy of the whole module makes it: ``copy.deepcopy`` with one memo, so that every name of a tied one gets
+    the same copy, and tensors that share a storage (views of one fused weight) share its one copy."""
     ids = {id(t) for t in shared}
-    copies: dict[int, Any] = {}
+    memo: dict[int, Any] = {}
     for layer in module.modules():
         for table in (layer._parameters, layer._buffers):
             for attr, tensor in list(table.items()):
                 if tensor is not None and id(tensor) in ids:
-                    if id(tensor) not in copies:
-                        copies[id(tensor)] = copy.deepcopy(tensor)
-                    table[attr] = copies[id(tensor)]
+                    table[attr] = copy.deepcopy(tensor, memo)
 
 
 @torch.no_grad()

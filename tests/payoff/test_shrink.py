@@ -1361,3 +1361,33 @@ def test_shrink_unchecked_does_not_look_for_what_a_size_spelled_out_breaks() -> 
         unchecked(x)
     with pytest.raises(TypeError, match="shrink: check must be a bool, got 'no'"):
         fp.shrink(model, masks, x, check="no")  # type: ignore[arg-type]
+
+
+class _Fused(nn.Module):
+    """Two buffers that are views of one storage, and a layer shrink cuts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        base = torch.randn(8)
+        self.register_buffer("shift", base[:4])
+        self.register_buffer("scale", base[4:])
+        self.up, self.down = nn.Linear(4, 6), nn.Linear(6, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.down(torch.relu(self.up(x))) * self.scale + self.shift
+        return out
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_what_shrink_leaves_is_copied_as_a_copy_of_the_model_copies_it(check: bool) -> None:
+    """The tensors shrink does not cut are copied as ``copy.deepcopy`` of the whole model copies them: views of
+    one storage (two buffers) stay views of one storage, copied once, and none is the model's."""
+    torch.manual_seed(0)
+    model = _Fused().eval()
+    masks = half_channels(model, ["up.weight"])
+    small: Any = fp.shrink(model, masks, torch.randn(3, 4), check=check)
+    assert small.up.out_features == 3
+    storage = small.shift.untyped_storage()
+    assert storage.data_ptr() == small.scale.untyped_storage().data_ptr() != model.shift.untyped_storage().data_ptr()
+    assert storage.nbytes() == 8 * 4 and (small.shift.storage_offset(), small.scale.storage_offset()) == (0, 4)
+    assert torch.equal(small.shift, model.shift) and torch.equal(small.scale, model.scale)
