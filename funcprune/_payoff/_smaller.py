@@ -189,7 +189,8 @@ def _owned_(module: nn.Module, shared: Sequence[Tensor]) -> None:
         for table in (layer._parameters, layer._buffers):
             for attr, tensor in list(table.items()):
                 if tensor is not None and id(tensor) in ids:
-                    table[attr] = copy.deepcopy(tensor, memo)
+                    copied: Any = copy.deepcopy(tensor, memo)
+                    table[attr] = copied
 
 
 @torch.no_grad()

@@ -1366,6 +1366,9 @@ def test_shrink_unchecked_does_not_look_for_what_a_size_spelled_out_breaks() -> 
 class _Fused(nn.Module):
     """Two buffers that are views of one storage, and a layer shrink cuts."""
 
+    shift: Tensor
+    scale: Tensor
+
     def __init__(self) -> None:
         super().__init__()
         base = torch.randn(8)
