@@ -50,7 +50,7 @@ from .._graph import Analysis, Inputs, copy_module, own_indices, run
 from .._types import Tensor
 from ._config import _pinned, is_transformers_model, shapes_of
 from ._resize import resize_modules
-from ._smaller import masked_run, zeroed_
+from ._smaller import cut, masked_run, zeroed_
 from ._verify import mismatch
 
 __all__ = ["Hidden", "Narrowed", "hidden_of", "narrowed", "pruned_channels"]
@@ -184,7 +184,7 @@ def narrowed(
         if reason is not None:
             return Narrowed(module, dict(masks), why=reason)
         model = rebuilt
-    sliced = {name: _sliced(mask, keep.get(name, {})) for name, mask in masks.items()}
+    sliced = {name: cut(mask, keep.get(name, {})) for name, mask in masks.items()}
     probe = copy_module(fn, model, sharing=[*model.parameters(), *model.buffers()])
     zeroed_(probe, sliced)
     failure = mismatch(probe, analysis.inputs, reference, float64=_FLOAT32_INSIDE)
@@ -216,12 +216,6 @@ def _tied_again_(module: nn.Module, model: nn.Module) -> None:
         setattr(layer, attr, model.get_parameter(first[id(p)]))
         if isinstance(layer, nn.Linear):  # a tied LM head
             layer.out_features, layer.in_features = layer.weight.shape
-
-
-def _sliced(mask: Tensor, dims: Mapping[int, list[int]]) -> Tensor:
-    for dim, kept in dims.items():
-        mask = mask.index_select(dim, torch.tensor(kept, dtype=torch.long, device=mask.device))
-    return mask
 
 
 def _norms(module: nn.Module, hidden: Hidden, params: Mapping[str, Tensor]) -> list[str]:

@@ -25,7 +25,7 @@ from ._config import Record
 from ._resize import resize_modules
 
 __all__ = [
-    "Dropped", "built", "keeps_all", "masked_outputs", "masked_run", "masked_tensors", "probing", "removing", "tensor_shapes",
+    "Dropped", "built", "cut", "keeps_all", "masked_outputs", "masked_run", "masked_tensors", "probing", "removing", "tensor_shapes",
     "zeroed", "zeroed_",
 ]  # fmt: skip
 
@@ -157,7 +157,7 @@ def built(
     result = copy_module("shrink", module, sharing=sharing)
     if cut_first and not probe:
         record = resize_modules(result, keep, analysis, set(removed))
-        zeroed_(result, {name: _cut(mask, keep.get(name, {})) for name, mask in closed.items()})
+        zeroed_(result, {name: cut(mask, keep.get(name, {})) for name, mask in closed.items()})
         _owned_(result, sharing)
         return result, record
     if probe:
@@ -172,8 +172,8 @@ def built(
     return result, record
 
 
-def _cut(tensor: Tensor, dims: Mapping[int, list[int]]) -> Tensor:
-    """``tensor`` cut to the indices ``dims`` keeps along each of its dims (itself where it keeps all)."""
+def cut(tensor: Tensor, dims: Mapping[int, list[int]]) -> Tensor:
+    """``tensor`` (a mask) cut to the indices ``dims`` keeps along each of its dims (itself where it keeps all)."""
     for dim, kept in sorted(dims.items()):
         tensor = tensor.index_select(dim, torch.tensor(kept, dtype=torch.long, device=tensor.device))
     return tensor

@@ -187,13 +187,14 @@ def test_the_hidden_size_s_trial_cuts_no_mask_and_shrink_cuts_the_masks_it_was_g
     from funcprune._payoff import _hidden
 
     cut: list[tuple[int, ...]] = []
-    real = _hidden._sliced
+    real = vars(_hidden)["cut"]
 
     def spied(mask: torch.Tensor, dims: Any) -> torch.Tensor:
         cut.append(tuple(mask.shape))
-        return real(mask, dims)
+        out: torch.Tensor = real(mask, dims)
+        return out
 
-    monkeypatch.setattr(_hidden, "_sliced", spied)
+    monkeypatch.setattr(_hidden, "cut", spied)
     torch.manual_seed(0)
     model = Tiny(6, 5, 2, False).double().eval()
     ids = torch.randint(0, 11, (2, 6))
