@@ -19,6 +19,7 @@ from ._memo import analyzed as analyzed
 from ._memo import remembered as remembered
 from ._removal import Removal as Removal
 from ._removal import closure as closure
+from ._removal import dropped_indices as dropped_indices
 from ._removal import kept_indices as kept_indices
 from ._removal import own_indices as own_indices
 from ._removal import plan_removal as plan_removal

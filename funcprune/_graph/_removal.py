@@ -13,7 +13,7 @@ ValueError naming the op.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import final
 
@@ -23,7 +23,7 @@ from .._types import Tensor
 from ._analysis import Analysis
 from ._atoms import Slice
 
-__all__ = ["Removal", "kept_indices", "own_indices", "plan_removal"]
+__all__ = ["Removal", "closure", "dropped_indices", "kept_indices", "own_indices", "plan_removal"]
 
 
 @final
@@ -240,8 +240,13 @@ def closure(masks: Mapping[str, Tensor], keep: Mapping[str, Mapping[int, list[in
         mask = out.get(name)
         mask = torch.ones_like(param, dtype=torch.bool) if mask is None else mask.clone()
         for dim, kept in dims.items():
-            dropped = torch.ones(param.shape[dim], dtype=torch.bool, device=mask.device)
-            dropped[kept] = False
-            mask.index_fill_(dim, dropped.nonzero().flatten().to(mask.device), False)
+            mask.index_fill_(dim, dropped_indices(kept, param.shape[dim]).to(mask.device), False)
         out[name] = mask
     return {name: out[name] for name in params if name in out}
+
+
+def dropped_indices(kept: Sequence[int], size: int) -> Tensor:
+    """The indices of ``range(size)`` that ``kept`` (one dim's, from :func:`kept_indices`) leaves out, ascending."""
+    dropped = torch.ones(size, dtype=torch.bool)
+    dropped[list(kept)] = False
+    return dropped.nonzero().flatten()

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .._experts import Router, never_routed
-from .._graph import Analysis, Inputs, closure, copy_module, kept_indices
+from .._graph import Analysis, Inputs, closure, copy_module, dropped_indices, kept_indices
 from .._types import Masks, Tensor
 from ._config import Record
 from ._resize import resize_modules
@@ -67,18 +67,11 @@ def probing(
     named = set(masks) | {layer.router.weight for layer in analysis.experts}
     closed = closure(masks, {name: dims for name, dims in keep.items() if name in named}, params)
     dropped = {
-        name: {dim: _complement(kept, params[name].shape[dim]) for dim, kept in dims.items()}
+        name: {dim: dropped_indices(kept, params[name].shape[dim]).tolist() for dim, kept in dims.items()}
         for name, dims in keep.items()
         if name in params and name not in named
     }
     return keep, closed, dropped
-
-
-def _complement(kept: Sequence[int], size: int) -> list[int]:
-    gone = torch.ones(size, dtype=torch.bool)
-    gone[list(kept)] = False
-    indices: list[int] = gone.nonzero().flatten().tolist()
-    return indices
 
 
 def masked_run(
