@@ -23,6 +23,7 @@ from .._graph import Analysis, Inputs, closure, copy_module, dropped_indices, ke
 from .._types import Masks, Tensor
 from ._config import Record
 from ._resize import resize_modules
+from ._verify import evaluating
 
 __all__ = [
     "Dropped", "built", "cut", "keeps_all", "masked_outputs", "masked_run", "masked_tensors", "probing", "removing", "tensor_shapes",
@@ -90,14 +91,8 @@ def masked_run(
     ``baked``: the :func:`masked_tensors` of ``masks``, where the caller has them.
     """
     baked = masked_tensors(module, masks, dropped) if baked is None else baked
-    modes = [(m, m.training) for m in module.modules()]
-    module.eval()
-    try:
-        with torch.no_grad(), never_routed(module, masks, list(routers)):
-            return torch.func.functional_call(module, dict(baked), tuple(inputs.args), dict(inputs.kwargs))
-    finally:
-        for m, mode in modes:
-            m.training = mode
+    with evaluating(module), torch.no_grad(), never_routed(module, masks, list(routers)):
+        return torch.func.functional_call(module, dict(baked), tuple(inputs.args), dict(inputs.kwargs))
 
 
 @torch.no_grad()

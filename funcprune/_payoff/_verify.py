@@ -12,8 +12,9 @@ and where removing one of a failing class alone raises, all of them do.
 
 from __future__ import annotations
 
+import contextlib
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, final
 
@@ -24,7 +25,7 @@ from .._graph import Analysis, Inputs, own_indices, run
 from .._torch_private import tree_leaves
 from .._types import Tensor
 
-__all__ = ["Failure", "Later", "differ_in_eval", "mismatch", "outputs_in_eval", "search", "shape_changes"]
+__all__ = ["Failure", "Later", "differ_in_eval", "evaluating", "mismatch", "outputs_in_eval", "search", "shape_changes"]
 
 
 def differ_in_eval(small: nn.Module, inputs: Inputs, reference: Any) -> str | None:
@@ -86,10 +87,17 @@ def outputs_in_eval(fn: str, small: nn.Module, inputs: Inputs) -> Any:
 
 def _in_eval(module: nn.Module, inputs: Inputs) -> Any:
     """``module`` run on ``inputs`` in eval mode, each submodule's training flag restored after."""
+    with evaluating(module):
+        return run(module, inputs)
+
+
+@contextlib.contextmanager
+def evaluating(module: nn.Module) -> Iterator[None]:
+    """Within: ``module`` in eval mode; after, each submodule's training flag as it was."""
     modes = [(m, m.training) for m in module.modules()]
     module.eval()
     try:
-        return run(module, inputs)
+        yield
     finally:
         for m, mode in modes:
             m.training = mode
