@@ -7,7 +7,8 @@ analysis of ``funcprune._graph``, building smaller copies (``_smaller.py``)
 and verifying them against the masked model (``_verify.py``);
 ``_sparse.py`` turns masked Linear weights into CSR, BSR or 2:4 sparse
 tensors, below the measured break-even sparsity (``_break_even.py``) with a
-warning; ``_depth.py`` removes whole blocks the masks prune entirely (depth); ``_checks.py`` holds the argument checks they share; the
+warning; ``_depth.py`` removes whole blocks the masks prune entirely (depth), of the stacks
+``_stacks.py`` finds; ``_checks.py`` holds the argument checks they share; the
 ``_masks_*.py`` modules keep masks at rest, bit-packed: ``_masks_packed.py``
 in memory, ``_masks_files.py`` in safetensors files (over the bits, DTensor
 blocks' records, laying out, merging and the checks of untrusted records);
@@ -25,11 +26,9 @@ from ._break_even import BreakEven as BreakEven
 from ._break_even import SlowSparseWarning as SlowSparseWarning
 from ._config import ShrunkConfigWarning as ShrunkConfigWarning
 from ._config import is_transformers_model as is_transformers_model
-from ._depth import block_names as block_names
 from ._depth import blocks_of as blocks_of
 from ._depth import depthless as depthless
 from ._depth import describe_depth_ as describe_depth_
-from ._depth import stacks_of as stacks_of
 from ._depth import without_blocks as without_blocks
 from ._hidden import hidden_of as hidden_of
 from ._hidden import narrowed as narrowed
@@ -43,6 +42,8 @@ from ._shrink import KeptChannelsWarning as KeptChannelsWarning
 from ._shrink import propagate as propagate
 from ._shrink import shrink as shrink
 from ._sparse import to_sparse as to_sparse
+from ._stacks import block_names as block_names
+from ._stacks import stacks_of as stacks_of
 from ._masks_files import PackedMasks as PackedMasks
 from ._shards import ShardLayout as ShardLayout
 from ._shards import Shards as Shards

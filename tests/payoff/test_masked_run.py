@@ -1,0 +1,141 @@
+"""The masked model of a trial, made block by block: the bits of the whole model's copy, and the model left as it was."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from funcprune._graph import Inputs, as_inputs
+from funcprune._payoff import _smaller
+from funcprune._payoff._smaller import masked_run, masked_tensors
+
+Tensor = torch.Tensor
+
+
+def _whole_copy(module: nn.Module, masks: Mapping[str, Tensor], inputs: Inputs, dropped: Any) -> Any:
+    """The masked model as it was made before the blocks were: every tensor's copy made up front."""
+    baked = masked_tensors(module, masks, dropped)
+    with torch.no_grad():
+        return torch.func.functional_call(module, baked, tuple(inputs.args), dict(inputs.kwargs))
+
+
+def _hidden_dropped(model: nn.Module, channels: Sequence[int]) -> dict[str, dict[int, list[int]]]:
+    """``channels`` of a Llama's hidden size zeroed in every tensor that holds them (as the hidden trial does)."""
+    out: dict[str, dict[int, list[int]]] = {}
+    for name, p in model.named_parameters():
+        if p.dim() == 1:
+            out[name] = {0: list(channels)}
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):
+            out[name] = {0: list(channels)}
+        elif "embed_tokens" in name:
+            out[name] = {1: list(channels)}
+        else:
+            out[name] = {1: list(channels)}
+    return out
+
+
+def _state(model: nn.Module) -> list[tuple[str, int, int]]:
+    return [(n, id(p), p._version) for n, p in model.named_parameters(remove_duplicate=False)]
+
+
+def _hooks(model: nn.Module) -> int:
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_trial_s_masked_model_made_block_by_block_is_the_whole_copy_bit_for_bit(tied: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hidden channel zeroed in every layer (the hidden trial's masked model), a mask on top of one block's
+    weight, a tied head: the blocks' copies made as each block runs give the logits of the copies made up front,
+    bit for bit; the blocks' tensors were not copied up front; and the model holds its own tensors after, not
+    written, with no hook left."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(1))
+    inputs = as_inputs("test", model, ids)
+    dropped = _hidden_dropped(model, [5, 31])
+    mask = torch.rand(48, 32, generator=torch.Generator().manual_seed(2)) > 0.3
+    masks = {"model.layers.1.mlp.up_proj.weight": mask}
+    up_front: list[str] = []
+    real = _smaller.masked_tensors
+
+    def recorded(module: nn.Module, m: Mapping[str, Tensor], d: Any = None) -> dict[str, Tensor]:
+        out = real(module, m, d)
+        up_front.extend(out)
+        return out
+
+    before, hooks = _state(model), _hooks(model)
+    monkeypatch.setattr(_smaller, "masked_tensors", recorded)
+    mine = masked_run(model, masks, inputs, dropped=dropped).logits
+    monkeypatch.setattr(_smaller, "masked_tensors", real)
+    theirs = _whole_copy(model, masks, inputs, dropped).logits
+    assert torch.equal(mine.view(torch.int32), theirs.view(torch.int32))
+    assert not any(".layers.0." in n or ".layers.2." in n for n in up_front)  # made as the blocks ran
+    assert "model.layers.1.mlp.up_proj.weight" in up_front  # a mask's tensor: made up front, dropped on top
+    assert _state(model) == before and _hooks(model) == hooks
+    dense = masked_run(model, {}, inputs).logits  # and the zeros were there: the masked model is another model
+    assert not torch.equal(dense, mine)
+
+
+class _Failing(RuntimeError):
+    pass
+
+
+def test_a_block_that_fails_leaves_the_model_as_it_was() -> None:
+    """A block that raises while its copies are bound: the error reaches the caller, and every parameter of the
+    model is its own again, with no hook of the trial left."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    inputs = as_inputs("test", model, torch.randint(0, 64, (1, 8)))
+
+    def fail(module: nn.Module, args: Any) -> None:
+        raise _Failing("block 1")
+
+    handle = model.model.layers[1].mlp.register_forward_pre_hook(fail)
+    before, hooks = _state(model), _hooks(model)
+    with pytest.raises(_Failing):
+        masked_run(model, {}, inputs, dropped=_hidden_dropped(model, [3]))
+    assert _state(model) == before and _hooks(model) == hooks
+    handle.remove()
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return torch.tanh(self.lin(x)), self.lin.weight[0]  # a view of its weight, read after later blocks ran
+
+
+class _Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([_Block() for _ in range(3)])
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = []
+        for block in self.blocks:
+            x, row = block(x)
+            rows.append(row)
+        return x + torch.stack(rows).sum(0)
+
+
+def test_a_copy_the_block_s_output_holds_is_not_written_again() -> None:
+    """A block whose output is a view of its weight: the next block of that shape gets a new copy, not that one,
+    so the output read after the later blocks ran is the masked weight's."""
+    torch.manual_seed(0)
+    model = _Stack().eval()
+    x = torch.randn(2, 4)
+    inputs = Inputs((x,))
+    dropped = {f"blocks.{i}.lin.weight": {1: [i]} for i in range(3)}
+    assert torch.equal(masked_run(model, {}, inputs, dropped=dropped), _whole_copy(model, {}, inputs, dropped))
