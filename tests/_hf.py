@@ -190,7 +190,7 @@ def shrunk_exactly(model: nn.Module, masks: fp.Masks, x: Any, structure: fp.Stru
     analysis taken back where still valid)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", fp.KeptChannelsWarning)
-        both = _shrunk("shrink", model, masks, x, structure=structure)
+        both = _shrunk("shrink", model, masks, x, structure=structure, closing=True)
     assert both.closure is not None and both.closure.keys() == masks.keys() and all(torch.equal(both.closure[k], masks[k]) for k in masks)
     removed = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in both.model.parameters())
     assert removed == sum(int((~m).sum()) for m in masks.values())

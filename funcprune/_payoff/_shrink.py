@@ -16,7 +16,7 @@ from typing import Any, TypeVar, final
 
 from torch import nn
 
-from .._graph import Analysis, Inputs, analyze, as_inputs, kept_indices, plan_removal, remembered, warn_unreached
+from .._graph import Analysis, Inputs, analyze, as_inputs, closure, kept_indices, plan_removal, remembered, warn_unreached
 from .._names import check_masks, check_not_hooked
 from .._types import Masks, Tensor
 from .._units import Structure
@@ -27,7 +27,7 @@ from ._config import Record, ShrunkConfigWarning, describe_, is_transformers_mod
 from ._depth import depthless
 from ._hidden import narrowed
 from ._probes import breaking
-from ._smaller import built, masked_outputs, masked_tensors, removing, tensor_shapes
+from ._smaller import built, checking, masked_outputs, tensor_shapes
 
 __all__ = ["KeptChannelsWarning", "propagate", "shrink"]
 
@@ -115,9 +115,9 @@ def propagate(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: ob
     tensor([[ True, False,  True],
             [ True, False,  True]])
     """
-    closure = _shrunk("propagate", module, masks, example_inputs, describe=False).closure
-    assert closure is not None  # (checked)
-    return closure
+    closed = _shrunk("propagate", module, masks, example_inputs, describe=False, closing=True).closure
+    assert closed is not None  # (asked for)
+    return closed
 
 
 def shrink(
@@ -280,10 +280,8 @@ def shrink(
 
 @final
 @dataclass(frozen=True, slots=True)
-
-
 class _Shrunk:
-    """The closure of the masks (``None``: shrink unchecked, which makes none), and the model shrunk to it
+    """The closure of the masks (``None`` unless asked for: shrink makes none), and the model shrunk to it
     (checked against the masked model, unless unchecked)."""
 
     closure: Masks | None
@@ -291,13 +289,13 @@ class _Shrunk:
 
 
 def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, describe: bool = True,
-            structure: object = None, check: bool = True) -> _Shrunk:  # fmt: skip
+            structure: object = None, check: bool = True, closing: bool = False) -> _Shrunk:  # fmt: skip
     """Check everything, analyze, remove, build and check the smaller model; warn about what stays.
 
     With ``describe``, a transformers model's config is made to describe the smaller one. ``structure``: a
     :class:`~funcprune.Structure` whose analysis is taken back where still valid (:func:`~funcprune._graph.remembered`).
     Without ``check``, the smaller model is not checked against the masked one (:func:`shrink` says what that
-    leaves out).
+    leaves out). With ``closing``, the closure of the masks is made too (:func:`propagate`'s result).
     """
     if structure is not None and not isinstance(structure, Structure):
         raise TypeError(f"{fn}: structure must be the fp.structure of the module (a funcprune Structure) or None, "
@@ -323,17 +321,14 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, d
     while True:
         removal = plan_removal(fn, analysis, checked, sizes, vetoed=vetoed)
         removed = sorted(removal.removed)
-        if not check:  # no masked model made or run, no closure: the copy cut first, the masks' zeros that stay after
-            keep = kept_indices(analysis, removed, sizes)
-            small, attributes = built(module, analysis, keep, checked, removed, cut_first=True)
+        # the copy cut first, the masks' zeros that stay written after (no tensor of the model's size made); checked,
+        # against the masked model made block by block (no closure made: the indices that go zeroed on the masks)
+        keep = kept_indices(analysis, removed, sizes)
+        small, attributes = built(module, analysis, keep, checked, removed)
+        if not check:
             reference: Any = None  # (unread: see below)
-            closed: Masks | None = None
             break
-        keep, closed = removing(analysis, checked, removed, sizes)
-        baked = masked_tensors(module, closed)  # the masked model's tensors, then cut into the smaller one's
-        reference = masked_outputs(analysis, closed, baked=baked)
-        small, attributes = built(module, analysis, keep, closed, removed, baked=baked)
-        del baked
+        reference = masked_outputs(analysis, *checking(analysis, checked, keep))
         why = differ_in_eval(small, analysis.inputs, reference)
         if why is None:
             break
@@ -359,8 +354,9 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, d
                 stacklevel=3,
             )
         _describe_checked(small, shapes_of(module), attributes, analysis.inputs, reference, checked=check)
-    if closed is None:  # unchecked: shrink returns the model alone
+    if not closing:  # shrink returns the model alone
         return _Shrunk(None, small)
+    closed = closure(checked, keep, dict(analysis.model.named_parameters()))
     if narrow.removed:  # the closure laid out as before the hidden channels went
         closed = {name: narrow.widened(name, mask, depth.masks.get(name)) for name, mask in closed.items()}
     if depth.removed:  # the closure by the original names, the removed blocks' masks as given

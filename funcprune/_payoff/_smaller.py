@@ -1,12 +1,14 @@
 """Building a smaller copy of a model: what each tensor keeps once groups go, the masked model's outputs, the copy.
 
-:func:`removing` turns the groups that go into the indices each tensor keeps
-and the closure of the masks; :func:`masked_outputs` is what the masked
-model computes on the example inputs (pruned entries ``+0.0``, removed
-experts never routed to); :func:`built` makes the copy, the closure applied
-and the tensors cut, and says which size attributes changed. A probe's copy
-(run once and thrown away) shares the model's tensors instead of copying
-them.
+:func:`probing` and :func:`checking` say what the masked model of a probe
+and of shrink's check zero (the masks, and the indices that go on top of
+them: no closure of a 1B model's size made); :func:`masked_outputs` is what
+the masked model computes on the example inputs (pruned entries ``+0.0``,
+removed experts never routed to), its tensors made as each block of a stack
+runs (:func:`masked_run`); :func:`built` makes the copy, the tensors cut
+and the masks' zeros that stay written, and says which size attributes
+changed. A probe's copy (run once and thrown away) shares the model's
+tensors instead of copying them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ._stacks import block_names, stacks_of
 from ._verify import evaluating
 
 __all__ = [
-    "Dropped", "built", "cut", "keeps_all", "masked_outputs", "masked_run", "masked_tensors", "probing", "removing", "tensor_shapes",
+    "Dropped", "built", "checking", "cut", "keeps_all", "masked_outputs", "masked_run", "masked_tensors", "probing", "tensor_shapes",
     "zeroed", "zeroed_",
 ]  # fmt: skip
 
@@ -39,21 +41,11 @@ def tensor_shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in tensors}
 
 
-def removing(
-    analysis: Analysis, masks: Mapping[str, Tensor], removed: Sequence[int], sizes: Mapping[str, tuple[int, ...]]
-) -> tuple[dict[str, dict[int, list[int]]], Masks]:
-    """What each tensor keeps once ``removed`` go, and the closure of ``masks`` that says it."""
-    keep = kept_indices(analysis, removed, sizes)
-    return keep, closure(masks, keep, dict(analysis.model.named_parameters()))
-
-
-def masked_outputs(
-    analysis: Analysis, closed: Masks, dropped: Dropped | None = None, baked: Mapping[str, Tensor] | None = None
-) -> Any:
-    """What the masked model (``closed``, a closure; ``dropped`` and ``baked`` as :func:`masked_run` reads them)
-    computes on the example inputs, removed experts never routed to."""
+def masked_outputs(analysis: Analysis, masks: Masks, dropped: Dropped | None = None) -> Any:
+    """What the masked model (``masks``, ``dropped`` on top, as :func:`masked_run` reads them) computes on the
+    example inputs, removed experts never routed to."""
     routers = [layer.router for layer in analysis.experts]
-    return masked_run(analysis.model, closed, analysis.inputs, routers, dropped=dropped, baked=baked)
+    return masked_run(analysis.model, masks, analysis.inputs, routers, dropped=dropped)
 
 
 #: Indices zeroed on top of the masks: by parameter name, for each dim, the indices whose every entry is pruned.
@@ -63,24 +55,40 @@ Dropped = Mapping[str, Mapping[int, Sequence[int]]]
 def probing(
     analysis: Analysis, masks: Mapping[str, Tensor], removed: Sequence[int], sizes: Mapping[str, tuple[int, ...]]
 ) -> tuple[dict[str, dict[int, list[int]]], Masks, dict[str, dict[int, list[int]]]]:
-    """:func:`removing` for a probe: what each tensor keeps, the closure of ``masks`` made only for the tensors they
-    name (and the routers', whose masks say which experts are never routed to), and the indices each other
+    """For a probe: what each tensor keeps once ``removed`` go, the closure of ``masks`` made only for the tensors
+    they name (and the routers', whose masks say which experts are never routed to), and the indices each other
     parameter loses (:data:`Dropped`), whose closure would be exactly that: no mask of a 1B model's size made."""
     keep = kept_indices(analysis, removed, sizes)
+    return (keep, *_closed_and_dropped(analysis, masks, keep, set(masks)))
+
+
+def checking(
+    analysis: Analysis, masks: Mapping[str, Tensor], keep: Mapping[str, Mapping[int, list[int]]]
+) -> tuple[Masks, dict[str, dict[int, list[int]]]]:
+    """For shrink's check, the masked model of the closure of ``masks`` as :func:`masked_run` makes it without the
+    closure: ``masks`` (the routers' closed) and the indices each parameter loses on top of them (:data:`Dropped`):
+    the same bits (``+0.0`` written over the mask's zeros), and no mask the size of the model made."""
+    return _closed_and_dropped(analysis, masks, keep, set())
+
+
+def _closed_and_dropped(
+    analysis: Analysis, masks: Mapping[str, Tensor], keep: Mapping[str, Mapping[int, list[int]]], closing: Set[str]
+) -> tuple[Masks, dict[str, dict[int, list[int]]]]:
+    """``masks`` with those of ``closing`` and the routers' closed, and the indices every other parameter loses."""
     params = dict(analysis.model.named_parameters())
-    named = set(masks) | {layer.router.weight for layer in analysis.experts}
-    closed = closure(masks, {name: dims for name, dims in keep.items() if name in named}, params)
+    closing = set(closing) | {layer.router.weight for layer in analysis.experts}
+    closed = closure(masks, {name: dims for name, dims in keep.items() if name in closing}, params)
     dropped = {
         name: {dim: dropped_indices(kept, params[name].shape[dim]).tolist() for dim, kept in dims.items()}
         for name, dims in keep.items()
-        if name in params and name not in named
+        if name in params and name not in closing
     }
-    return keep, closed, dropped
+    return closed, dropped
 
 
 def masked_run(
     module: nn.Module, masks: Mapping[str, Tensor], inputs: Inputs, routers: Sequence[Router] = (),
-    *, dropped: Dropped | None = None, baked: Mapping[str, Tensor] | None = None,
+    *, dropped: Dropped | None = None,
 ) -> Any:  # fmt: skip
     """What ``module`` masked by ``masks`` computes on ``inputs``, in eval mode (its modes restored after).
 
@@ -88,52 +96,55 @@ def masked_run(
     :func:`torch.func.functional_call` (nothing copied but the masked
     tensors); the experts of ``routers`` that the masks remove are never
     routed to. ``dropped``: indices of parameters zeroed on top of the masks
-    (a probe's, which would otherwise make a mask of every weight it cuts):
-    the tensor copied and ``+0.0`` written there, the same bits as the mask
-    that prunes them would give, at half the memory traffic of ``torch.where``.
-    Those of a block of a stack (and of no mask) are made as the block runs
-    (:func:`_blockwise`), in memory the blocks before it held, so a trial
-    that zeroes a hidden channel of every layer holds one block's copies,
-    not the whole model's. ``baked``: the :func:`masked_tensors` of
-    ``masks`` (``dropped`` applied), where the caller has them.
+    (a probe's or shrink's check, which would otherwise make a mask of every
+    weight it cuts): ``+0.0`` written there over the masked copy, the same
+    bits as the mask that prunes them would give, at half the memory traffic
+    of ``torch.where``. The masked tensors of a block of a stack are made as
+    the block runs (:func:`_blockwise`), in memory the blocks before it held:
+    the masked model of a 1B model holds one block's copies, not the whole
+    model's; the others' (an embedding, a head) are made up front.
     """
-    streamed: dict[str, dict[str, Mapping[int, Sequence[int]]]] = {}
-    if baked is None:
-        streamed = _in_blocks(module, masks, dropped or {})
-        inside = {name for names in streamed.values() for name in names}
-        baked = masked_tensors(module, masks, {n: d for n, d in (dropped or {}).items() if n not in inside})
+    streamed = _in_blocks(module, masks, dropped or {})
+    inside = {name for names in streamed.values() for name in names}
+    baked = masked_tensors(module, {n: m for n, m in masks.items() if n not in inside},
+                           {n: d for n, d in (dropped or {}).items() if n not in inside})  # fmt: skip
     with evaluating(module), torch.no_grad(), never_routed(module, masks, list(routers)), _blockwise(module, streamed):
-        return torch.func.functional_call(module, dict(baked), tuple(inputs.args), dict(inputs.kwargs))
+        return torch.func.functional_call(module, baked, tuple(inputs.args), dict(inputs.kwargs))
 
 
-def _in_blocks(module: nn.Module, masks: Mapping[str, Tensor], dropped: Dropped) -> dict[str, dict[str, Mapping[int, Sequence[int]]]]:
-    """The parameters of ``dropped`` (of no mask) that lie in one block of a stack, every name of them, by block."""
+#: A parameter's masked copy, as a block makes it: its mask (``None``: none) and the indices zeroed on top.
+_Zeroed = tuple[Tensor | None, Mapping[int, Sequence[int]]]
+
+
+def _in_blocks(module: nn.Module, masks: Mapping[str, Tensor], dropped: Dropped) -> dict[str, dict[str, _Zeroed]]:
+    """The parameters that ``masks`` or ``dropped`` zero entries of and that lie in one block of a stack, every name
+    of them, by block."""
     params = dict(module.named_parameters(remove_duplicate=False))
     names: dict[int, list[str]] = {}
     for name, p in params.items():
         names.setdefault(id(p), []).append(name)
     blocks = [block for path in stacks_of(module) for block in block_names(module, path)]
-    out: dict[str, dict[str, Mapping[int, Sequence[int]]]] = {}
-    for name, dims in dropped.items():
-        if name in masks or name not in params or not any(dims.values()):
-            continue
+    out: dict[str, dict[str, _Zeroed]] = {}
+    for name in dict.fromkeys([*masks, *dropped]):
+        mask, dims = masks.get(name), dropped.get(name, {})
+        if name not in params or (mask is None or keeps_all(mask)) and not any(dims.values()):
+            continue  # a buffer (the masked model keeps it), or nothing zeroed
         block = next((b for b in blocks if name.startswith(f"{b}.")), None)
         if block is not None and all(alias.startswith(f"{block}.") for alias in names[id(params[name])]):
-            out.setdefault(block, {})[name] = dims
+            out.setdefault(block, {})[name] = (mask, dims)
     return out
 
 
 @contextlib.contextmanager
-def _blockwise(module: nn.Module, streamed: Mapping[str, Mapping[str, Mapping[int, Sequence[int]]]]) -> Iterator[None]:
-    """While it is held, each block of ``streamed`` runs with its parameters zeroed at the indices given: on entering
-    the block, each gets a copy (``+0.0`` written there, as :func:`masked_tensors` makes it) bound in its place, as
-    :func:`torch.func.functional_call` binds tensors; on leaving, the parameters are put back and the copies kept
-    for the next block's tensors of the same shape (none that the block's output shares memory with). A 1B model's
-    trial writes one block's copies into memory already touched, 21 times, instead of a whole model's into new
-    memory (about 2 s per GB on a VM)."""
+def _blockwise(module: nn.Module, streamed: Mapping[str, Mapping[str, _Zeroed]]) -> Iterator[None]:
+    """While it is held, each block of ``streamed`` runs with its parameters masked: on entering the block, each gets
+    a copy (``+0.0`` where its mask prunes and at the indices given, as :func:`masked_tensors` makes it) bound in its
+    place, as :func:`torch.func.functional_call` binds tensors; on leaving, the parameters are put back and the
+    copies kept for the next block's tensors of the same shape (none that the block's output shares memory with).
+    A 1B model's masked model writes one block's copies into memory already touched, 21 times, instead of a whole
+    model's into new memory (about 2 s per GB on a VM)."""
     free: dict[tuple[Any, ...], list[Tensor]] = {}
     held: dict[str, list[tuple[dict[str, Any], str, Tensor, Tensor]]] = {}  # per block: (table, attr, original, copy)
-
     aliases: dict[int, list[str]] = {}
     for alias, p in module.named_parameters(remove_duplicate=False):
         aliases.setdefault(id(p), []).append(alias)
@@ -146,39 +157,43 @@ def _blockwise(module: nn.Module, streamed: Mapping[str, Mapping[str, Mapping[in
             out.append((module.get_submodule(owner)._parameters, attr))
         return out
 
-    tables = {path: [(slots(name), dims) for name, dims in entries.items()] for path, entries in streamed.items()}
+    tables = {path: [(slots(name), zeroed) for name, zeroed in entries.items()] for path, entries in streamed.items()}
+
+    def key(t: Tensor, device: torch.device) -> tuple[Any, ...]:
+        return tuple(t.shape), t.stride(), t.dtype, device
 
     def enter(path: str) -> Any:
         def hook(block: nn.Module, args: Any) -> None:
-            if path in held:  # a block run inside itself: its tensors are zeroed already
+            if path in held:  # a block run inside itself: its tensors are masked already
                 return
             held[path] = swapped = []
-            for where, dims in tables[path]:
+            for where, (mask, dims) in tables[path]:
                 original = where[0][0][where[0][1]]
                 assert original is not None
-                key = (tuple(original.shape), original.dtype, original.device, original.is_contiguous())
-                spare = free.get(key)
-                copy_ = spare.pop() if spare else torch.empty_like(original)
-                copy_.copy_(original)
+                spare = free.get(key(torch.empty_like(original, device="meta"), original.device))  # its layout
+                new = spare.pop() if spare else torch.empty_like(original)
+                if mask is None:
+                    new.copy_(original)
+                else:
+                    zeroed(original, mask, out=new)
                 for dim, indices in dims.items():
                     if indices:
-                        copy_.index_fill_(dim, torch.tensor(indices, dtype=torch.long, device=copy_.device), 0.0)
+                        new.index_fill_(dim, torch.tensor(indices, dtype=torch.long, device=new.device), 0.0)
                 for table, attr in where:
-                    swapped.append((table, attr, table[attr], copy_))
-                    table[attr] = copy_
+                    swapped.append((table, attr, table[attr], new))
+                    table[attr] = new
 
         return hook
 
     def put_back(path: str, out: Any = None) -> None:
         swapped = held.pop(path, [])
         escaped = {t.untyped_storage().data_ptr() for t in tree_leaves(out) if isinstance(t, Tensor)}
-        for table, attr, original, copy_ in reversed(swapped):
+        for table, attr, original, new in reversed(swapped):
             table[attr] = original
-            if copy_.untyped_storage().data_ptr() not in escaped:  # (the output holds none of it)
-                key = (tuple(copy_.shape), copy_.dtype, copy_.device, copy_.is_contiguous())
-                bucket = free.setdefault(key, [])
-                if all(c is not copy_ for c in bucket):
-                    bucket.append(copy_)
+            if new.untyped_storage().data_ptr() not in escaped:  # (the output holds none of it)
+                bucket = free.setdefault(key(new, new.device), [])
+                if all(c is not new for c in bucket):
+                    bucket.append(new)
 
     def leave(path: str) -> Any:
         return lambda block, args, out: put_back(path, out)
@@ -216,28 +231,24 @@ def masked_tensors(module: nn.Module, masks: Mapping[str, Tensor], dropped: Drop
 
 
 def built(
-    module: nn.Module, analysis: Analysis, keep: Mapping[str, Mapping[int, list[int]]], closed: Masks,
+    module: nn.Module, analysis: Analysis, keep: Mapping[str, Mapping[int, list[int]]], masks: Masks,
     removed: Sequence[int], *, probe: bool = False, masked: Set[str] | None = None, views: bool = False,
-    baked: dict[str, Tensor] | None = None, cut_first: bool = False,
 ) -> tuple[nn.Module, Record]:  # fmt: skip
-    """A copy of ``module`` without ``removed`` (``keep``), the closure applied; and the size attributes that changed.
+    """A copy of ``module`` without ``removed`` (``keep``), the zeros of ``masks`` applied; and the size attributes
+    that changed.
 
-    The copy is made sharing ``module``'s parameters and buffers; each
-    masked one is replaced by its :func:`masked_tensors` tensor (``baked``,
-    those the masked model ran with, where the caller has them: ``baked``
-    is emptied, so that each is freed as its cut replaces it, and the cuts
-    reuse that memory), the tensors are cut into new ones, and what the
-    copy still shares is then copied (``copy.deepcopy``): no copy of the
-    whole model is made only to be cut. With ``cut_first`` (shrink unchecked:
-    no masked model made), the tensors are cut first, and the zeros of
-    ``closed`` that stay (its masks cut alike: the closure's or the masks it
-    is made of, which prune the same entries of what stays) written after: a
-    tensor is copied whole only where they prune an entry it keeps.
+    The copy is made sharing ``module``'s parameters and buffers, the tensors
+    are cut into new ones, and the zeros of ``masks`` that stay (its masks
+    cut alike: the closure's or the masks it is made of, which prune the same
+    entries of what stays) written after: a tensor is copied whole only
+    where they prune an entry it keeps. What the copy still shares is then
+    copied (``copy.deepcopy``): no tensor of the whole model's size is made
+    only to be cut.
 
     A ``probe`` (a copy only run and thrown away, and checked) keeps sharing
     what it does not cut, and gets new tensors where the masks zero entries
     that stay: only the tensors ``masked`` names (those of the masks the
-    closure was made from; all of ``closed`` if ``None``), since the closure
+    closure was made from; all of ``masks`` if ``None``), since the closure
     adds zeros only at the indices that go, which the copy cuts. A 1B
     model's trial costs what it changes. With ``views`` (a probe's), a
     tensor that keeps one run of indices along each dim it loses is cut to
@@ -245,21 +256,13 @@ def built(
     """
     sharing = [*module.parameters(), *module.buffers()]
     result = copy_module("shrink", module, sharing=sharing)
-    if cut_first and not probe:
+    if not probe:
         record = resize_modules(result, keep, analysis, set(removed))
-        zeroed_(result, {name: cut(mask, keep.get(name, {})) for name, mask in closed.items()})
+        zeroed_(result, {name: cut(mask, keep.get(name, {})) for name, mask in masks.items()})
         _owned_(result, sharing)
         return result, record
-    if probe:
-        zeroed_(result, closed if masked is None else {n: m for n, m in closed.items() if n in masked})
-    else:
-        zeroed_(result, closed, masked_tensors(module, closed) if baked is None else baked)
-        if baked is not None:
-            baked.clear()  # the copy holds them now: each freed as its cut replaces it
-    record = resize_modules(result, keep, analysis, set(removed), views=views and probe)
-    if not probe:
-        _owned_(result, sharing)
-    return result, record
+    zeroed_(result, masks if masked is None else {n: m for n, m in masks.items() if n in masked})
+    return result, resize_modules(result, keep, analysis, set(removed), views=views)
 
 
 def cut(tensor: Tensor, dims: Mapping[int, list[int]]) -> Tensor:
@@ -284,20 +287,19 @@ def _owned_(module: nn.Module, shared: Sequence[Tensor]) -> None:
 
 
 @torch.no_grad()
-def zeroed_(module: nn.Module, masks: Masks, baked: Mapping[str, Tensor] | None = None) -> None:
+def zeroed_(module: nn.Module, masks: Masks) -> None:
     """``+0.0`` at the entries ``masks`` prune (as :func:`~funcprune.bake` writes them, even where a weight is
     ``nan``), written into no tensor: each masked parameter of ``module`` (every name of a tied one) is
-    replaced by a new one, so that tensors ``module`` shares with another are left as they are.
-    ``baked``: the new tensors, made already (:func:`masked_tensors` of ``masks``)."""
+    replaced by a new one, so that tensors ``module`` shares with another are left as they are."""
     params = dict(module.named_parameters(remove_duplicate=False))
     aliases: dict[int, list[str]] = {}
     for name, param in params.items():
         aliases.setdefault(id(param), []).append(name)
     for name, mask in masks.items():
-        if baked is not None and name not in baked or baked is None and keeps_all(mask):
+        if keeps_all(mask):
             continue  # nothing pruned: the tensor as it is (no copy of a 1B model's weights for nothing)
         old = params[name]
-        new = nn.Parameter(zeroed(old, mask) if baked is None else baked[name], old.requires_grad)
+        new = nn.Parameter(zeroed(old, mask), old.requires_grad)
         for alias in aliases[id(old)]:
             owner, _, attr = alias.rpartition(".")
             setattr(module.get_submodule(owner), attr, new)
@@ -311,7 +313,31 @@ def keeps_all(mask: Tensor) -> bool:
     return int(mask.reshape(-1).view(torch.uint8).min()) == 1
 
 
-def zeroed(tensor: Tensor, mask: Tensor) -> Tensor:
-    """A new ``tensor`` with ``+0.0`` where ``mask`` prunes (also where it holds ``nan``), as ``masked_fill(~mask,
-    0.0)`` gives it, without the inverted mask."""
-    return torch.where(mask, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device))
+def zeroed(tensor: Tensor, mask: Tensor, *, out: Tensor | None = None) -> Tensor:
+    """A new ``tensor`` (or ``out``, written) with ``+0.0`` where ``mask`` prunes (also where it holds ``nan``), as
+    ``torch.where(mask, tensor, 0.0)`` gives it, without the inverted mask of ``masked_fill``.
+
+    A contiguous float tensor on the CPU takes the entries' bits ANDed with
+    the mask's bytes made ``0`` or ``-1`` (all bits set), a chunk at a time
+    (in cache): the same bits, about 5x as fast as ``torch.where`` on a bool
+    mask here (whose CPU kernel does not vectorize; 46 MB: 5.3 against 27 ms,
+    1 thread).
+    """
+    out = torch.empty_like(tensor) if out is None else out
+    bits = _BITS.get(tensor.element_size())
+    if (bits is None or not tensor.is_floating_point() or tensor.device.type != "cpu" or mask.dtype != torch.bool
+            or mask.shape != tensor.shape or not (tensor.is_contiguous() and mask.is_contiguous() and out.is_contiguous())):  # fmt: skip
+        return torch.where(mask, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device), out=out)
+    pieces = zip(
+        torch.split(out.view(-1).view(bits), _CHUNK_ENTRIES),
+        torch.split(mask.view(-1).view(torch.uint8), _CHUNK_ENTRIES),
+        torch.split(tensor.detach().view(-1).view(bits), _CHUNK_ENTRIES),
+    )
+    for o, m, t in pieces:
+        o.copy_(m).neg_().bitwise_and_(t)  # 1 -> all bits set (the entry's bits), 0 -> none (+0.0)
+    return out
+
+
+#: The integer type of each float size, whose bits :func:`zeroed` ANDs; and how many entries it makes at a time.
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+_CHUNK_ENTRIES = 1 << 18

@@ -7,11 +7,13 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from funcprune._graph import Inputs, as_inputs
 from funcprune._payoff import _smaller
-from funcprune._payoff._smaller import masked_run, masked_tensors
+from funcprune._payoff._smaller import masked_run, masked_tensors, zeroed
 
 Tensor = torch.Tensor
 
@@ -50,7 +52,8 @@ def _hooks(model: nn.Module) -> int:
 def test_a_trial_s_masked_model_made_block_by_block_is_the_whole_copy_bit_for_bit(tied: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A hidden channel zeroed in every layer (the hidden trial's masked model), a mask on top of one block's
     weight, a tied head: the blocks' copies made as each block runs give the logits of the copies made up front,
-    bit for bit; the blocks' tensors were not copied up front; and the model holds its own tensors after, not
+    bit for bit; only the tensors outside the blocks (embedding, head, final norm) were copied up front, and each
+    block's copies were written into the memory of the block before; and the model holds its own tensors after, not
     written, with no hook left."""
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
@@ -70,14 +73,22 @@ def test_a_trial_s_masked_model_made_block_by_block_is_the_whole_copy_bit_for_bi
         up_front.extend(out)
         return out
 
+    seen: list[set[int]] = []  # the memory each layer's tensors were bound in as it ran
+
+    def bound(layer: nn.Module, args: Any) -> None:
+        seen.append({p.data_ptr() for p in layer.parameters()})
+
     before, hooks = _state(model), _hooks(model)
+    spies = [layer.register_forward_pre_hook(bound) for layer in model.model.layers]
     monkeypatch.setattr(_smaller, "masked_tensors", recorded)
     mine = masked_run(model, masks, inputs, dropped=dropped).logits
+    for spy in spies:
+        spy.remove()
+    assert len(seen) == 3 and seen[0] == seen[1] == seen[2]  # each block's copies in the memory the first one's held
     monkeypatch.setattr(_smaller, "masked_tensors", real)
     theirs = _whole_copy(model, masks, inputs, dropped).logits
     assert torch.equal(mine.view(torch.int32), theirs.view(torch.int32))
-    assert not any(".layers.0." in n or ".layers.2." in n for n in up_front)  # made as the blocks ran
-    assert "model.layers.1.mlp.up_proj.weight" in up_front  # a mask's tensor: made up front, dropped on top
+    assert up_front and not any(".layers." in n for n in up_front)  # the blocks': made as each ran (a mask's too)
     assert _state(model) == before and _hooks(model) == hooks
     dense = masked_run(model, {}, inputs).logits  # and the zeros were there: the masked model is another model
     assert not torch.equal(dense, mine)
@@ -139,3 +150,68 @@ def test_a_copy_the_block_s_output_holds_is_not_written_again() -> None:
     inputs = Inputs((x,))
     dropped = {f"blocks.{i}.lin.weight": {1: [i]} for i in range(3)}
     assert torch.equal(masked_run(model, {}, inputs, dropped=dropped), _whole_copy(model, {}, inputs, dropped))
+
+
+@pytest.mark.parametrize("family", ["llama", "mixtral"])
+def test_shrink_s_masked_model_without_the_closure_is_the_closure_s_bit_for_bit(family: str) -> None:
+    """shrink's check runs the masked model of the masks with the indices that go zeroed on top (no closure of the
+    model's size made), block by block: the logits of the closure's masked model, bit for bit (routed experts too:
+    the routers' masks are closed, so that removed experts are never routed to)."""
+    import funcprune as fp
+    from funcprune._graph import closure, kept_indices, plan_removal
+    from funcprune._payoff._smaller import checking, masked_outputs, tensor_shapes
+    from _hf import inputs as hf_inputs
+    from _hf import tiny
+
+    t = tiny(family, layers=3)
+    x = hf_inputs(t)
+    s = fp.structure(t.model, x)
+    second = fp.structured(s, fp.LnStructured(0.4, n=1), kinds="experts" if family == "mixtral" else "channels")
+    plan = fp.compose(fp.structured(s, fp.LnStructured(0.5, n=2), kinds="kv_groups"), second)
+    masks = plan(dict(t.model.named_parameters()))
+    analysis = s._analyzed.analysis  # type: ignore[attr-defined]
+    sizes = tensor_shapes(t.model)
+    removed = sorted(plan_removal("test", analysis, masks, sizes).removed)
+    assert removed
+    keep = kept_indices(analysis, removed, sizes)
+    closed = closure(masks, keep, dict(analysis.model.named_parameters()))
+    mine = masked_outputs(analysis, *checking(analysis, masks, keep)).logits
+    theirs = masked_outputs(analysis, closed).logits
+    assert torch.equal(mine.view(torch.int32), theirs.view(torch.int32))
+
+
+_SPECIAL = [float("nan"), -0.0, 0.0, float("-inf"), float("inf"), 1e-45, -1e-310, 65504.0, -3.0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]),
+    rows=st.integers(1, 9), cols=st.integers(1, 11), chunk=st.sampled_from([1, 5, 64, 1 << 18]),
+    layout=st.sampled_from(["contiguous", "transposed", "out"]), seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_zeroed_gives_torch_where_s_bits(dtype: torch.dtype, rows: int, cols: int, chunk: int, layout: str, seed: int) -> None:
+    """``zeroed`` (the entries' bits ANDed with the mask's bytes made 0 or all ones, a chunk at a time) is
+    ``torch.where(mask, tensor, 0.0)`` bit for bit: ``+0.0`` where pruned (over ``nan``, ``-0.0``, ``-inf``,
+    subnormals), the entry's own bits where kept, in every float type, across chunk boundaries, into ``out``,
+    and on the tensors it leaves to ``torch.where`` (not contiguous)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_smaller, "_CHUNK_ENTRIES", chunk)
+        _zeroed_against_where(dtype, rows, cols, layout, seed)
+
+
+def _zeroed_against_where(dtype: torch.dtype, rows: int, cols: int, layout: str, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(rows, cols, generator=g, dtype=torch.float64)
+    specials = torch.tensor(_SPECIAL, dtype=torch.float64)
+    picks = torch.randint(0, rows * cols, (min(rows * cols, 6),), generator=g)
+    w.view(-1)[picks] = specials[torch.randint(0, len(_SPECIAL), (len(picks),), generator=g)]
+    w = w.to(dtype)
+    mask = torch.rand(rows, cols, generator=g) > 0.4
+    if layout == "transposed":
+        w, mask = w.mT, mask.mT
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[w.element_size()]
+    want = torch.where(mask, w, torch.zeros((), dtype=dtype))
+    out = torch.full_like(w, float("nan")) if layout == "out" else None
+    got = zeroed(w, mask, out=out)
+    assert got.shape == w.shape and (out is None or got is out)
+    assert torch.equal(got.contiguous().view(bits), want.contiguous().view(bits))

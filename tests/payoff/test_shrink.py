@@ -1140,10 +1140,9 @@ def test_a_probe_zeroes_only_the_tensors_the_masks_name(monkeypatch: pytest.Monk
     zeroed: list[set[str]] = []
     real = _smaller.zeroed_
 
-    def spied(module: nn.Module, masks: dict[str, Tensor], baked: dict[str, Tensor] | None = None) -> None:
-        if baked is None:  # a probe's (shrink's own copy takes the closure's tensors its masked run made)
-            zeroed.append(set(masks))
-        real(module, masks, baked)
+    def spied(module: nn.Module, masks: dict[str, Tensor]) -> None:
+        zeroed.append(set(masks))  # a probe's, and shrink's own copy's (the masks as given, cut)
+        real(module, masks)
 
     monkeypatch.setattr(_smaller, "zeroed_", spied)
     model = seeded(SpelledWide())
@@ -1302,11 +1301,32 @@ def _state_bits(model: nn.Module) -> dict[str, Tensor]:
     return {k: v.view(torch.uint8) if v.is_floating_point() else v for k, v in model.state_dict().items()}
 
 
+def _masked_then_cut(model: nn.Module, masks: dict[str, Tensor], x: Tensor) -> dict[str, Tensor]:
+    """The bits of the masked model's tensors (the closure's ``+0.0`` written by ``torch.where``), cut to what each
+    keeps: what shrink's copy held when it was built from the masked model's tensors, before it cut first."""
+    from funcprune._graph import analyze, as_inputs, closure, kept_indices, plan_removal
+    from funcprune._payoff._smaller import cut, tensor_shapes, zeroed
+
+    analysis = analyze("test", model, as_inputs("test", model, x))
+    sizes = tensor_shapes(model)
+    keep = kept_indices(analysis, sorted(plan_removal("test", analysis, masks, sizes).removed), sizes)
+    params = dict(model.named_parameters())
+    closed = closure(masks, keep, params)
+    first = {id(t): name for name, t in [*model.named_parameters(), *model.named_buffers()]}
+    out = {}
+    for key, t in model.state_dict(keep_vars=True).items():
+        name = first[id(t)]
+        value = zeroed(t.detach(), closed[name]) if name in closed else t.detach()
+        out[key] = cut(value, keep.get(name, {}))
+    return {k: v.view(torch.uint8) if v.is_floating_point() else v for k, v in out.items()}
+
+
 @pytest.mark.parametrize("case", ["cnn", "residual", "tied", "mlp_nan"])
 def test_shrink_unchecked_builds_the_checked_model_bit_for_bit(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """check=False runs no masked model and cuts first, writing the closure's zeros that stay after (whole rows
-    pruned and single entries, a tied weight, running statistics, a nan that a pruned entry holds): where nothing
-    breaks, the model is the checked one's, bit for bit, and owns its tensors."""
+    """shrink cuts first, writing the masks' zeros that stay after (whole rows pruned and single entries, a tied
+    weight, running statistics, a nan that a pruned entry holds): its tensors are the masked model's cut, bit for
+    bit; check=False runs no masked model and, where nothing breaks, builds the checked model; the copy owns its
+    tensors."""
     from funcprune._payoff import _shrink as shrinking
 
     model: nn.Module
@@ -1328,20 +1348,23 @@ def test_shrink_unchecked_builds_the_checked_model_bit_for_bit(case: str, monkey
         with torch.no_grad():
             dict(model.named_parameters())["0.weight"][~masks["0.weight"]] = float("nan")
     model.eval()
-    checked = fp.shrink(model, masks, x)
     ran: list[str] = []
-    real = vars(shrinking)["masked_tensors"]
+    real = vars(shrinking)["masked_outputs"]
 
     def spied(*args: Any, **kwargs: Any) -> Any:
         ran.append("masked")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(shrinking, "masked_tensors", spied)
+    monkeypatch.setattr(shrinking, "masked_outputs", spied)
+    checked = fp.shrink(model, masks, x)
+    assert ran == ["masked"]  # checked against the masked model
+    ran.clear()
     unchecked = fp.shrink(model, masks, x, check=False)
     assert ran == []
     assert repr(unchecked) == repr(checked)
-    mine, theirs = _state_bits(unchecked), _state_bits(checked)
-    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    mine, theirs, cut_closure = _state_bits(unchecked), _state_bits(checked), _masked_then_cut(model, masks, x)
+    assert mine.keys() == theirs.keys() == cut_closure.keys()
+    assert all(torch.equal(mine[k], theirs[k]) and torch.equal(mine[k], cut_closure[k]) for k in mine)
     shared = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     assert not shared & {t.untyped_storage().data_ptr() for t in [*unchecked.parameters(), *unchecked.buffers()]}
 
