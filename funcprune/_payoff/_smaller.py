@@ -258,11 +258,27 @@ def built(
     result = copy_module("shrink", module, sharing=sharing)
     if not probe:
         record = resize_modules(result, keep, analysis, set(removed))
-        zeroed_(result, {name: cut(mask, keep.get(name, {})) for name, mask in masks.items()})
+        zeroed_(result, {name: cut(mask, keep.get(name, {})) for name, mask in masks.items()
+                         if not _keeps_what_stays(mask, keep.get(name, {}))})  # fmt: skip
         _owned_(result, sharing)
         return result, record
     zeroed_(result, masks if masked is None else {n: m for n, m in masks.items() if n in masked})
     return result, resize_modules(result, keep, analysis, set(removed), views=views)
+
+
+def _keeps_what_stays(mask: Tensor, dims: Mapping[int, list[int]]) -> bool:
+    """Whether ``mask`` keeps every entry that stays once the indices ``dims`` leaves out go, read without cutting
+    it where it loses indices along one dim at most (a channel mask: its zeros are the rows that go): the least
+    byte of each index along that dim, over the others (one read of the mask, no copy of it). Otherwise ``False``
+    (the caller cuts it, and :func:`zeroed_` passes over a cut mask that keeps all)."""
+    if mask.dtype != torch.bool or len(dims) > 1 or mask.numel() == 0:
+        return False
+    if not dims:
+        return keeps_all(mask)
+    ((dim, kept),) = dims.items()
+    others = [d for d in range(mask.dim()) if d != dim]
+    least = mask.view(torch.uint8).amin(dim=others) if others else mask.view(torch.uint8)
+    return bool(least[torch.tensor(kept, dtype=torch.long, device=mask.device)].min() == 1) if kept else True
 
 
 def cut(tensor: Tensor, dims: Mapping[int, list[int]]) -> Tensor:

@@ -1179,6 +1179,31 @@ def test_keeps_all_and_zeroed_are_all_and_masked_fill(shape: tuple[int, ...], pr
         assert torch.equal(got.signbit(), want.signbit())
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 5), min_size=1, max_size=3), pruned=st.integers(0, 4), lose=st.integers(0, 2),
+    seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_a_mask_is_read_for_what_stays_without_cutting_it(shape: list[int], pruned: int, lose: int, seed: int) -> None:
+    """shrink reads whether a mask keeps every entry that stays (its zeros all in indices that go) without cutting
+    it, where it loses indices along one dim: the answer of cutting it and asking ``keeps_all``; along more dims,
+    it says no (the mask is cut)."""
+    from funcprune._payoff._smaller import _keeps_what_stays, cut, keeps_all
+
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(shape, dtype=torch.bool)
+    flat = mask.view(-1)
+    flat[torch.randperm(flat.numel(), generator=g)[: min(pruned, flat.numel())]] = False
+    lost = [d for d in range(len(shape)) if d < lose]
+    dims = {d: sorted(torch.randperm(shape[d], generator=g)[: int(torch.randint(0, shape[d] + 1, (), generator=g))].tolist())
+            for d in lost}  # fmt: skip
+    got = _keeps_what_stays(mask, dims)
+    if len(dims) <= 1:
+        assert got == keeps_all(cut(mask, dims))
+    else:
+        assert got is False
+
+
 class _ViewReader(nn.Module):
     """Reads its second layer's weight through ``view(-1)``, which a weight that is not contiguous cannot take."""
 
