@@ -140,7 +140,7 @@ def test_layernorm_models_are_refused_by_name(name: str, norm: str) -> None:
         fp.structured(s, fp.LnStructured(0.25, n=2), kinds="hidden")
 
 
-@pytest.mark.parametrize("name", ["llama", "mixtral"])
+@pytest.mark.parametrize("name", ["llama", pytest.param("mixtral", marks=pytest.mark.ci)])  # (the default's 5 minutes)
 def test_depth_hidden_heads_channels_and_experts_go_in_one_plan(name: str, tmp_path: Path) -> None:
     t = tiny(name, layers=4)
     x = inputs(t)
