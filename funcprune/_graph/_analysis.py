@@ -107,8 +107,8 @@ def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
     roots = atoms.roots()
     by_atoms = atoms.related()
     for name, node in walk.read_directly.items():  # a parameter read as a value: its channels stay
-        for by_index in by_atoms.get(name, {}).values():
-            for group in by_index.values():
+        for atoms_of in by_atoms.get(name, {}).values():
+            for group in atoms_of.values():
                 for atom in group:
                     atoms.blocked.setdefault(atom, f"{node} reads {name!r} directly")
     made: dict[int, list[Slice]] = {}
@@ -117,18 +117,34 @@ def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
     related: dict[str, dict[int, dict[int, frozenset[int]]]] = {}
     own: dict[int, dict[tuple[str, int], list[int]]] = {}  # own_indices', made in the same pass
     of_group: dict[frozenset[int], frozenset[int]] = {}  # each group of atoms' roots, made once (many indices share it)
+    of_root: dict[int, frozenset[int]] = {}  # an index of one atom (most of them): its group, by its root
     for t, dims in by_atoms.items():
-        related[t] = by_dim = {}
+        by_dim: dict[int, dict[int, frozenset[int]]] = {}
+        related[t] = by_dim
         for d, by in dims.items():
-            by_dim[d] = by_index = {}
+            by_index: dict[int, frozenset[int]] = {}
+            by_dim[d] = by_index
+            alone: dict[int, list[int]] = {}  # this dim's indices of one group, by the group
             for i, group in by.items():
-                groups = of_group.get(group)
-                if groups is None:
-                    groups = of_group[group] = frozenset([roots[a] for a in group])
+                if len(group) == 1:
+                    (atom,) = group
+                    root = roots[atom]
+                    groups = of_root.get(root)
+                    if groups is None:
+                        groups = of_root[root] = frozenset((root,))
+                else:
+                    key = frozenset(group)
+                    groups = of_group.get(key)
+                    if groups is None:
+                        groups = of_group[key] = frozenset([roots[a] for a in group])
+                    if len(groups) > 1:
+                        by_index[i] = groups
+                        continue
+                    (root,) = groups
                 by_index[i] = groups
-                if len(groups) == 1:
-                    (single,) = groups
-                    own.setdefault(single, {}).setdefault((t, d), []).append(i)
+                alone.setdefault(root, []).append(i)
+            for root, indices in alone.items():
+                own.setdefault(root, {})[(t, d)] = indices
     for feet in own.values():
         for indices in feet.values():
             indices.sort()

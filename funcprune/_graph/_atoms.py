@@ -118,7 +118,10 @@ class Atoms:
         twice). Without, the index goes when all of them go (a norm's weight
         shared by the heads of an attention).
         """
-        found = pairs(index, ids)
+        if index.dim() == ids.dim() == 1 and index.shape == ids.shape and _ascending(index) and bool((ids >= 0).all()):
+            found = list(zip(index.tolist(), ids.tolist(), strict=True))  # (a layer's rows: new atoms, one per index)
+        else:
+            found = pairs(index, ids)
         if not found:
             return
         by_index = self._related.setdefault(tensor, {}).setdefault(dim, {})
@@ -139,8 +142,9 @@ class Atoms:
             out.setdefault(roots[atom], why)
         return out
 
-    def related(self) -> Related:
-        return {t: {d: {i: frozenset(a) for i, a in by.items()} for d, by in dims.items()} for t, dims in self._related.items()}
+    def related(self) -> Mapping[str, Mapping[int, Mapping[int, set[int]]]]:
+        """For each tensor and dim, the atoms each index belongs to (the sets as kept: read, not changed)."""
+        return self._related
 
 
 def pairs(a: Tensor, b: Tensor) -> list[tuple[int, int]]:
@@ -157,6 +161,11 @@ def pairs(a: Tensor, b: Tensor) -> list[tuple[int, int]]:
     keys = torch.unique(unrepeated(torch.where(valid, a * span + b, -1)))
     keys = keys[keys >= 0]
     return list(zip((keys // span).tolist(), (keys % span).tolist(), strict=True))
+
+
+def _ascending(index: Tensor) -> bool:
+    """Whether the 1-D ``index`` holds distinct indices, ascending (``>= 0``): its pairs with atoms are its zip."""
+    return index.numel() > 0 and int(index[0]) >= 0 and bool((index[1:] > index[:-1]).all())
 
 
 def _atoms_in(ids: Tensor) -> list[int]:
