@@ -112,8 +112,8 @@ def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
                 for atom in group:
                     atoms.blocked.setdefault(atom, f"{node} reads {name!r} directly")
     made: dict[int, list[Slice]] = {}
-    for atom, slices in atoms.producers.items():
-        made.setdefault(roots[atom], []).extend(slices)
+    for atom, made_by in atoms.producers.items():
+        made.setdefault(roots[atom], []).append(made_by)
     related: dict[str, dict[int, dict[int, frozenset[int]]]] = {}
     own: dict[int, dict[tuple[str, int], list[int]]] = {}  # own_indices', made in the same pass
     of_group: dict[frozenset[int], frozenset[int]] = {}  # each group of atoms' roots, made once (many indices share it)
@@ -151,7 +151,7 @@ def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
     return Analysis(
         exported.model,
         inputs,
-        {root: tuple(dict.fromkeys(slices)) for root, slices in made.items()},
+        {root: tuple(dict.fromkeys(slices)) if len(slices) > 1 else tuple(slices) for root, slices in made.items()},
         related,
         _by_root(atoms.blocked, roots),
         _by_root(atoms.refused, roots),

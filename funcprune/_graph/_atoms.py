@@ -49,7 +49,7 @@ class Atoms:
         self._why: dict[int, str] = {}  # atom -> why its group is all-or-nothing along an axis
         self.blocked: dict[int, str] = {}  # atom -> why it stays
         self.refused: dict[int, str] = {}  # atom -> the op that reads it, described
-        self.producers: dict[int, list[Slice]] = {}  # atom -> the rows (channels) that make it
+        self.producers: dict[int, Slice] = {}  # atom -> the row (channel) that makes it
         self.read: set[int] = set()  # atoms a layer reads as its input channels (weight columns)
         self._related: dict[str, dict[int, dict[int, set[int]]]] = {}
 
@@ -60,7 +60,7 @@ class Atoms:
         """``n`` new atoms (their ids), made by ``producers`` (one slice per atom, in order)."""
         start = len(self._parent)
         self._parent.extend(range(start, start + n))
-        self.producers.update(zip(range(start, start + n), ([made_by] for made_by in producers), strict=False))
+        self.producers.update(zip(range(start, start + n), producers, strict=False))
         return torch.arange(start, start + n)
 
     def find(self, atom: int) -> int:

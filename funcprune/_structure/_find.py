@@ -311,13 +311,16 @@ def _groups_inside(analysis: graph.Analysis, blocks: list[str]) -> dict[str, lis
     looked up by its prefixes, once (not every block against every group's slices)."""
     wanted = set(blocks)
     out: dict[str, list[int]] = {block: [] for block in blocks}
+    within: dict[str, list[str]] = {}  # each tensor's blocks (a few hundred names; a 1B model has 300,000 groups)
     for group, slices in analysis.made.items():
         seen: set[str] = set()
         for tensor in dict.fromkeys(s.tensor for s in slices):
-            parts = tensor.split(".")
-            for k in range(1, len(parts)):
-                prefix = ".".join(parts[:k])
-                if prefix in wanted and prefix not in seen:
+            found = within.get(tensor)
+            if found is None:
+                parts = tensor.split(".")
+                found = within[tensor] = [p for p in (".".join(parts[:k]) for k in range(1, len(parts))) if p in wanted]
+            for prefix in found:
+                if prefix not in seen:
                     seen.add(prefix)
                     out[prefix].append(group)
     return out
