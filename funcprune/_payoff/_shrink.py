@@ -233,20 +233,19 @@ def shrink(
             either way.
         check: whether the smaller model is checked against the masked
             one on ``example_inputs`` (the default, and the guarantee
-            above). The check costs the masked model's tensors (a new copy
-            of every weight the closure prunes entries of) and a run of it,
-            and a run of the smaller model: on the 1.1B Llama of
-            ``benchmarks/llama.py``, about a quarter of shrink's time (2.4
-            to 2.8 s of 10.9 to 11.7 s, ``docs/benchmarks.md``).
-            ``check=False`` skips them: the copy is cut straight from the
-            model's tensors and the masks' zeros that stay are written
-            after (no closure is made), and what a size spelled out in the
-            code breaks is not searched for, so the smaller model may fail
-            or compute something else on inputs the analysis saw run; only
-            the analysis vouches for it (and, given ``structure``, its
-            trial). A transformers model whose config is made to describe
-            it is still run once before and once after, so that a module
-            reading a width off the config is caught.
+            above). The check costs a run of the masked model (its tensors
+            masked into copies block by block of a stack, in one block's
+            memory) and a run of the smaller model: on the 1.1B Llama of
+            ``benchmarks/llama.py``, 2.5 to 5.5 s (``docs/benchmarks.md``).
+            ``check=False`` skips them (the copy is built the same way: cut
+            straight from the model's tensors, the masks' zeros that stay
+            written after), and what a size spelled out in the code breaks
+            is not searched for, so the smaller model may fail or compute
+            something else on inputs the analysis saw run; only the
+            analysis vouches for it (and, given ``structure``, its trial).
+            A transformers model whose config is made to describe it is
+            still run once before and once after, so that a module reading
+            a width off the config is caught.
 
     Returns:
         A new module, of the class of ``module``, in its training mode.
