@@ -98,8 +98,7 @@ def masked_run(
     routed to. ``dropped``: indices of parameters zeroed on top of the masks
     (a probe's or shrink's check, which would otherwise make a mask of every
     weight it cuts): ``+0.0`` written there over the masked copy, the same
-    bits as the mask that prunes them would give, at half the memory traffic
-    of ``torch.where``. The masked tensors of a block of a stack are made as
+    bits as the mask that prunes them would give. The masked tensors of a block of a stack are made as
     the block runs (:func:`_blockwise`), in memory the blocks before it held:
     the masked model of a 1B model holds one block's copies, not the whole
     model's; the others' (an embedding, a head) are made up front.
