@@ -99,6 +99,7 @@ def test_shrink_removes_the_blocks_and_a_plain_reload_generates_with_a_cache(nam
     assert torch.equal(cached, uncached) and torch.equal(cached, masked)
 
 
+@pytest.mark.ci  # the default suite's 5 minutes (Gemma 3's sliding layers go by default, above): CI runs it
 def test_qwen2_sliding_window_layers_are_counted_again() -> None:
     config = transformers.Qwen2Config(
         vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
