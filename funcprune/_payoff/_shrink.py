@@ -236,7 +236,7 @@ def shrink(
             above). The check costs a run of the masked model (its tensors
             masked into copies block by block of a stack, in one block's
             memory) and a run of the smaller model: on the 1.1B Llama of
-            ``benchmarks/llama.py``, 2.5 to 5.5 s (``docs/benchmarks.md``).
+            ``benchmarks/llama.py``, about 2.6 s of 6 s (``docs/benchmarks.md``).
             ``check=False`` skips them (the copy is built the same way: cut
             straight from the model's tensors, the masks' zeros that stay
             written after), and what a size spelled out in the code breaks
