@@ -137,12 +137,10 @@ def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
                     groups = of_group.get(key)
                     if groups is None:
                         groups = of_group[key] = frozenset([roots[a] for a in group])
-                    if len(groups) > 1:
-                        by_index[i] = groups
-                        continue
-                    (root,) = groups
                 by_index[i] = groups
-                alone.setdefault(root, []).append(i)
+                if len(groups) == 1:
+                    (root,) = groups
+                    alone.setdefault(root, []).append(i)
             for root, indices in alone.items():
                 own.setdefault(root, {})[(t, d)] = indices
     for feet in own.values():

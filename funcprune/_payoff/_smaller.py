@@ -98,10 +98,11 @@ def masked_run(
     routed to. ``dropped``: indices of parameters zeroed on top of the masks
     (a probe's or shrink's check, which would otherwise make a mask of every
     weight it cuts): ``+0.0`` written there over the masked copy, the same
-    bits as the mask that prunes them would give. The masked tensors of a block of a stack are made as
-    the block runs (:func:`_blockwise`), in memory the blocks before it held:
-    the masked model of a 1B model holds one block's copies, not the whole
-    model's; the others' (an embedding, a head) are made up front.
+    bits as the mask that prunes them would give. The masked tensors of a
+    block of a stack are made as the block runs (:func:`_blockwise`), in
+    memory the blocks before it held: the masked model of a 1B model holds
+    one block's copies, not the whole model's; the others' (an embedding, a
+    head) are made up front.
     """
     streamed = _in_blocks(module, masks, dropped or {})
     inside = {name for names in streamed.values() for name in names}
@@ -111,26 +112,52 @@ def masked_run(
         return torch.func.functional_call(module, baked, tuple(inputs.args), dict(inputs.kwargs))
 
 
-#: A parameter's masked copy, as a block makes it: its mask (``None``: none) and the indices zeroed on top.
-_Zeroed = tuple[Tensor | None, Mapping[int, Sequence[int]]]
+#: A parameter's masked copy, as a block makes it: every name of the parameter, its mask (``None``: none) and the
+#: indices zeroed on top.
+_Zeroed = tuple[list[str], Tensor | None, Mapping[int, Sequence[int]]]
 
 
 def _in_blocks(module: nn.Module, masks: Mapping[str, Tensor], dropped: Dropped) -> dict[str, dict[str, _Zeroed]]:
     """The parameters that ``masks`` or ``dropped`` zero entries of and that lie in one block of a stack, every name
     of them, by block."""
-    params = dict(module.named_parameters(remove_duplicate=False))
-    names: dict[int, list[str]] = {}
-    for name, p in params.items():
-        names.setdefault(id(p), []).append(name)
+    params = dict(module.named_parameters())
+    names = _names(module)
     blocks = [block for path in stacks_of(module) for block in block_names(module, path)]
     out: dict[str, dict[str, _Zeroed]] = {}
     for name in dict.fromkeys([*masks, *dropped]):
         mask, dims = masks.get(name), dropped.get(name, {})
-        if name not in params or (mask is None or keeps_all(mask)) and not any(dims.values()):
+        if name not in params or not _zeroes(mask, dims):
             continue  # a buffer (the masked model keeps it), or nothing zeroed
         block = next((b for b in blocks if name.startswith(f"{b}.")), None)
-        if block is not None and all(alias.startswith(f"{block}.") for alias in names[id(params[name])]):
-            out.setdefault(block, {})[name] = (mask, dims)
+        aliases = names[id(params[name])]
+        if block is not None and all(alias.startswith(f"{block}.") for alias in aliases):
+            out.setdefault(block, {})[name] = (aliases, mask, dims)
+    return out
+
+
+def _names(module: nn.Module) -> dict[int, list[str]]:
+    """Every name of each parameter of ``module`` (a tied one has several), by the parameter's ``id``."""
+    names: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return names
+
+
+def _zeroes(mask: Tensor | None, dims: Mapping[int, Sequence[int]]) -> bool:
+    """Whether ``mask`` or the indices ``dims`` gives zero any entry."""
+    return (mask is not None and not keeps_all(mask)) or any(dims.values())
+
+
+def _masked_copy(tensor: Tensor, mask: Tensor | None, dims: Mapping[int, Sequence[int]], out: Tensor | None = None) -> Tensor:
+    """A copy of ``tensor`` (into ``out``, if given) with ``+0.0`` where ``mask`` prunes and at the indices ``dims``
+    gives along each dim: the bits of the mask that prunes them all."""
+    if mask is not None and not keeps_all(mask):
+        out = zeroed(tensor, mask, out=out)
+    else:
+        out = tensor.detach().clone() if out is None else out.copy_(tensor)
+    for dim, indices in dims.items():
+        if indices:
+            out.index_fill_(dim, torch.tensor(indices, dtype=torch.long, device=out.device), 0.0)
     return out
 
 
@@ -144,19 +171,13 @@ def _blockwise(module: nn.Module, streamed: Mapping[str, Mapping[str, _Zeroed]])
     model's into new memory (about 2 s per GB on a VM)."""
     free: dict[tuple[Any, ...], list[Tensor]] = {}
     held: dict[str, list[tuple[dict[str, Any], str, Tensor, Tensor]]] = {}  # per block: (table, attr, original, copy)
-    aliases: dict[int, list[str]] = {}
-    for alias, p in module.named_parameters(remove_duplicate=False):
-        aliases.setdefault(id(p), []).append(alias)
 
-    def slots(name: str) -> list[tuple[dict[str, Any], str]]:
-        """Where each name of the parameter is held: its module's table of parameters, and the attribute."""
-        out = []
-        for alias in aliases[id(module.get_parameter(name))]:
-            owner, _, attr = alias.rpartition(".")
-            out.append((module.get_submodule(owner)._parameters, attr))
-        return out
+    def slots(aliases: list[str]) -> list[tuple[dict[str, Any], str]]:
+        """Where each name of a parameter is held: its module's table of parameters, and the attribute."""
+        return [(module.get_submodule(a.rpartition(".")[0])._parameters, a.rpartition(".")[2]) for a in aliases]
 
-    tables = {path: [(slots(name), zeroed) for name, zeroed in entries.items()] for path, entries in streamed.items()}
+    tables = {path: [(slots(aliases), mask, dims) for aliases, mask, dims in entries.values()]
+              for path, entries in streamed.items()}  # fmt: skip
 
     def key(t: Tensor, device: torch.device) -> tuple[Any, ...]:
         return tuple(t.shape), t.stride(), t.dtype, device
@@ -166,18 +187,11 @@ def _blockwise(module: nn.Module, streamed: Mapping[str, Mapping[str, _Zeroed]])
             if path in held:  # a block run inside itself: its tensors are masked already
                 return
             held[path] = swapped = []
-            for where, (mask, dims) in tables[path]:
+            for where, mask, dims in tables[path]:
                 original = where[0][0][where[0][1]]
                 assert original is not None
                 spare = free.get(key(torch.empty_like(original, device="meta"), original.device))  # its layout
-                new = spare.pop() if spare else torch.empty_like(original)
-                if mask is None:
-                    new.copy_(original)
-                else:
-                    zeroed(original, mask, out=new)
-                for dim, indices in dims.items():
-                    if indices:
-                        new.index_fill_(dim, torch.tensor(indices, dtype=torch.long, device=new.device), 0.0)
+                new = _masked_copy(original, mask, dims, spare.pop() if spare else torch.empty_like(original))
                 for table, attr in where:
                     swapped.append((table, attr, table[attr], new))
                     table[attr] = new
@@ -216,16 +230,12 @@ def masked_tensors(module: nn.Module, masks: Mapping[str, Tensor], dropped: Drop
     """New tensors of ``module``'s parameters that ``masks`` (and ``dropped``, as :func:`masked_run` reads it)
     prune entries of, ``+0.0`` there, by first name; the parameters they prune nothing of are left out."""
     params = dict(module.named_parameters())
-    baked = {name: zeroed(params[name], mask) for name, mask in masks.items() if not keeps_all(mask)}
-    for name, dims in (dropped or {}).items():
-        if name not in params:  # a buffer: the masked model keeps it
-            continue
-        tensor = baked.get(name)
-        tensor = params[name].detach().clone() if tensor is None else tensor  # (zeroed gave a new tensor)
-        for dim, indices in dims.items():
-            if indices:
-                tensor.index_fill_(dim, torch.tensor(indices, dtype=torch.long, device=tensor.device), 0.0)
-        baked[name] = tensor
+    dropped = dropped or {}
+    baked: dict[str, Tensor] = {}
+    for name in dict.fromkeys([*masks, *dropped]):
+        mask, dims = masks.get(name), dropped.get(name, {})
+        if name in params and _zeroes(mask, dims):  # (a buffer: the masked model keeps it)
+            baked[name] = _masked_copy(params[name], mask, dims)
     return baked
 
 
@@ -307,9 +317,7 @@ def zeroed_(module: nn.Module, masks: Masks) -> None:
     ``nan``), written into no tensor: each masked parameter of ``module`` (every name of a tied one) is
     replaced by a new one, so that tensors ``module`` shares with another are left as they are."""
     params = dict(module.named_parameters(remove_duplicate=False))
-    aliases: dict[int, list[str]] = {}
-    for name, param in params.items():
-        aliases.setdefault(id(param), []).append(name)
+    aliases = _names(module)
     for name, mask in masks.items():
         if keeps_all(mask):
             continue  # nothing pruned: the tensor as it is (no copy of a 1B model's weights for nothing)
