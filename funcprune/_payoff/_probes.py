@@ -41,24 +41,37 @@ def removable(module: nn.Module, analysis: Analysis, trial: Mapping[str, Sequenc
         return _probe(module, analysis, {}, {g for name in names for g in trial[name]}, sizes)
 
     names = list(trial)
-    if not names or fails(names) is None:
+    failed = fails(names) if names else None
+    if failed is None:
         return {}
     shapes = shape_changes(analysis)
     alike = {name: tuple(shapes.get(g, ()) for g in trial[name]) for name in names}
-    return {name: failure.why for name, failure in search(names, alike.__getitem__, fails).items()}
+    tensors = {name: {t for changes in alike[name] for t, _, _ in changes} for name in names}
+    found = search(names, alike.__getitem__, fails, lambda name, module: _under(tensors[name], module), failed)
+    return {name: failure.why for name, failure in found.items()}
 
 
 def breaking(
     module: nn.Module, analysis: Analysis, masks: Mapping[str, Tensor], removed: Sequence[int],
-    sizes: Mapping[str, tuple[int, ...]],
+    sizes: Mapping[str, tuple[int, ...]], failed: Failure,
 ) -> list[int]:  # fmt: skip
-    """The groups of ``removed`` whose removal changes the outputs (:func:`search`), the rest removable."""
+    """The groups of ``removed`` whose removal changes the outputs (:func:`search`), the rest removable.
+
+    ``failed``: how the copy without all of them fails the check (the caller's, not probed again).
+    """
 
     def fails(groups: Sequence[int]) -> Failure | None:
         return _probe(module, analysis, masks, groups, sizes)
 
     shapes = shape_changes(analysis)
-    return sorted(search(list(removed), lambda g: shapes.get(g, ()), fails))
+    tensors = {g: {t for t, _, _ in shapes.get(g, ())} for g in removed}
+    return sorted(search(list(removed), lambda g: shapes.get(g, ()), fails, lambda g, module: _under(tensors[g], module),
+                        failed))  # fmt: skip
+
+
+def _under(tensors: Iterable[str], module: str) -> bool:
+    """Whether one of ``tensors`` (names) belongs to the module at path ``module`` (``""``: the model, every one)."""
+    return any(not module or t.startswith(module + ".") for t in tensors)
 
 
 def _probe(

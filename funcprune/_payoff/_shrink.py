@@ -16,12 +16,13 @@ from typing import Any, TypeVar, final
 
 from torch import nn
 
+from .._collector import paused
 from .._graph import Analysis, Inputs, analyze, as_inputs, closure, kept_indices, plan_removal, remembered, warn_unreached
 from .._names import check_masks, check_not_hooked
 from .._types import Masks, Tensor
 from .._units import Structure
 from .._validate import refuse_in
-from ._verify import differ_in_eval, outputs_in_eval
+from ._verify import differ_in_eval, mismatch, outputs_in_eval
 from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
 from ._config import Record, ShrunkConfigWarning, describe_, is_transformers_model, record_, shapes_of
 from ._depth import depthless
@@ -289,6 +290,14 @@ class _Shrunk:
 
 def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, describe: bool = True,
             structure: object = None, check: bool = True, closing: bool = False) -> _Shrunk:  # fmt: skip
+    """:func:`_shrinking` with the collector paused (the analysis and the removal's sets are many small objects)."""
+    with paused():
+        return _shrinking(fn, module, masks, example_inputs, describe=describe, structure=structure, check=check,
+                          closing=closing)  # fmt: skip
+
+
+def _shrinking(fn: str, module: object, masks: object, example_inputs: object, *, describe: bool,
+               structure: object, check: bool, closing: bool) -> _Shrunk:  # fmt: skip
     """Check everything, analyze, remove, build and check the smaller model; warn about what stays.
 
     With ``describe``, a transformers model's config is made to describe the smaller one. ``structure``: a
@@ -328,12 +337,13 @@ def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, d
             reference: Any = None  # (unread: see below)
             break
         reference = masked_outputs(analysis, *checking(analysis, checked, keep))
-        why = differ_in_eval(small, analysis.inputs, reference)
-        if why is None:
+        failed = mismatch(small, analysis.inputs, reference)
+        if failed is None:
             break
         if not removed:  # the masked model itself: a model that runs otherwise each time
-            raise ValueError(f"{fn}: the model computes something else on each run ({why}); cannot check what shrink removes")
-        bad = breaking(module, analysis, checked, removed, sizes) or removed
+            raise ValueError(f"{fn}: the model computes something else on each run ({failed.why}); cannot check what "
+                             "shrink removes")  # fmt: skip
+        bad = breaking(module, analysis, checked, removed, sizes, failed) or removed
         vetoed.update(dict.fromkeys(bad, _CHANGES_OUTPUTS))
     _warn_kept(fn, removal.kept)
     _warn_blocks_kept(fn, depth.kept)

@@ -39,10 +39,15 @@ def differ_in_eval(small: nn.Module, inputs: Inputs, reference: Any) -> str | No
 
 
 class Failure:
-    """Why a smaller model fails the check, and where it raised (``None``: it ran, and computes something else)."""
+    """Why a smaller model fails the check, and where it raised (``None``: it ran, and computes something else).
+
+    ``module``: the path of the innermost module of the smaller model that was running when it raised (``None``:
+    it did not raise, or raised outside every module's ``forward``).
+    """
 
     why: str
     where: str | None = None
+    module: str | None = None
 
 
 @final
@@ -66,11 +71,24 @@ def mismatch(small: nn.Module, inputs: Inputs, reference: Any, *, float64: tuple
     except Exception as e:  # a size spelled out in the code no longer fits
         frames = traceback.extract_tb(e.__traceback__)
         where = f"{type(e).__name__} at {frames[-1].filename}:{frames[-1].lineno}" if frames else type(e).__name__
-        return Failure(f"{type(e).__name__}: {e}", where)
+        return Failure(f"{type(e).__name__}: {e}", where, _raised_in(small, e))
     if isinstance(reference, Later):
         reference = reference.make()
     why = _differ(outputs, reference, float64 or _FLOAT64_TOLERANCE)
     return None if why is None else Failure(why)
+
+
+def _raised_in(small: nn.Module, e: BaseException) -> str | None:
+    """The path of the innermost module of ``small`` whose code (``self``) was on the stack where ``e`` was raised."""
+    paths = {id(m): path for path, m in small.named_modules()}
+    found = None
+    tb = e.__traceback__
+    while tb is not None:
+        path = paths.get(id(tb.tb_frame.f_locals.get("self")))
+        if path is not None:
+            found = path
+        tb = tb.tb_next
+    return found
 
 
 def outputs_in_eval(fn: str, small: nn.Module, inputs: Inputs) -> Any:
@@ -106,18 +124,38 @@ def evaluating(module: nn.Module) -> Iterator[None]:
 _T = TypeVar("_T")
 
 
-def search(items: Sequence[_T], shape_of: Callable[[_T], object], fails: Callable[[Sequence[_T]], Failure | None]) -> dict[_T, Failure]:
+def search(
+    items: Sequence[_T], shape_of: Callable[[_T], object], fails: Callable[[Sequence[_T]], Failure | None],
+    inside: Callable[[_T, str], bool] | None = None, failed: Failure | None = None,
+) -> dict[_T, Failure]:  # fmt: skip
     """The items whose removal fails the check, each with its failure; the others pass, removed together.
 
     A probe removes the items found good so far and a part of the others.
     Items that change the same shapes by the same counts (``shape_of``: the
     channels of one layer, alike) go first as one part each, halved over such
-    classes, so that a few probes clear every layer that is fine. In a class
+    classes, so that a few probes clear every layer that is fine. Where a
+    probe raises inside a module (:attr:`Failure.module`) and ``inside`` says
+    that some of its parts change tensors of that module but not all, those
+    parts are set aside first instead (the others probed next): a model whose
+    every block of one kind raises (heads that ``nn.MultiheadAttention``
+    cannot lose) takes a probe per block, not a halving per block. In a class
     that fails, where removing its first item alone raises an error, removing
     any other alone raises too (shapes are all the error can depend on: a size
     the code spells out), and the whole class fails; otherwise its items are
-    halved one by one.
+    halved one by one. What is found is checked by probes either way: the
+    items that go pass together, and each that fails, failed on top of them.
+    No set is probed twice: where one part of a failing set passes, the
+    rest on top of it is that set again, and its failure is known.
+    ``failed``: how removing every item fails, where a probe already said.
     """
+    known: dict[frozenset[_T], Failure | None] = {} if failed is None else {frozenset(items): failed}
+
+    def probe(removed: Sequence[_T]) -> Failure | None:
+        key = frozenset(removed)
+        if key not in known:
+            known[key] = fails(removed)
+        return known[key]
+
     classes: dict[object, list[_T]] = {}
     for item in items:
         classes.setdefault(shape_of(item), []).append(item)
@@ -126,14 +164,24 @@ def search(items: Sequence[_T], shape_of: Callable[[_T], object], fails: Callabl
     todo: list[list[list[_T]]] = [list(classes.values())]
     while todo:
         parts = todo.pop()
-        failed = fails(good + [item for part in parts for item in part])
-        if failed is None:
+        failure = probe(good + [item for part in parts for item in part])
+        if failure is None:
             good.extend(item for part in parts for item in part)
         elif len(parts) > 1:
-            todo.extend([parts[len(parts) // 2 :], parts[: len(parts) // 2]])
+            todo.extend(_split(parts, failure.module, inside))
         else:
-            bad.update(_search_alike(parts[0], failed, good, fails))
+            bad.update(_search_alike(parts[0], failure, good, probe))
     return bad
+
+
+def _split(parts: list[list[_T]], module: str | None, inside: Callable[[_T, str], bool] | None) -> list[list[list[_T]]]:
+    """``parts`` in two, the one to probe next last: those that change the module that raised and the others, or
+    (where that tells nothing) halves."""
+    if module is not None and inside is not None:
+        near = [part for part in parts if any(inside(item, module) for item in part)]
+        if 0 < len(near) < len(parts):
+            return [near, [part for part in parts if not any(inside(item, module) for item in part)]]
+    return [parts[len(parts) // 2 :], parts[: len(parts) // 2]]
 
 
 def _search_alike(

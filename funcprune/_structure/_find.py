@@ -20,6 +20,7 @@ from typing import final
 from torch import nn
 
 from .. import _graph as graph
+from .._collector import paused
 from .._names import check_not_hooked
 from .._payoff import removable
 from .._targets import output_parameters
@@ -152,6 +153,12 @@ def structure(model: nn.Module, example_inputs: object, *, outputs: bool = False
         raise TypeError(f"{fn}: outputs must be a bool, got {outputs!r}")
     if on_meta(model):  # no values to run on: read off a smaller copy with values
         return shadow_structure(fn, model, example_inputs, outputs, lambda m, x, o: structure(m, x, outputs=o))
+    with paused():  # hundreds of thousands of small objects made: no collection walks the model for each few hundred
+        return _structure(fn, model, example_inputs, outputs)
+
+
+def _structure(fn: str, model: nn.Module, example_inputs: object, outputs: bool) -> Structure:
+    """:func:`structure` of a model with values, its arguments checked."""
     memo = graph.analyzed(fn, model, graph.as_inputs(fn, model, example_inputs))
     analysis = memo.analysis
     graph.warn_unreached(fn, analysis, stacklevel=2)
