@@ -33,7 +33,7 @@ PACKAGE = Path(funcprune.__file__).parent
 #: subpackages, bottom to top. The spine runs _native <- _select <- _specs <- _dtensor <- _plans <- compat.
 BASE = frozenset({
     "funcprune._torch_private", "funcprune._types", "funcprune._validate", "funcprune._names", "funcprune._experts",
-    "funcprune._families", "funcprune._units", "funcprune._expert_linears",
+    "funcprune._families", "funcprune._units", "funcprune._expert_linears", "funcprune._collector",
 })  # fmt: skip
 MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._torch_private": frozenset(),
@@ -44,6 +44,7 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._expert_linears": frozenset({"funcprune._types", "funcprune._experts"}),
     "funcprune._families": frozenset(),
     "funcprune._units": frozenset(),
+    "funcprune._collector": frozenset(),
     "funcprune._native": BASE,
     "funcprune._select": BASE | {"funcprune._native"},
     "funcprune._specs": BASE | {"funcprune._select"},
