@@ -22,14 +22,14 @@ from torch import nn
 from .. import _graph as graph
 from .._collector import paused
 from .._names import check_not_hooked
-from .._payoff import removable
+from .._payoff import hidden_of, removable
 from .._targets import output_parameters
 from .._torch_private import ConvNd
 from .._units import Kind, Member, Structure, UnitGroup
 from .._validate import refuse_in
 from ._hidden import hidden_group
 from ._layers import layer_groups
-from ._shadow import on_meta, shadow_structure, standing_for
+from ._shadow import on_meta, shadow_structure, shallow_copy, standing_for
 
 __all__ = ["UnitsLeftOutWarning", "structure", "units_of"]
 
@@ -165,22 +165,110 @@ def _structure(fn: str, model: nn.Module, example_inputs: object, outputs: bool)
     heads = set() if outputs else output_parameters(model)
     excluded = {name for name, p in model.named_parameters() if id(p) in heads}
     found = _found(analysis, {name: tuple(p.shape) for name, p in model.named_parameters()}, excluded)
-    # the last unit of each group (of each part, where parts lose evenly): the probe cuts what it keeps to views
-    trial = {name: units[len(units) // group.parts - 1 :: len(units) // group.parts] for name, (group, units) in found.groups.items()}
-    standing = standing_for(model, list(trial))  # a block's groups tried once per kind of block
-    tried = removable(model, analysis, {name: trial[name] for name in dict.fromkeys(standing.values())})
+    standing = standing_for(model, list(found.groups))  # a block's groups tried once per kind of block
+    representatives = list(dict.fromkeys(standing.values()))
+    trials = _on_copy(fn, model, analysis, found, representatives, outputs) if _SHALLOW_TRIALS else None
+    if trials is None:  # tried on the model itself
+        tried = removable(model, analysis, {name: _tried_units(*found.groups[name]) for name in representatives})
+        layers, stacks_left = layer_groups(fn, model, analysis.inputs, excluded)
+        hidden, why = hidden_group(fn, model, analysis)
+    else:
+        tried, layers, stacks_left = trials.tried, trials.layers, trials.stacks_left
+        hidden, why = trials.hidden, trials.hidden_why
     failed = {name: tried[by] for name, by in standing.items() if by in tried}
     left = {name: f"removing one changes what the model computes ({why})" for name, why in failed.items()}
     groups = {name: group for name, (group, _) in found.groups.items() if name not in failed}
-    layers, stacks_left = layer_groups(fn, model, analysis.inputs, excluded)
     _warn_left_out(fn, model, analysis, found, left, groups, stacks_left)
     groups.update({(f"{name}#layers" if name in groups else name): g for name, g in layers.items()})
-    hidden, why = hidden_group(fn, model, analysis)
     if hidden is not None:
         groups["hidden" if "hidden" not in groups else "hidden#2"] = hidden
     found_structure = Structure(groups, {"hidden": why} if why is not None else {})
     object.__setattr__(found_structure, "_analyzed", memo)  # for shrink(..., structure=): never pickled or compared
     return found_structure
+
+
+#: Whether the trials of a deep model run on a copy with fewer blocks (:func:`_on_copy`); tests compare both ways.
+_SHALLOW_TRIALS = True
+
+
+def _tried_units(group: UnitGroup, units: Sequence[int]) -> Sequence[int]:
+    """The units of a group its trial removes: the last (of each part, where parts lose evenly), which the probe
+    cuts to views."""
+    return units[len(units) // group.parts - 1 :: len(units) // group.parts]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class _Trials:
+    """What the trials of :func:`structure` found, by the full model's names.
+
+    Attributes:
+        tried: each unit group tried whose removal fails, with why.
+        layers: the ``"layers"`` groups, by stack.
+        stacks_left: the stacks (or blocks) of no ``"layers"`` unit, with why.
+        hidden: the ``"hidden"`` group, or ``None``.
+        hidden_why: why there is none.
+    """
+
+    tried: dict[str, str]
+    layers: dict[str, UnitGroup]
+    stacks_left: dict[str, str]
+    hidden: UnitGroup | None
+    hidden_why: str | None
+
+
+def _on_copy(
+    fn: str, model: nn.Module, analysis: graph.Analysis, found: _Found, representatives: Sequence[str], outputs: bool
+) -> _Trials | None:  # fmt: skip
+    """The trials of a deep transformers model run on a copy with fewer blocks (its shadow's, sharing its tensors),
+    mapped back; ``None`` where there is no such copy or its groups are not the model's.
+
+    Every trial already stands one block of each kind for the others (:func:`standing_for`); on the copy, the
+    blocks that are not tried are gone too, so each run costs a few blocks, not the model. The copy is analyzed
+    and taken only where each group tried is the model's, renamed (members, widths, parts), and the hidden
+    channels are as many; what a trial says about the copy is said of the model, its texts renamed.
+    """
+    shallow = shallow_copy(fn, model)
+    if shallow is None:
+        return None
+    small = shallow.model
+    try:
+        small_analysis = graph.analyze(fn, small, analysis.inputs)
+    except ValueError:
+        return None
+    heads = set() if outputs else output_parameters(small)
+    excluded = {name for name, p in small.named_parameters() if id(p) in heads}
+    shapes = {name: tuple(p.shape) for name, p in small.named_parameters()}
+    in_copy = _found(small_analysis, shapes, excluded)
+    names: dict[str, str] = {}
+    for name in representatives:
+        there = shallow.to_copy(name)
+        if there is None or there not in in_copy.groups:
+            return None
+        group, copied = found.groups[name][0], in_copy.groups[there][0]
+        members = [(shallow.to_copy(m.name), m.dim, m.width, m.start, m.unit) for m in group.members]
+        if (group.kind, group.size, group.least, group.parts) != (copied.kind, copied.size, copied.least, copied.parts) or (
+            members != [(m.name, m.dim, m.width, m.start, m.unit) for m in copied.members]
+        ):  # fmt: skip
+            return None
+        names[name] = there
+    full_hidden = hidden_of(analysis, {name: tuple(p.shape) for name, p in model.named_parameters()})
+    copy_hidden = hidden_of(small_analysis, shapes)
+    if (full_hidden is None) != (copy_hidden is None) or (
+        full_hidden is not None and copy_hidden is not None and full_hidden.size != copy_hidden.size
+    ):
+        return None
+    text = shallow.mapping.text
+    tried = removable(small, small_analysis, {names[n]: _tried_units(*in_copy.groups[names[n]]) for n in representatives})
+    layers, stacks_left = layer_groups(fn, small, analysis.inputs, excluded)
+    hidden, why = hidden_group(fn, model, analysis, (small, small_analysis))
+    return _Trials(
+        {name: text(tried[names[name]]) for name in representatives if names[name] in tried},
+        {name: shallow.mapping.layers(name, group) for name, group in layers.items()},
+        {path: text(reason) for path, reason in stacks_left.items()},
+        hidden,
+        None if why is None else text(why),
+    )
 
 
 def units_of(

@@ -24,15 +24,22 @@ from .._units import Member, UnitGroup
 __all__ = ["hidden_group"]
 
 
-def hidden_group(fn: str, model: nn.Module, analysis: graph.Analysis) -> tuple[UnitGroup | None, str | None]:
-    """The ``"hidden"`` group of ``model``, or why it has none."""
+def hidden_group(
+    fn: str, model: nn.Module, analysis: graph.Analysis, tried_on: tuple[nn.Module, graph.Analysis] | None = None
+) -> tuple[UnitGroup | None, str | None]:
+    """The ``"hidden"`` group of ``model``, or why it has none.
+
+    ``tried_on``: a copy with fewer blocks and its analysis, whose hidden channels are those of ``model``
+    (the caller checked), to try the removal on instead of ``model``.
+    """
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     found = hidden_of(analysis, shapes)
     if found is None:
         return None, "no group of channels spans the residual stream whole (no norm couples one)"
     # stacked experts run in torch's grouped matmul, which needs widths in multiples of 16 bytes: remove as many
     align = max(1, 16 // next(model.parameters()).element_size()) if analysis.experts else 1
-    trial = narrowed(fn, model, {}, analysis, channels=range(found.size - align, found.size))
+    on, on_analysis = tried_on if tried_on is not None else (model, analysis)
+    trial = narrowed(fn, on, {}, on_analysis, channels=range(found.size - align, found.size))
     if trial.why is not None:
         return None, trial.why
     members = tuple(Member(name, dim, 1) for name, dim in found.members)

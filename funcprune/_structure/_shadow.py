@@ -35,7 +35,8 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, final
 
 import torch
 from torch import nn
@@ -45,7 +46,7 @@ from .._families import DEPTH_INDEX_LISTS, DEPTH_THRESHOLDS, LAYER_INDEX
 from .._payoff import block_names, describe_depth_, is_transformers_model, stacks_of, without_blocks
 from .._units import Member, Structure, UnitGroup
 
-__all__ = ["on_meta", "shadow_structure", "standing_for"]
+__all__ = ["Shallow", "on_meta", "shadow_structure", "shallow_copy", "standing_for"]
 
 #: Reads the structure of a model with values (``structure`` itself, past its checks).
 Read = Callable[[nn.Module, object, bool], Structure]
@@ -97,6 +98,49 @@ def shadow_structure(fn: str, model: nn.Module, example_inputs: object, outputs:
     for w in caught:
         warnings.warn(f"{mapped.text(str(w.message))}{note}", w.category, stacklevel=3)
     return result
+
+
+@final
+@dataclass(frozen=True, slots=True, eq=False)
+class Shallow:
+    """A copy of a model with values that has fewer blocks (the shadow's, sharing the model's tensors), and how
+    the names of the two map (:meth:`to_copy`; the copy's texts back: ``mapping.text``)."""
+
+    model: nn.Module
+    mapping: _Mapping
+
+    def to_copy(self, name: str) -> str | None:
+        """``name`` (a parameter or module of the full model) as the copy names it; ``None`` in a block it lacks."""
+        for path, blocks in self.mapping.names.items():
+            for i, block in enumerate(blocks):
+                if name == block or name.startswith(f"{block}."):
+                    kept = self.mapping.kept[path]
+                    return self.mapping.shadow_names[path][kept.index(i)] + name[len(block) :] if i in kept else None
+        return name
+
+
+#: The share of a model's blocks (of every stack) that a :func:`shallow_copy` keeps at most.
+_AT_MOST = 0.5
+
+
+def shallow_copy(fn: str, model: nn.Module) -> Shallow | None:
+    """The copy of a transformers ``model`` (with values) that its shadow would be, sharing its tensors: each
+    stack keeps the first two blocks of each kind and its last, and the config says the depth. ``None`` where the
+    copy would keep more than half of the blocks (:data:`_AT_MOST`: no stack has a block to leave out, or too few),
+    the model is no transformers model, or its config cannot say the depth."""
+    if not is_transformers_model(model):
+        return None
+    sizes = stacks_of(model)
+    kinds = {path: _kinds(model, path, size) for path, size in sizes.items()}
+    kept = {path: _kept(k) for path, k in kinds.items()}
+    removed = {path: [i for i in range(sizes[path]) if i not in kept[path]] for path in sizes}
+    removed = {path: gone for path, gone in removed.items() if gone}
+    if sum(len(k) for k in kept.values()) > _AT_MOST * sum(sizes.values()):
+        return None  # the copy's analysis would cost about what running its trials on the model saves
+    small = without_blocks(fn, model, removed, probe=True)
+    if describe_depth_(small, removed, sizes):
+        return None
+    return Shallow(small, _Mapping(fn, model, kinds, kept))
 
 
 def _plain(value: object) -> bool:
@@ -263,7 +307,7 @@ class _Mapping:
                 seen.setdefault((path, self.kinds[path][i]), {})[j] = []
         for name, group in found.items():
             if group.kind == "layers":
-                rest[name] = self._layers(name, group)
+                rest[name] = self.layers(name, group)
                 continue
             blocks: dict[tuple[str, int], list[Member]] = {}
             outside: list[Member] = []
@@ -341,7 +385,7 @@ class _Mapping:
         members.sort(key=lambda m: (self.order[m.name], m.dim))  # stable: the parts of one dim keep their order
         return UnitGroup(group.kind, group.size, tuple(members), group.least, group.parts)
 
-    def _layers(self, name: str, group: UnitGroup) -> UnitGroup:
+    def layers(self, name: str, group: UnitGroup) -> UnitGroup:
         """A ``"layers"`` group of the shadow's stack onto the full stack: every block of a kind whose block goes."""
         path = name.removesuffix("#layers") if name != "layers" else ""
         if path not in self.kept:
