@@ -14,7 +14,7 @@ from _hf import ARCHITECTURES, MATRIX, MOE, inputs, tiny
 import funcprune as fp
 from funcprune import _graph as graph
 from funcprune._payoff import hidden_of
-from funcprune._structure import _find, _shadow
+from funcprune._structure import _find, _read, _shadow
 from funcprune._targets import output_parameters
 
 #: Deep enough that the copy keeps at most half of the blocks (the first two of each kind, and the last).
@@ -25,7 +25,7 @@ ON_THE_MODEL = {"t5"}
 FAST = ("llama",)
 
 
-def _read(model: Any, x: Any, on_copy: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[fp.Structure, list[tuple[str, str]], bool]:
+def _structure_of(model: Any, x: Any, on_copy: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[fp.Structure, list[tuple[str, str]], bool]:
     monkeypatch.setattr(_find, "_SHALLOW_TRIALS", on_copy)
     used: list[bool] = []
     real = _find._on_copy
@@ -49,8 +49,8 @@ def _read(model: Any, x: Any, on_copy: bool, monkeypatch: pytest.MonkeyPatch) ->
 def test_trials_on_the_copy_say_what_trials_on_the_model_say(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     t = tiny(name, layers=LAYERS.get(name, 8))
     x = inputs(t)
-    on_model, said_on_model, _ = _read(t.model, x, False, monkeypatch)
-    on_copy, said_on_copy, used = _read(t.model, x, True, monkeypatch)
+    on_model, said_on_model, _ = _structure_of(t.model, x, False, monkeypatch)
+    on_copy, said_on_copy, used = _structure_of(t.model, x, True, monkeypatch)
     assert used == (name not in ON_THE_MODEL)
     assert on_copy == on_model and list(on_copy) == list(on_model) and dict(on_copy.left_out) == dict(on_model.left_out)
     assert said_on_copy == said_on_model
@@ -80,7 +80,7 @@ def _found_as_structure_does(model: Any, x: Any) -> tuple[Any, Any, list[str]]:
     analysis = graph.analyze("test", model, graph.as_inputs("test", model, x))
     heads = output_parameters(model)
     excluded = {name for name, p in model.named_parameters() if id(p) in heads}
-    found = _find._found(analysis, {name: tuple(p.shape) for name, p in model.named_parameters()}, excluded)
+    found = _read.found_units(analysis, {name: tuple(p.shape) for name, p in model.named_parameters()}, excluded)
     return analysis, found, list(dict.fromkeys(_shadow.standing_for(model, list(found.groups)).values()))
 
 
@@ -94,7 +94,7 @@ def test_the_copy_is_not_taken_where_its_groups_or_hidden_size_differ(monkeypatc
         fp.UnitGroup(group.kind, group.size, group.members[:-1], group.least, group.parts),  # a member fewer
         fp.UnitGroup(group.kind, group.size, group.members, group.least + 1, group.parts),
     ):
-        other = _find._Found({**found.groups, name: (changed, units)}, found.left_out)
+        other = _read.Found({**found.groups, name: (changed, units)}, found.left_out)
         assert _find._on_copy("test", t.model, analysis, other, representatives, False) is None
     real = hidden_of
     monkeypatch.setattr(_find, "hidden_of", lambda a, shapes: None if a is not analysis else real(a, shapes))
