@@ -221,7 +221,7 @@ def _on_copy(
     Every trial already stands one block of each kind for the others (:func:`standing_for`); on the copy, the
     blocks that are not tried are gone too, so each run costs a few blocks, not the model. The copy is analyzed
     and taken only where each group tried is the model's, renamed (members, widths, parts), and the hidden
-    channels are as many; what a trial says about the copy is said of the model, its texts renamed.
+    channels are as many and lie in the same tensors; what a trial says about the copy is said of the model, its texts renamed.
     """
     shallow = shallow_copy(fn, model)
     if shallow is None:
@@ -249,10 +249,12 @@ def _on_copy(
         names[name] = there
     full_hidden = hidden_of(analysis, {name: tuple(p.shape) for name, p in model.named_parameters()})
     copy_hidden = hidden_of(small_analysis, shapes)
-    if (full_hidden is None) != (copy_hidden is None) or (
-        full_hidden is not None and copy_hidden is not None and full_hidden.size != copy_hidden.size
-    ):
+    if (full_hidden is None) != (copy_hidden is None):
         return None
+    if full_hidden is not None and copy_hidden is not None:  # as many channels, in the copy's share of the tensors
+        kept = [(there, dim) for name, dim in full_hidden.members if (there := shallow.to_copy(name)) is not None]
+        if full_hidden.size != copy_hidden.size or kept != list(copy_hidden.members):
+            return None
     text = shallow.mapping.text
     tried = removable(small, small_analysis, {names[n]: _tried_units(*in_copy.groups[names[n]]) for n in representatives})
     layers, stacks_left = layer_groups(fn, small, analysis.inputs, excluded)

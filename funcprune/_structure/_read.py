@@ -51,6 +51,8 @@ class Found:
 
 
 def found_units(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]], excluded: Set[str]) -> Found:
+    """The unit groups of an analysis with their analysis groups, and why each other group made by layers' rows is
+    no unit (``shapes``: each parameter's, by first name, in order; ``excluded``: output layers' parameters)."""
     footprints = _footprints(analysis, shapes)
     kinds = _kinds(analysis)
     stacked = {name for layer in analysis.experts for name in layer.router.parameters}  # experts' hidden channels

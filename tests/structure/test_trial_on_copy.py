@@ -100,6 +100,13 @@ def test_the_copy_is_not_taken_where_its_groups_or_hidden_size_differ(monkeypatc
     monkeypatch.setattr(_find, "hidden_of", lambda a, shapes: None if a is not analysis else real(a, shapes))
     assert _find._on_copy("test", t.model, analysis, found, representatives, False) is None
 
+    def fewer(a: Any, shapes: Any) -> Any:  # the copy's hidden channels in a tensor fewer
+        found = real(a, shapes)
+        return found if a is analysis or found is None else type(found)(found.members[:-1], found.size)
+
+    monkeypatch.setattr(_find, "hidden_of", fewer)
+    assert _find._on_copy("test", t.model, analysis, found, representatives, False) is None
+
 
 def test_what_the_copy_says_names_the_model_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """A trial's text names blocks as the copy has them (its last block is the copy's third); the structure's
