@@ -221,7 +221,8 @@ def _on_copy(
     Every trial already stands one block of each kind for the others (:func:`standing_for`); on the copy, the
     blocks that are not tried are gone too, so each run costs a few blocks, not the model. The copy is analyzed
     and taken only where each group tried is the model's, renamed (members, widths, parts), and the hidden
-    channels are as many and lie in the same tensors; what a trial says about the copy is said of the model, its texts renamed.
+    channels are as many and lie in the same tensors; what a trial says about the copy is said of the model, its
+    texts renamed.
     """
     shallow = shallow_copy(fn, model)
     if shallow is None:
@@ -240,11 +241,7 @@ def _on_copy(
         there = shallow.to_copy(name)
         if there is None or there not in in_copy.groups:
             return None
-        group, copied = found.groups[name][0], in_copy.groups[there][0]
-        members = [(shallow.to_copy(m.name), m.dim, m.width, m.start, m.unit) for m in group.members]
-        if (group.kind, group.size, group.least, group.parts) != (copied.kind, copied.size, copied.least, copied.parts) or (
-            members != [(m.name, m.dim, m.width, m.start, m.unit) for m in copied.members]
-        ):  # fmt: skip
+        if shallow.group_in_copy(found.groups[name][0]) != in_copy.groups[there][0]:  # members, widths, parts...
             return None
         names[name] = there
     full_hidden = hidden_of(analysis, {name: tuple(p.shape) for name, p in model.named_parameters()})

@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, final
 
 import torch
@@ -117,6 +117,16 @@ class Shallow:
                     kept = self.mapping.kept[path]
                     return self.mapping.shadow_names[path][kept.index(i)] + name[len(block) :] if i in kept else None
         return name
+
+    def group_in_copy(self, group: UnitGroup) -> UnitGroup | None:
+        """``group`` (of the full model) as the copy names it; ``None`` where a member lies in a block it lacks."""
+        members = []
+        for m in group.members:
+            name = self.to_copy(m.name)
+            if name is None:
+                return None
+            members.append(replace(m, name=name))
+        return replace(group, members=tuple(members))
 
 
 #: The share of a model's blocks (of every stack) that a :func:`shallow_copy` keeps at most.
