@@ -49,7 +49,7 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "funcprune._select": BASE | {"funcprune._native"},
     "funcprune._specs": BASE | {"funcprune._select"},
     "funcprune._dtensor": BASE | {"funcprune._select", "funcprune._specs"},
-    "funcprune._plans": BASE | {"funcprune._specs", "funcprune._dtensor"},
+    "funcprune._plans": BASE | {"funcprune._native", "funcprune._specs", "funcprune._dtensor"},
     "funcprune._targets": BASE,
     "funcprune._criteria": BASE | {"funcprune._native", "funcprune._specs", "funcprune._dtensor"},
     "funcprune._apply": BASE | {"funcprune._native", "funcprune._dtensor"},

@@ -23,3 +23,5 @@ from ._calls import scan as scan
 from ._calls import survivors as survivors
 from ._calls import threaded as threaded
 from ._sparsegpt import sparsegpt_block as sparsegpt_block
+from ._unit_keys import unit_abs_max as unit_abs_max
+from ._unit_keys import unit_rounded as unit_rounded

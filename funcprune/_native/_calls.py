@@ -50,10 +50,14 @@ def _threads(n: int) -> int:
 
 def plain(t: Tensor) -> bool:
     """A contiguous CPU tensor of its own class, that no transform wraps, whose bytes are its values."""
+    return _own_bytes(t) and t.is_contiguous()
+
+
+def _own_bytes(t: Tensor) -> bool:
+    """A CPU tensor of its own class, that no transform wraps, whose bytes are its values (any layout)."""
     return (
         (type(t) is torch.Tensor or type(t) is torch.nn.Parameter)
         and t.device.type == "cpu"
-        and t.is_contiguous()
         and not t.is_neg()
         and not t.is_conj()
         and not is_functorch_wrapped(t)
@@ -196,6 +200,8 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "block_expand": ([_P, _P, _I64, _I64, _I64, _I64, _P, _I32], None),
     "n_m": ([_P, _P, _I64, _I64, _I64, _I64, _P, _I32], _I32),
     "sparsegpt_block": ([_P, _I64, _I64, _I64, _P, _I64, _P, _I64, _I64, _P, _I32], _I32),
+    "unit_abs_max": ([_P, _I64, _I64, _I64, _I64, _P, _I32], None),
+    "unit_rounded": ([_P, _I64, _I64, _I64, _I64, _P, _I32, _P, _I32], None),
 }
 
 
@@ -204,8 +210,10 @@ _HALF_KINDS = frozenset({"n_m"})
 _HALVES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
-def _declared(kind: str, x: Tensor, *others: Mask) -> _Kernel | None:
+def _declared(kind: str, x: Tensor, *others: Mask, contiguous: bool = True) -> _Kernel | None:
     """:func:`_kernel`, its signature declared (``None`` also where the library in use lacks it).
+
+    ``contiguous=False`` lets ``x`` lie in memory in any layout (the caller checks the one its kernel reads).
 
     A bool ``x`` takes the kernel named ``fp_{kind}`` (no dtype suffix); a
     float16 or bfloat16 one, where ``kind`` takes them (:data:`_HALF_KINDS`),
@@ -219,7 +227,7 @@ def _declared(kind: str, x: Tensor, *others: Mask) -> _Kernel | None:
         suffix = f"_{_HALVES[x.dtype]}"
     else:
         return None
-    if not plain(x):
+    if not (plain(x) if contiguous else _own_bytes(x)):
         return None
     kernels = library()
     name = f"fp_{kind}{suffix}"
@@ -414,3 +422,4 @@ def block_expand(kept: Tensor, mask: Mask, height: int, width: int, shape: Seque
     numel = out.numel()
     kernel(kept.data_ptr(), _address(mask), grid[0], height, grid[1], width, out.data_ptr(), _threads(numel))
     return out.view(torch.bool)
+

@@ -1637,3 +1637,160 @@ void fp_block_expand(const uint8_t *kept, const uint8_t *mask, int64_t P, int64_
 
 SPARSEGPT_BLOCK(f32, float, int32_t, 0x7FFFFFFF, 0x7F800001)
 SPARSEGPT_BLOCK(f64, double, int64_t, 0x7FFFFFFFFFFFFFFFLL, 0x7FF0000000000001LL)
+
+/* ---- unit keys: per index of a dim, the largest |x|, and the sum of rounded terms ----
+ *
+ * For funcprune/_plans/_unit_keys.py, one read each where torch makes
+ * several passes. x is read as [A, L, B]: entry (a, l, b) at
+ * x[a * sa + l * B + b] (a narrow along the dim of a contiguous tensor:
+ * the dims before it flattened into A, those after it into B), and each
+ * kernel writes one double per index l.
+ *
+ * unit_abs_max: the largest |x| over a and b, NaN where one is NaN (the
+ * torch path's max(amax, -amin), read once).
+ *
+ * unit_rounded: the sum over a and b of (t + M[l]) - M[l], t = x * x
+ * (square) or |x| in double. The caller picks each M so that every such
+ * term is a multiple of one quantum and every partial sum of them is exact
+ * (the reproducible summation's pre-rounding): the sum is then the same in
+ * any order, the torch path's chunked sums bit for bit. Non-finite terms
+ * give whatever IEEE gives; the caller's flags override them.
+ *
+ * Threads take disjoint runs of l (each run's indices are one thread's).
+ */
+
+#define UNIT_LANES 8
+/* rows of x read together where B == 1: one load and store of out[l] per UNIT_ROWS of them */
+#define UNIT_ROWS 8
+/* indices along the dim whose maxima one pass down the rows keeps (on the stack) where B == 1 */
+#define UNIT_CHUNK 2048
+
+/* NaN-propagating maximum: once o is NaN, neither test holds again, and it stays. */
+#define UNIT_MAX(o, m) ((m) > (o) || (m) != (m) ? (m) : (o))
+
+#define UNIT_KEYS(SUFFIX, T, UT, SIGN_OFF)                                                              \
+    static inline double unit_term_##SUFFIX(T v, int square) {                              \
+        double d = (double)v;                                                               \
+        return square ? d * d : fabs(d);                                                    \
+    }                                                                                       \
+    static inline double unit_round_##SUFFIX(T v, double m, int square) {                   \
+        return (unit_term_##SUFFIX(v, square) + m) - m;                                     \
+    }                                                                                       \
+    /* B == 1: sums down the rows, UNIT_ROWS at a time, across l in vector lanes */          \
+    static inline __attribute__((always_inline)) void unit_rounded_columns_##SUFFIX(        \
+        const T *restrict x, int64_t A, int64_t l0, int64_t l1, int64_t sa,                 \
+        const double *restrict big, int square, double *restrict out) {                     \
+        int64_t a = 0;                                                                      \
+        for (; a + UNIT_ROWS <= A; a += UNIT_ROWS) {                                        \
+            const T *restrict r = x + a * sa;                                               \
+            for (int64_t l = l0; l < l1; l++) {                                             \
+                double m = big[l], acc = out[l];                                            \
+                for (int i = 0; i < UNIT_ROWS; i++)                                         \
+                    acc += unit_round_##SUFFIX(r[i * sa + l], m, square);                   \
+                out[l] = acc;                                                               \
+            }                                                                               \
+        }                                                                                   \
+        for (; a < A; a++)                                                                  \
+            for (int64_t l = l0; l < l1; l++)                                               \
+                out[l] += unit_round_##SUFFIX(x[a * sa + l], big[l], square);               \
+    }                                                                                       \
+    static inline __attribute__((always_inline)) void unit_rounded_rows_##SUFFIX(           \
+        const T *restrict x, int64_t A, int64_t l0, int64_t l1, int64_t B, int64_t sa,      \
+        const double *restrict big, int square, double *restrict out) {                     \
+        for (int64_t a = 0; a < A; a++)                                                     \
+            for (int64_t l = l0; l < l1; l++) {                                             \
+                const T *restrict r = x + a * sa + l * B;                                   \
+                double m = big[l], acc[UNIT_LANES] = {0};                                   \
+                int64_t b = 0;                                                              \
+                for (; b + UNIT_LANES <= B; b += UNIT_LANES)                                \
+                    for (int j = 0; j < UNIT_LANES; j++)                                    \
+                        acc[j] += unit_round_##SUFFIX(r[b + j], m, square);                 \
+                double s = 0.0;                                                             \
+                for (int j = 0; j < UNIT_LANES; j++) s += acc[j];                           \
+                for (; b < B; b++) s += unit_round_##SUFFIX(r[b], m, square);               \
+                out[l] += s;                                                                \
+            }                                                                               \
+    }                                                                                       \
+    static void unit_rounded_run_##SUFFIX(const T *x, int64_t A, int64_t l0, int64_t l1,    \
+                                          int64_t B, int64_t sa, const double *big,         \
+                                          int square, double *out) {                        \
+        for (int64_t l = l0; l < l1; l++) out[l] = 0.0;                                     \
+        if (B == 1 && square)                                                               \
+            unit_rounded_columns_##SUFFIX(x, A, l0, l1, sa, big, 1, out);                   \
+        else if (B == 1)                                                                    \
+            unit_rounded_columns_##SUFFIX(x, A, l0, l1, sa, big, 0, out);                   \
+        else if (square)                                                                    \
+            unit_rounded_rows_##SUFFIX(x, A, l0, l1, B, sa, big, 1, out);                   \
+        else                                                                                \
+            unit_rounded_rows_##SUFFIX(x, A, l0, l1, B, sa, big, 0, out);                   \
+    }                                                                                       \
+    /* |x| as its bits, sign cleared: ordered as the values, NaN above +inf (propagated by max) */ \
+    static inline UT unit_abs_bits_##SUFFIX(T v) {                                           \
+        UT u;                                                                               \
+        memcpy(&u, &v, sizeof u);                                                           \
+        return u & SIGN_OFF;                                                                \
+    }                                                                                       \
+    static inline double unit_from_bits_##SUFFIX(UT u) {                                    \
+        T v;                                                                                \
+        memcpy(&v, &u, sizeof v);                                                           \
+        return (double)v;                                                                   \
+    }                                                                                       \
+    static void unit_abs_max_run_##SUFFIX(const T *restrict x, int64_t A, int64_t l0,       \
+                                          int64_t l1, int64_t B, int64_t sa,                \
+                                          double *restrict out) {                           \
+        if (B == 1) { /* down the rows, UNIT_CHUNK indices at a time in vector lanes */      \
+            for (int64_t c = l0; c < l1; c += UNIT_CHUNK) {                                 \
+                int64_t n = l1 - c < UNIT_CHUNK ? l1 - c : UNIT_CHUNK;                      \
+                UT o[UNIT_CHUNK] = {0};                                                     \
+                for (int64_t a = 0; a < A; a++) {                                           \
+                    const T *restrict r = x + a * sa + c;                                   \
+                    for (int64_t k = 0; k < n; k++) {                                       \
+                        UT u = unit_abs_bits_##SUFFIX(r[k]);                                \
+                        o[k] = u > o[k] ? u : o[k];                                         \
+                    }                                                                       \
+                }                                                                           \
+                for (int64_t k = 0; k < n; k++) out[c + k] = unit_from_bits_##SUFFIX(o[k]); \
+            }                                                                               \
+            return;                                                                         \
+        }                                                                                   \
+        for (int64_t l = l0; l < l1; l++) out[l] = 0.0;                                     \
+        for (int64_t a = 0; a < A; a++)                                                     \
+            for (int64_t l = l0; l < l1; l++) {                                             \
+                const T *restrict r = x + a * sa + l * B;                                   \
+                UT o = 0;                                                                   \
+                for (int64_t b = 0; b < B; b++) {                                           \
+                    UT u = unit_abs_bits_##SUFFIX(r[b]);                                    \
+                    o = u > o ? u : o;                                                      \
+                }                                                                           \
+                double m = unit_from_bits_##SUFFIX(o), p = out[l];                          \
+                out[l] = UNIT_MAX(p, m);                                                    \
+            }                                                                               \
+    }                                                                                       \
+    /* runs of l per thread: at least `grain` entries each, a few per thread for balance */ \
+    static int64_t unit_runs_##SUFFIX(int64_t A, int64_t L, int64_t B, int threads) {        \
+        int64_t per = A * B > 0 ? (32768 + A * B - 1) / (A * B) : L;                        \
+        int64_t runs = L / (per > 0 ? per : 1);                                             \
+        int64_t most = (int64_t)threads * 4;                                                \
+        if (runs > most) runs = most;                                                       \
+        return runs < 1 ? 1 : runs;                                                         \
+    }                                                                                       \
+    void fp_unit_rounded_##SUFFIX(const T *x, int64_t A, int64_t L, int64_t B, int64_t sa,  \
+                                  const double *big, int square, double *out, int threads) { \
+        int64_t runs = unit_runs_##SUFFIX(A, L, B, threads);                                \
+        (void)threads; /* without OpenMP */                                                 \
+        _Pragma("omp parallel for num_threads(threads) schedule(dynamic, 1)")              \
+        for (int64_t t = 0; t < runs; t++)                                                  \
+            unit_rounded_run_##SUFFIX(x, A, L * t / runs, L * (t + 1) / runs, B, sa, big,   \
+                                      square, out);                                         \
+    }                                                                                       \
+    void fp_unit_abs_max_##SUFFIX(const T *x, int64_t A, int64_t L, int64_t B, int64_t sa,  \
+                                  double *out, int threads) {                               \
+        int64_t runs = unit_runs_##SUFFIX(A, L, B, threads);                                \
+        (void)threads; /* without OpenMP */                                                 \
+        _Pragma("omp parallel for num_threads(threads) schedule(dynamic, 1)")              \
+        for (int64_t t = 0; t < runs; t++)                                                  \
+            unit_abs_max_run_##SUFFIX(x, A, L * t / runs, L * (t + 1) / runs, B, sa, out);  \
+    }
+
+UNIT_KEYS(f32, float, uint32_t, 0x7FFFFFFFu)
+UNIT_KEYS(f64, double, uint64_t, 0x7FFFFFFFFFFFFFFFull)

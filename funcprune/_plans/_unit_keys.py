@@ -45,6 +45,7 @@ from typing import Literal, Union, final
 
 import torch
 
+from .. import _native
 from .._types import Tensor
 from .._units import Member, UnitGroup
 from .._validate import is_concrete
@@ -236,8 +237,9 @@ def _maxima(group: UnitGroup, pieces: Sequence[Piece], how: str | None, n: float
         else:  # per index from x's extremes, then one term per index
             if how == "min":
                 extreme = _per_index(part.abs(), d, "min").to(torch.float64)
-            else:
-                extreme = _abs_max(part, d).to(torch.float64)
+            else:  # one native read where it applies (for sums only: the sign of a zero maximum is moot there)
+                native = _native.unit_abs_max(part, d) if how == "sum" and is_concrete(part) else None
+                extreme = _abs_max(part, d).to(torch.float64) if native is None else native
             term = extreme if how != "sum" else _terms(extreme, n)
             nan, inf = term.isnan(), term.isinf()
             largest = term if how != "min" else -term
@@ -289,10 +291,16 @@ CHUNK = 1 << 17
 def _rounded_part(part: Tensor, d: int, big: Tensor, n: float) -> Tensor:
     """Per index along ``d``: the sum of ``part``'s terms, each rounded to its index's quantum (``big``: ``M``).
 
-    Chunk by chunk along dim 0 (every sum is exact, so the order is free;
-    in one step when compiled); terms that are not finite give NaN, which
-    the flags override.
+    In one native pass where eager (``funcprune._native.unit_rounded``),
+    else chunk by chunk along dim 0 (every sum is exact, so the order is
+    free; in one step when compiled); terms that are not finite give NaN
+    or infinities, which the flags override.
     """
+    eager = is_concrete(part) and is_concrete(big)  # not compiled, nor under a transform (a batched quantum)
+    if eager and _fast(n):
+        native = _native.unit_rounded(part, d, big, square=n == 2)  # one read; the same sums (they are exact)
+        if native is not None:
+            return native
     length = part.shape[d]
     shape = [length if i == d else 1 for i in range(part.dim())]
     m = big.reshape(shape)
@@ -300,7 +308,6 @@ def _rounded_part(part: Tensor, d: int, big: Tensor, n: float) -> Tensor:
     step = max(1, CHUNK // max(1, part.numel() // max(1, rows)))
     if torch.compiler.is_compiling():
         step = max(1, rows)  # one step: the compiler fuses the terms into the sum, and a loop would unroll
-    eager = is_concrete(part) and is_concrete(big)  # in place: not under a transform (a batched quantum)
     out: list[Tensor] = []
     total: Tensor | None = None
     for s in range(0, rows, step):

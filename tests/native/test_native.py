@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from hypothesis import strategies as st
 
 import funcprune as fp
 from funcprune import _native
-from funcprune._native import _build, _calls
+from funcprune._native import _build
 from funcprune._select import _choose
 from funcprune._select._short_rows import order_codes
 
@@ -33,36 +32,6 @@ needs_compiler = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler on 
 _BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
 #: Each property runs once per build and per piece count (up to 6 times): a fifth of the profile's examples each.
 _EXAMPLES = max(1, settings().max_examples // 5)
-
-
-@pytest.fixture(scope="module", params=["native", "portable", "x86-64-v3"])
-def kernels(request: pytest.FixtureRequest) -> Iterator[ctypes.CDLL]:
-    """The build for this CPU (the one in use), then the session's portable and AVX2 builds (``tests/conftest.py``;
-    the AVX2 one beside AVX-512 only)."""
-    if not HAVE_COMPILER:
-        pytest.skip("no C compiler on this machine")
-    if request.param == "native":
-        built, status = _build._cached()
-        assert built is not None, status.detail
-        library: ctypes.CDLL = built
-    elif request.param == "portable":
-        library = request.getfixturevalue("portable")
-    else:
-        avx2: ctypes.CDLL | None = request.getfixturevalue("avx2")
-        if avx2 is None:
-            pytest.skip("the AVX2 build is this CPU's own build here (or the CPU has no AVX2)")
-        library = avx2
-    with _native.using(library):
-        yield library
-
-
-@pytest.fixture(scope="module", params=[1, 3])
-def pieces(request: pytest.FixtureRequest) -> Iterator[int]:
-    """Run each kernel in one piece, then in three threads' pieces whatever the size."""
-    count: int = request.param
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_calls, "_threads", lambda n: count)
-        yield count
 
 
 @st.composite
