@@ -60,16 +60,19 @@ def found_units(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]],
     alike: dict[tuple[Kind, tuple[tuple[str, int], ...]], list[int]] = {}
     left_out: dict[int, str] = {}
     shared = {g: a.kv_heads for a in analysis.attention for g in a.heads}
-    for unit in sorted(analysis.made):
-        made = analysis.made[unit]
-        if any(m.tensor in stacked for m in made):
+    keys: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = {}  # footprints' dims, in the model's order
+    made_by = analysis.made
+    for unit in sorted(made_by):
+        if stacked and any(m.tensor in stacked for m in made_by[unit]):
             continue
         why = _not_a_unit(analysis, unit, footprints.get(unit), shapes, excluded, kinds, shared)
         if why is not None:
             left_out[unit] = why
             continue
-        feet = footprints[unit]
-        key = tuple(sorted(feet, key=lambda nd: (order[nd[0]], nd[1])))
+        feet = tuple(footprints[unit])
+        key = keys.get(feet)
+        if key is None:
+            key = keys[feet] = tuple(sorted(feet, key=lambda nd: (order[nd[0]], nd[1])))
         alike.setdefault((kinds[unit], key), []).append(unit)
     found: list[tuple[tuple[int, int], str, UnitGroup, tuple[int, ...]]] = []
     for (kind, key), units in alike.items():
@@ -106,7 +109,7 @@ def _not_a_unit(
         return analysis.blocked[unit]
     if unit in analysis.refused:
         return f"{analysis.refused[unit]} reads them, and funcprune cannot tell how"
-    if any(m.tensor in excluded for m in analysis.made[unit]):
+    if excluded and any(m.tensor in excluded for m in analysis.made[unit]):
         return "an output layer makes them (structure(..., outputs=True) lists them)"
     if not feet:
         return "no parameter index is theirs alone"
@@ -126,9 +129,15 @@ def _not_a_unit(
 
 def _footprints(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]]) -> _Footprints:
     """Each group's own indices (:func:`~funcprune._graph.own_indices`) of parameters: buffers (shrink cuts them,
-    plans do not mask them) left out."""
+    plans do not mask them) left out (read-only: most groups' are the analysis' own)."""
+    own = graph.own_indices(analysis)
+    buffers = [t for t in analysis.related if t not in shapes]
+    touched = {g for t in buffers for by in analysis.related[t].values() for groups in by.values() for g in groups}
     out: _Footprints = {}
-    for group, feet in graph.own_indices(analysis).items():
+    for group, feet in own.items():
+        if group not in touched:
+            out[group] = feet
+            continue
         kept = {(name, dim): indices for (name, dim), indices in feet.items() if name in shapes}
         if kept:
             out[group] = kept
@@ -153,14 +162,22 @@ def _members(key: Sequence[tuple[str, int]], feet: Sequence[Mapping[tuple[str, i
     """The members that describe every unit's footprint, or ``None`` if they are not evenly laid out."""
     members: list[Member] = []
     for name, dim in key:
-        runs = [_runs(f[(name, dim)]) for f in feet]
-        first = runs[0]
-        if any(len(r) != len(first) for r in runs):
-            return None
-        for part, (start, width) in enumerate(first):
-            if any(r[part] != (start + u * width, width) for u, r in enumerate(runs)):
+        first = _runs(feet[0][(name, dim)])
+        if len(first) == 1:  # one run: unit u's indices (ascending, distinct) are the w from start + u * w
+            ((start, width),) = first
+            for u, f in enumerate(feet):
+                indices = f[(name, dim)]
+                at = start + u * width
+                if len(indices) != width or indices[0] != at or indices[-1] != at + width - 1:
+                    return None
+        else:
+            runs = [_runs(f[(name, dim)]) for f in feet]
+            if any(len(r) != len(first) for r in runs):
                 return None
-            members.append(Member(name, dim, width, start))
+            for part, (start, width) in enumerate(first):
+                if any(r[part] != (start + u * width, width) for u, r in enumerate(runs)):
+                    return None
+        members.extend(Member(name, dim, width, start) for start, width in first)
     return tuple(members)
 
 
