@@ -109,7 +109,7 @@ def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
     for name, node in walk.read_directly.items():  # a parameter read as a value: its channels stay
         for atoms_of in by_atoms.get(name, {}).values():
             for group in atoms_of.values():
-                for atom in group:
+                for atom in (group,) if isinstance(group, int) else group:
                     atoms.blocked.setdefault(atom, f"{node} reads {name!r} directly")
     made: dict[int, list[Slice]] = {}
     for atom, made_by in atoms.producers.items():
@@ -126,17 +126,18 @@ def analyze(fn: str, module: nn.Module, inputs: Inputs) -> Analysis:
             by_dim[d] = by_index
             alone: dict[int, list[int]] = {}  # this dim's indices of one group, by the group
             for i, group in by.items():
-                if len(group) == 1:
-                    (atom,) = group
-                    root = roots[atom]
+                if isinstance(group, int):  # one atom (most indices)
+                    root = roots[group]
                     groups = of_root.get(root)
                     if groups is None:
                         groups = of_root[root] = frozenset((root,))
-                else:
-                    key = frozenset(group)
-                    groups = of_group.get(key)
-                    if groups is None:
-                        groups = of_group[key] = frozenset([roots[a] for a in group])
+                    by_index[i] = groups
+                    alone.setdefault(root, []).append(i)
+                    continue
+                key = frozenset(group)
+                groups = of_group.get(key)
+                if groups is None:
+                    groups = of_group[key] = frozenset([roots[a] for a in group])
                 by_index[i] = groups
                 if len(groups) == 1:
                     (root,) = groups

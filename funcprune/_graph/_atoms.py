@@ -51,7 +51,9 @@ class Atoms:
         self.refused: dict[int, str] = {}  # atom -> the op that reads it, described
         self.producers: dict[int, Slice] = {}  # atom -> the row (channel) that makes it
         self.read: set[int] = set()  # atoms a layer reads as its input channels (weight columns)
-        self._related: dict[str, dict[int, dict[int, set[int]]]] = {}
+        #: tensor -> dim -> index -> its atom, or its atoms where it has several (no set made per index: a 1B
+        #: model has a million indices, most of one atom each)
+        self._related: dict[str, dict[int, dict[int, int | set[int]]]] = {}
 
     def __len__(self) -> int:
         return len(self._parent)
@@ -126,10 +128,18 @@ class Atoms:
             return
         by_index = self._related.setdefault(tensor, {}).setdefault(dim, {})
         for i, atom in found:
-            atoms = by_index.setdefault(i, set())
-            if couple and atoms:
-                self.union(next(iter(atoms)), atom)
-            atoms.add(atom)
+            had = by_index.get(i)
+            if had is None:
+                by_index[i] = atom
+            elif isinstance(had, int):
+                if had != atom:
+                    if couple:
+                        self.union(had, atom)
+                    by_index[i] = {had, atom}  # the set an index's atoms would have filled, in the same order
+            else:
+                if couple:
+                    self.union(next(iter(had)), atom)
+                had.add(atom)
 
     def roots(self) -> list[int]:
         """The root of every atom's group (its smallest atom)."""
@@ -142,8 +152,9 @@ class Atoms:
             out.setdefault(roots[atom], why)
         return out
 
-    def related(self) -> Mapping[str, Mapping[int, Mapping[int, set[int]]]]:
-        """For each tensor and dim, the atoms each index belongs to (the sets as kept: read, not changed)."""
+    def related(self) -> Mapping[str, Mapping[int, Mapping[int, int | set[int]]]]:
+        """For each tensor and dim, the atom each index belongs to, or its atoms where it has several (as kept:
+        read, not changed)."""
         return self._related
 
 

@@ -10,7 +10,10 @@ from funcprune._graph._atoms import Atoms
 
 
 def _state(atoms: Atoms) -> tuple[list[int], dict[str, dict[int, dict[int, frozenset[int]]]]]:
-    related = {t: {d: {i: frozenset(a) for i, a in by.items()} for d, by in dims.items()} for t, dims in atoms.related().items()}
+    related = {
+        t: {d: {i: frozenset((a,) if isinstance(a, int) else a) for i, a in by.items()} for d, by in dims.items()}
+        for t, dims in atoms.related().items()
+    }  # an index of one atom holds it, not a set of it
     return atoms.roots(), related
 
 
