@@ -1668,7 +1668,7 @@ SPARSEGPT_BLOCK(f64, double, int64_t, 0x7FFFFFFFFFFFFFFFLL, 0x7FF0000000000001LL
 /* NaN-propagating maximum: once o is NaN, neither test holds again, and it stays. */
 #define UNIT_MAX(o, m) ((m) > (o) || (m) != (m) ? (m) : (o))
 
-#define UNIT_KEYS(SUFFIX, T, UT, SIGN_OFF)                                                              \
+#define UNIT_KEYS(SUFFIX, T, UT, SIGN_OFF)                                                   \
     static inline double unit_term_##SUFFIX(T v, int square) {                              \
         double d = (double)v;                                                               \
         return square ? d * d : fabs(d);                                                    \
@@ -1766,7 +1766,7 @@ SPARSEGPT_BLOCK(f64, double, int64_t, 0x7FFFFFFFFFFFFFFFLL, 0x7FF0000000000001LL
                 out[l] = UNIT_MAX(p, m);                                                    \
             }                                                                               \
     }                                                                                       \
-    /* runs of l per thread: at least `grain` entries each, a few per thread for balance */ \
+    /* runs of l: of 32768 entries at least, at most 4 per thread (a busy core's left to others) */ \
     static int64_t unit_runs_##SUFFIX(int64_t A, int64_t L, int64_t B, int threads) {        \
         int64_t per = A * B > 0 ? (32768 + A * B - 1) / (A * B) : L;                        \
         int64_t runs = L / (per > 0 ? per : 1);                                             \

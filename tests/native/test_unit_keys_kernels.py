@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -82,6 +83,32 @@ def test_the_rounded_sums_are_the_torch_paths_bit_for_bit(
     assert got is not None
     assert torch.equal(got.isnan(), want.isnan())
     assert torch.equal(got.view(torch.int64)[~want.isnan()], want.view(torch.int64)[~want.isnan()])
+
+
+@pytest.mark.parametrize(
+    ("shape", "dim"), [((300, 2048), 0), ((2048, 300), 1), ((4, 20000), 1), ((40, 9, 300), 1)]
+)  # fmt: skip
+def test_large_tensors_split_into_runs_give_the_same_numbers(
+    kernels: ctypes.CDLL, pieces: int, shape: tuple[int, ...], dim: int
+) -> None:
+    """Several runs of indices (a thread's each), and strips of them down the rows where the dim is the last."""
+    g = torch.Generator().manual_seed(len(shape) + dim)
+    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-30, 30, shape, generator=g).float())
+    x.view(-1)[7::997] = float("nan")
+    whole = torch.nan_to_num(x)  # the sums of finite entries: bit for bit
+    for part, clean in ((x, whole), (x.narrow(dim, 3, x.shape[dim] - 5), whole.narrow(dim, 3, x.shape[dim] - 5))):
+        others = tuple(d for d in range(part.dim()) if d != dim)
+        want = torch.maximum(part.amax(others), -part.amin(others)).double()
+        got = _native.unit_abs_max(part, dim)
+        assert got is not None
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got[~want.isnan()], want[~want.isnan()])
+        big = quanta(clean, dim, True)
+        summed = _native.unit_rounded(clean, dim, big, True)
+        with _native.disabled():
+            expected = _rounded_part(clean, dim, big, 2.0)
+        assert summed is not None
+        assert torch.equal(summed.view(torch.int64), expected.view(torch.int64))
 
 
 def test_what_the_unit_kernels_do_not_take_goes_to_torch(kernels: ctypes.CDLL) -> None:
