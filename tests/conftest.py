@@ -22,7 +22,8 @@ The distributed tests' fixtures, one of each per test module that asks:
 ``world2`` / ``world4`` (2 and 4 gloo processes, ``tests/_distributed.py``);
 ``portable``, the native kernels built without ``-march=native``; and
 ``avx2``, those built for AVX2 without AVX-512 (``None`` but beside
-AVX-512).
+AVX-512); ``kernels``, each build in turn, in use (the native kernels'
+tests), and ``pieces``, their kernels in one piece, then in three.
 """
 
 from __future__ import annotations
@@ -136,3 +137,38 @@ def avx2(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL | None:
     library, status = _native.open_library(tmp_path_factory.mktemp("avx2"), portable=False, march="x86-64-v3")
     assert library is not None, status.detail
     return library
+
+
+@pytest.fixture(scope="module", params=["native", "portable", "x86-64-v3"])
+def kernels(request: pytest.FixtureRequest) -> Iterator[ctypes.CDLL]:
+    """The build for this CPU (the one in use), then the session's portable and AVX2 builds (the fixtures above; the
+    AVX2 one beside AVX-512 only)."""
+    from funcprune import _native
+    from funcprune._native import _build
+
+    if not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
+        pytest.skip("no C compiler on this machine")
+    if request.param == "native":
+        built, status = _build._cached()
+        assert built is not None, status.detail
+        library: ctypes.CDLL = built
+    elif request.param == "portable":
+        library = request.getfixturevalue("portable")
+    else:
+        avx2: ctypes.CDLL | None = request.getfixturevalue("avx2")
+        if avx2 is None:
+            pytest.skip("the AVX2 build is this CPU's own build here (or the CPU has no AVX2)")
+        library = avx2
+    with _native.using(library):
+        yield library
+
+
+@pytest.fixture(scope="module", params=[1, 3])
+def pieces(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Run each kernel in one piece, then in three threads' pieces whatever the size."""
+    from funcprune._native import _calls
+
+    count: int = request.param
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_calls, "_threads", lambda n: count)
+        yield count
