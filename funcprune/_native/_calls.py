@@ -422,4 +422,3 @@ def block_expand(kept: Tensor, mask: Mask, height: int, width: int, shape: Seque
     numel = out.numel()
     kernel(kept.data_ptr(), _address(mask), grid[0], height, grid[1], width, out.data_ptr(), _threads(numel))
     return out.view(torch.bool)
-
