@@ -32,6 +32,7 @@ import ctypes
 import os
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -112,20 +113,30 @@ def world4() -> Iterator[World]:
     w.close()
 
 
+def _test_builds() -> Path:
+    """Where the tests' other builds are cached, beside the build in use: each file is named by the hash of the
+    source, the compiler, the flags and the CPU (as the build in use is), so a changed kernel is compiled again, and
+    checked against its recorded SHA-256 when loaded. ``test_native_cache.py`` and ``test_native.py`` test the
+    compiling itself in fresh folders."""
+    from funcprune._native import _build
+
+    return _build._cache_dir() / "test-builds"
+
+
 @pytest.fixture(scope="session")
-def portable(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+def portable() -> ctypes.CDLL:
     """The native kernels built for any CPU of the architecture (no ``-march=native``: no vector pass)."""
     from funcprune import _native
 
     if not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
         pytest.skip("no C compiler on this machine")
-    library, status = _native.open_library(tmp_path_factory.mktemp("portable"), portable=True)
+    library, status = _native.open_library(_test_builds(), portable=True)
     assert library is not None, status.detail
     return library
 
 
 @pytest.fixture(scope="session")
-def avx2(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL | None:
+def avx2() -> ctypes.CDLL | None:
     """The native kernels built for AVX2 without AVX-512 (``x86-64-v3``), where this CPU has AVX-512 (else ``None``:
     the build in use is the AVX2 one already, or the CPU has no AVX2)."""
     from funcprune import _native
@@ -134,7 +145,7 @@ def avx2(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL | None:
     flags = set(_build._cpu_flags().split())  # (the line that keys the build cache)
     if not {"avx2", "avx512f"} <= flags or not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
         return None
-    library, status = _native.open_library(tmp_path_factory.mktemp("avx2"), portable=False, march="x86-64-v3")
+    library, status = _native.open_library(_test_builds(), portable=False, march="x86-64-v3")
     assert library is not None, status.detail
     return library
 
