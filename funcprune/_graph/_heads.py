@@ -11,6 +11,7 @@ the heads as an elementwise operand does.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -84,9 +85,8 @@ def _per_head(walk: Walk, node: fx.Node, batch: Sequence[int], operands: Sequenc
     group = torch.full((positions,), -1, dtype=torch.long)  # each position's smallest atom of its own
     for position in range(positions):
         found = atoms[own[position]].tolist()
-        for other in found[1:]:
-            walk.atoms.union(found[0], other)
         if found:
+            walk.atoms.union_pairs(zip(itertools.repeat(found[0]), found[1:]))
             group[position] = found[0]
     walk.heads[node] = group.reshape(tuple(batch))  # where the heads lie (their groups: the roots, in the end)
     return group.reshape(tuple(batch))

@@ -70,8 +70,7 @@ def _read_columns(walk: Walk, node: fx.Node, x: object, origin: Origin, axis: in
     first = per_column.amax(0)  # an atom of each column (or -1): the others of the column join it
     others = per_column != first
     if bool(others.any()):  # (every row alike, each token's: nothing to join)
-        for a, b in pairs(first, torch.where(others, per_column, -1)):
-            walk.atoms.union(a, b)
+        walk.atoms.union_pairs(pairs(first, torch.where(others, per_column, -1)))
     if bool((first < 0).any()):  # columns reading no channel (the model's input): they stay, whoever else reads them
         held = walk.atoms.new(1)
         walk.atoms.block(held, f"{describe(node)} reads them with the columns that read the model's input")
