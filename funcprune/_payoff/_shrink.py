@@ -246,7 +246,8 @@ def shrink(
             analysis vouches for it (and, given ``structure``, its trial).
             A transformers model whose config is made to describe it is
             still run once before and once after, so that a module reading
-            a width off the config is caught.
+            a width off the config is caught (checked, it is run once, its
+            config describing it: the run checks both).
 
     Returns:
         A new module, of the class of ``module``, in its training mode.
@@ -326,6 +327,7 @@ def _shrinking(fn: str, module: object, masks: object, example_inputs: object, *
     warn_unreached(fn, analysis, stacklevel=3)
     sizes = tensor_shapes(module)
     vetoed: dict[int, str] = {}
+    described = False  # the config made to describe the smaller model, which was checked so
     while True:
         removal = plan_removal(fn, analysis, checked, sizes, vetoed=vetoed)
         removed = sorted(removal.removed)
@@ -337,6 +339,11 @@ def _shrinking(fn: str, module: object, masks: object, example_inputs: object, *
             reference: Any = None  # (unread: see below)
             break
         reference = masked_outputs(analysis, *checking(analysis, checked, keep))
+        if describe and (removed or depth.removed or narrow.removed) and is_transformers_model(small):
+            # the config made to describe it first: one run checks both (else the config back, and checked as before)
+            described = _described_quietly(small, shapes_of(module), attributes, analysis.inputs, reference)
+            if described:
+                break
         failed = mismatch(small, analysis.inputs, reference)
         if failed is None:
             break
@@ -362,7 +369,8 @@ def _shrinking(fn: str, module: object, masks: object, example_inputs: object, *
                 ShrunkConfigWarning,
                 stacklevel=3,
             )
-        _describe_checked(small, shapes_of(module), attributes, analysis.inputs, reference, checked=check)
+        if not described:
+            _describe_checked(small, shapes_of(module), attributes, analysis.inputs, reference, checked=check)
     if not closing:  # shrink returns the model alone
         return _Shrunk(None, small)
     closed = closure(checked, keep, dict(analysis.model.named_parameters()))
@@ -385,6 +393,23 @@ def _warn_blocks_kept(fn: str, kept: Mapping[str, str]) -> None:
             KeptChannelsWarning,
             stacklevel=4,
         )
+
+
+def _described_quietly(small: nn.Module, original: Mapping[str, tuple[int, ...]], attributes: Record,
+                       inputs: Inputs, reference: Any) -> bool:  # fmt: skip
+    """Whether ``small``, its config made to describe it, computes ``reference`` (the masked model's outputs) with no
+    warning said on the way; if not, its config is put back as it was (the caller checks the model, then
+    :func:`_describe_checked` describes it as before, saying its warnings). One run instead of two where it does."""
+    config: Any = getattr(small, "config")
+    saved = dict(vars(config))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        describe_(small, original, attributes)
+    ok = not said and mismatch(small, inputs, reference) is None
+    if not ok:
+        vars(config).clear()
+        vars(config).update(saved)
+    return ok
 
 
 def _describe_checked(small: nn.Module, original: Mapping[str, tuple[int, ...]], attributes: Record,
