@@ -96,7 +96,10 @@ def depthless(
     instead of those :func:`pruned_blocks` finds. With ``probe`` (a caller
     that reads what goes and why, not the model), the model returned shares
     ``module``'s tensors, as a probe's copy does: no copy of a 1B model's
-    weights made for nothing.
+    weights made for nothing; and the masks of the blocks that stay are a
+    trial's, whose model nobody runs: the blocks that go are checked
+    without them only (one run of each model fewer where a block changes
+    shapes: a ResNet's first block of each stage).
     """
     sizes = stacks_of(module)
     removed = pruned_blocks(module, masks) if blocks is None else {p: list(b) for p, b in blocks.items() if b}
@@ -116,8 +119,10 @@ def depthless(
         if not removed:
             return Depthless(module, dict(masks), {}, kept, {})
     together = {n: m for n, m in masks.items() if n not in hidden}
-    if _fails(fn, module, together, inputs, removed, sizes, masked_run(module, together, inputs) if hidden
-              else reference) or (hidden and _fails(fn, module, masks, inputs, removed, sizes, reference)):  # fmt: skip
+    against = masked_run(module, together, inputs) if hidden else reference
+    if _fails(fn, module, together, inputs, removed, sizes, against) or (
+        hidden and not probe and _fails(fn, module, masks, inputs, removed, sizes, reference)
+    ):
         alone = [(path, i) for path, gone in removed.items() for i in gone]
         params = {path: blocks_of(module, path) for path in removed}
         owned = {(p, i): set(params[p][i]) for p, i in alone}
@@ -131,7 +136,8 @@ def depthless(
         removed = {}
         for p, i in good:
             removed.setdefault(p, []).append(i)
-        if removed and _fails(fn, module, masks, inputs, removed, sizes, reference):  # each goes alone, not all
+        if removed and (_fails(fn, module, together, inputs, removed, sizes, against) if probe
+                        else _fails(fn, module, masks, inputs, removed, sizes, reference)):  # each goes alone, not all
             kept.update({block_names(module, p)[i]: NOT_IDENTITY for p, i in good})
             removed = {}
     if not removed:

@@ -140,3 +140,49 @@ def test_post_norm_blocks_are_refused_by_name_and_stay_in_shrink(name: str) -> N
     assert any("1 block whose every parameter the masks prune stays" in k and f"'{path}.0'" in k for k in kept), kept
     assert len(list(small.get_submodule(path).children())) == 2
     torch.testing.assert_close(logits(small, x), masked_logits(t.model, masks, x), atol=1e-5, rtol=1e-5)
+
+
+class _Residual(nn.Module):
+    """A ResNet-like block: ``relu(bn(conv(x)) + skip)``, the skip a 1x1 conv where the widths differ."""
+
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(cout)
+        self.down = nn.Conv2d(cin, cout, 1, bias=False) if cin != cout else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip = x if self.down is None else self.down(x)
+        return torch.relu(self.bn(self.conv(x)) + skip)
+
+
+def test_a_trial_checks_the_blocks_that_go_once_and_shrink_checks_them_with_every_mask(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from funcprune._payoff._verify import mismatch
+
+    torch.manual_seed(0)
+    stack = nn.Sequential(_Residual(4, 8), _Residual(8, 8), _Residual(8, 8))
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), stack, nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(8, 2)).eval()  # fmt: skip
+    x = torch.randn(2, 3, 8, 8)
+    checks: list[object] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        checks.append(args[0])
+        return mismatch(*args, **kwargs)
+
+    monkeypatch.setattr("funcprune._payoff._depth.mismatch", counted)  # depthless' checks alone
+    s = fp.structure(model, x)
+    assert s["2"].kind == "layers" and s["2"].size == 2  # the blocks of 8 channels; the first changes the width
+    assert len(checks) == 1  # the trial's blocks that go, checked once: not again with the first block zeroed
+    checks.clear()
+    masks = {n: torch.zeros_like(p, dtype=torch.bool) for n, p in model.named_parameters() if n.startswith(("2.0.", "2.1."))}
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        small: Any = fp.shrink(model, masks, x)
+    assert any("'2.0'" in str(w.message) for w in said if w.category is fp.KeptChannelsWarning)  # it stays
+    assert len(checks) == 2  # shrink: without the first block's masks, then with every mask
+    assert len(small[2]) == 2
+    masked = fp.functional_call_masked(model, dict(model.named_parameters()), masks, (x,))
+    torch.testing.assert_close(small(x), masked, rtol=1e-4, atol=1e-6)
