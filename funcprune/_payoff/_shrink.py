@@ -327,6 +327,10 @@ def _shrinking(fn: str, module: object, masks: object, example_inputs: object, *
     warn_unreached(fn, analysis, stacklevel=3)
     sizes = tensor_shapes(module)
     vetoed: dict[int, str] = {}
+
+    def describing(copy: nn.Module, gone: list[int]) -> bool:  # whether the smaller model's config is to describe it
+        return describe and bool(gone or depth.removed or narrow.removed) and is_transformers_model(copy)
+
     described = False  # the config made to describe the smaller model, which was checked so
     while True:
         removal = plan_removal(fn, analysis, checked, sizes, vetoed=vetoed)
@@ -339,8 +343,7 @@ def _shrinking(fn: str, module: object, masks: object, example_inputs: object, *
             reference: Any = None  # (unread: see below)
             break
         reference = masked_outputs(analysis, *checking(analysis, checked, keep))
-        if describe and (removed or depth.removed or narrow.removed) and is_transformers_model(small):
-            # the config made to describe it first: one run checks both (else the config back, and checked as before)
+        if describing(small, removed):  # its config made to describe it first: one run checks both (else put back)
             described = _described_quietly(small, shapes_of(module), attributes, analysis.inputs, reference)
             if described:
                 break
@@ -360,7 +363,7 @@ def _shrinking(fn: str, module: object, masks: object, example_inputs: object, *
             KeptChannelsWarning,
             stacklevel=3,
         )
-    if describe and (removed or depth.removed or narrow.removed) and is_transformers_model(small):
+    if describing(small, removed):
         if depth.config:
             warnings.warn(
                 f"{fn}: the config cannot describe the model without the removed blocks "
