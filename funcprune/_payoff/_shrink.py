@@ -9,6 +9,7 @@ against the masked model on the example inputs (``README.md``).
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -344,7 +345,7 @@ def _shrinking(fn: str, module: object, masks: object, example_inputs: object, *
             break
         reference = masked_outputs(analysis, *checking(analysis, checked, keep))
         if describing(small, removed):  # its config made to describe it first: one run checks both (else put back)
-            described = _described_quietly(small, shapes_of(module), attributes, analysis.inputs, reference)
+            described = _describe_checked(small, shapes_of(module), attributes, analysis.inputs, reference, first=True)
             if described:
                 break
         failed = mismatch(small, analysis.inputs, reference)
@@ -398,37 +399,33 @@ def _warn_blocks_kept(fn: str, kept: Mapping[str, str]) -> None:
         )
 
 
-def _described_quietly(small: nn.Module, original: Mapping[str, tuple[int, ...]], attributes: Record,
-                       inputs: Inputs, reference: Any) -> bool:  # fmt: skip
-    """Whether ``small``, its config made to describe it, computes ``reference`` (the masked model's outputs) with no
-    warning said on the way; if not, its config is put back as it was (the caller checks the model, then
-    :func:`_describe_checked` describes it as before, saying its warnings). One run instead of two where it does."""
-    config: Any = getattr(small, "config")
-    saved = dict(vars(config))
-    with warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
-        describe_(small, original, attributes)
-    ok = not said and mismatch(small, inputs, reference) is None
-    if not ok:
-        vars(config).clear()
-        vars(config).update(saved)
-    return ok
-
-
-def _describe_checked(small: nn.Module, original: Mapping[str, tuple[int, ...]], attributes: Record,
-                      inputs: Inputs, reference: Any, *, checked: bool = True) -> None:  # fmt: skip
+def _describe_checked(small: nn.Module, original: Mapping[str, tuple[int, ...]], attributes: Record, inputs: Inputs,
+                      reference: Any, *, checked: bool = True, first: bool = False) -> bool:  # fmt: skip
     """Make the shrunk model's config describe it, and check that it still computes the same: ``reference``, the
-    masked model's outputs, or (not ``checked``: no masked model was run) what the shrunk model computes before."""
+    masked model's outputs, or (not ``checked``: no masked model was run) what the shrunk model computes before.
+    Where it does not (a module that reads a width off the config as it runs), the config is put back, recorded.
+
+    ``first``: the check's own run, which checks the model and its config at once; where it differs, or describing
+    warns, the config is put back and nothing recorded (the caller checks the model with it, then describes it as
+    before, saying the warnings). Returns whether the config describes the model.
+    """
     if not checked:
         reference = outputs_in_eval("shrink", small, inputs)
     config: Any = getattr(small, "config")
     saved = dict(vars(config))
-    describe_(small, original, attributes)
-    why = differ_in_eval(small, inputs, reference)
-    if why is not None:  # a module that reads a width off the config as it runs: keep the old widths, recorded
-        vars(config).clear()
-        vars(config).update(saved)
+    said: list[Any] = []
+    with warnings.catch_warnings(record=True) if first else contextlib.nullcontext() as caught:
+        if caught is not None:
+            warnings.simplefilter("always")
+            said = caught
+        describe_(small, original, attributes)
+    if not said and differ_in_eval(small, inputs, reference) is None:
+        return True
+    vars(config).clear()
+    vars(config).update(saved)
+    if not first:
         record_(small, original, attributes)
+    return False
 
 
 def _warn_kept(fn: str, kept: Mapping[str, Mapping[str, int]]) -> None:
