@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, final
 
 from torch import nn
 
 from .._collector import paused
-from .._graph import Analysis, Inputs, analyze, as_inputs, closure, kept_indices, plan_removal, remembered, warn_unreached
+from .._graph import Inputs, analyze, as_inputs, closure, kept_indices, plan_removal, remembered, warn_unreached
 from .._names import check_masks, check_not_hooked
 from .._types import Masks, Tensor
 from .._units import Structure
