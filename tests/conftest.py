@@ -113,6 +113,10 @@ def world4() -> Iterator[World]:
     w.close()
 
 
+#: Whether this machine has a C compiler to build the native kernels with.
+_HAVE_COMPILER = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
+
+
 def _test_builds() -> Path:
     """Where the tests' other builds are cached, beside the build in use: each file is named by the hash of the
     source, the compiler, the flags and the CPU (as the build in use is), so a changed kernel is compiled again, and
@@ -128,7 +132,7 @@ def portable() -> ctypes.CDLL:
     """The native kernels built for any CPU of the architecture (no ``-march=native``: no vector pass)."""
     from funcprune import _native
 
-    if not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
+    if not _HAVE_COMPILER:
         pytest.skip("no C compiler on this machine")
     library, status = _native.open_library(_test_builds(), portable=True)
     assert library is not None, status.detail
@@ -143,7 +147,7 @@ def avx2() -> ctypes.CDLL | None:
     from funcprune._native import _build
 
     flags = set(_build._cpu_flags().split())  # (the line that keys the build cache)
-    if not {"avx2", "avx512f"} <= flags or not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
+    if not {"avx2", "avx512f"} <= flags or not _HAVE_COMPILER:
         return None
     library, status = _native.open_library(_test_builds(), portable=False, march="x86-64-v3")
     assert library is not None, status.detail
@@ -157,7 +161,7 @@ def kernels(request: pytest.FixtureRequest) -> Iterator[ctypes.CDLL]:
     from funcprune import _native
     from funcprune._native import _build
 
-    if not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
+    if not _HAVE_COMPILER:
         pytest.skip("no C compiler on this machine")
     if request.param == "native":
         built, status = _build._cached()

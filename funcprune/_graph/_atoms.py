@@ -73,9 +73,6 @@ class Atoms:
             atom = parent[atom]
         return atom
 
-    def union(self, a: int, b: int) -> None:
-        self.union_pairs(((a, b),))
-
     def union_pairs(self, joined: Iterable[tuple[int, int]]) -> None:
         """Join the groups of ``a`` and ``b`` for each pair: the root of a group is its smallest atom, whatever the
         order of the unions (the finds inlined: a 1B model's analysis makes about a million unions)."""

@@ -413,11 +413,9 @@ def _describe_checked(small: nn.Module, original: Mapping[str, tuple[int, ...]],
         reference = outputs_in_eval("shrink", small, inputs)
     config: Any = getattr(small, "config")
     saved = dict(vars(config))
-    said: list[Any] = []
-    with warnings.catch_warnings(record=True) if first else contextlib.nullcontext() as caught:
-        if caught is not None:
+    with warnings.catch_warnings(record=True) if first else contextlib.nullcontext() as said:  # (first: kept back)
+        if first:
             warnings.simplefilter("always")
-            said = caught
         describe_(small, original, attributes)
     if not said and differ_in_eval(small, inputs, reference) is None:
         return True
