@@ -47,7 +47,7 @@ DESIGN_SIGNATURES = {
     fp.global_structured: "(names, spec, *, normalize=None, input_dims=None)",
     fp.bake: "(module, masks)",
     fp.propagate: "(module, masks, example_inputs)",
-    fp.shrink: "(module, masks, example_inputs, *, structure=None, check=True)",  # DESIGN's, and issue 42's keyword-only extras
+    fp.shrink: "(module, masks, example_inputs, *, structure=None, check=True, inplace=False)",  # DESIGN's, and issue 42's keyword-only extras
     fp.to_sparse: "(params, masks, *, layout, blocksize=None, below_break_even='warn', module=None)",
     fp.structure: "(model, example_inputs, *, outputs=False)",  # DESIGN's, and prunable's outputs=
     fp.structured: "(structure, spec, *, kinds=None, scope='global', normalize=None, protect=None)",  # issue 39's

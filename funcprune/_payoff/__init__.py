@@ -32,13 +32,13 @@ from ._depth import describe_depth_ as describe_depth_
 from ._depth import without_blocks as without_blocks
 from ._hidden import hidden_of as hidden_of
 from ._hidden import narrowed as narrowed
+from ._kept import KeptChannelsWarning as KeptChannelsWarning
 from ._masks_files import load_masks as load_masks
 from ._masks_files import save_masks as save_masks
 from ._masks_packed import pack_masks as pack_masks
 from ._masks_packed import unpack_masks as unpack_masks
 from ._probes import removable as removable
 from ._reload import load_shrunk as load_shrunk
-from ._shrink import KeptChannelsWarning as KeptChannelsWarning
 from ._shrink import propagate as propagate
 from ._shrink import shrink as shrink
 from ._sparse import to_sparse as to_sparse

@@ -43,7 +43,7 @@ SIZE_ATTRIBUTES = frozenset({
 @torch.no_grad()
 def resize_modules(
     model: nn.Module, keep: Mapping[str, Mapping[int, list[int]]], analysis: Analysis, removed: Set[int],
-    *, views: bool = False,
+    *, views: bool = False, inplace: bool = False,
 ) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Cut ``model``'s tensors to ``keep`` (by first name) and update the size attributes (in place).
 
@@ -51,6 +51,9 @@ def resize_modules(
     ``views``: a dim that keeps one run of indices is cut to a view of the
     tensor (``narrow``: no copy, maybe not contiguous), for a probe that
     only runs; otherwise every cut tensor is a new, contiguous one.
+    ``inplace``: each cut tensor goes into the tensor object it is cut
+    from (``.data``: a Parameter stays the same object, wherever it is
+    held), so that the old values are freed as soon as it is cut.
     Returns the size attributes that changed: new values by module path and name.
     """
     paths = {name.rpartition(".")[0] for name in keep} | {a.module for a in analysis.attention}
@@ -69,7 +72,9 @@ def resize_modules(
                 new = new.index_select(dim, torch.tensor(kept, dtype=torch.long, device=new.device))
         touched.setdefault(owner, {})[attr] = tuple(old.shape)
         new = new if views else new.contiguous()
-        if isinstance(old, nn.Parameter):
+        if inplace:  # (the old values freed here, unless something else holds them)
+            old.data = new
+        elif isinstance(old, nn.Parameter):
             setattr(module, attr, nn.Parameter(new, old.requires_grad))
         else:
             setattr(module, attr, new)

@@ -28,34 +28,13 @@ from ._checks import check_mask_dtypes, first_names, one_mask_per_parameter
 from ._config import Record, ShrunkConfigWarning, describe_, is_transformers_model, record_, shapes_of
 from ._depth import depthless
 from ._hidden import narrowed
+from ._kept import CHANGES_OUTPUTS, KeptChannelsWarning, warn_blocks_kept, warn_kept
 from ._probes import breaking
-from ._smaller import built, checking, masked_outputs, tensor_shapes
+from ._smaller import built, checking, cut_in_place, masked_in_place, masked_outputs, tensor_shapes
 
 __all__ = ["KeptChannelsWarning", "propagate", "shrink"]
 
 _M = TypeVar("_M", bound=nn.Module)
-#: How many layers a :class:`KeptChannelsWarning` names.
-_LAYERS_SHOWN = 5
-#: Why a group stays whose removal changed the model's outputs on the example inputs.
-_CHANGES_OUTPUTS = (
-    "removing them changes the model's outputs on the example inputs (a size the code spells out "
-    "or reads off a shape: x.view(-1, 400), x / x.shape[1], x[..., :4]...)"
-)
-
-
-class KeptChannelsWarning(UserWarning):
-    """Output channels that the masks prune entirely, but that shrink must keep.
-
-    They stay in the shrunk model (their weights zero, their compute paid)
-    and the closure adds nothing for them. The message names each layer,
-    how many of its channels stay, and why: a model output, an op that
-    reads all the channels (LayerNorm, a reduction...), a size the code
-    spells out, a channel coupled with one that another layer keeps.
-    """
-
-    __module__ = "funcprune"
-
-
 def propagate(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: object) -> Masks:
     """The closure of ``masks``: what :func:`shrink` removes, as masks.
 
@@ -124,7 +103,7 @@ def propagate(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: ob
 
 def shrink(
     module: _M, masks: Mapping[str, Tensor], example_inputs: object, *, structure: Structure | None = None,
-    check: bool = True,
+    check: bool = True, inplace: bool = False,
 ) -> _M:  # fmt: skip
     """A new, smaller copy of ``module`` without the channels ``masks`` remove.
 
@@ -202,8 +181,8 @@ def shrink(
     hooks included). An attention module's head counts (``num_heads``,
     ``num_key_value_heads``, ``split_size``...) follow its projections.
     Nothing is returned unless the shrunk model computes what the masked
-    model computes on the example inputs, and ``module`` itself is never
-    modified.
+    model computes on the example inputs, and ``module`` itself is not
+    modified (unless ``inplace``).
 
     A transformers model's ``config`` describes the copy: when every layer
     keeps the same widths, its width attributes (``intermediate_size``,
@@ -249,14 +228,35 @@ def shrink(
             still run once before and once after, so that a module reading
             a width off the config is caught (checked, it is run once, its
             config describing it: the run checks both).
+        inplace: make ``module`` itself the smaller model and return it,
+            as Torch-Pruning does, for a user who does not need the dense
+            model afterwards. Each tensor that loses indices is cut into
+            its own object (``param.data``: a Parameter stays the object
+            an optimizer or a dict of parameters holds) and its old values
+            freed at once, so the memory above the model is its largest
+            tensor's (and the check's runs), not a second model's; tensors
+            that keep their shape are not copied, the masks' zeros are
+            written into them, and a transformers model's own config is
+            made to describe it. The check runs as without it, against
+            the masked model's outputs taken before the first cut; but if
+            it fails, the masked model is gone, and what breaks cannot be
+            searched for and kept: a ``ValueError`` says so, and ``module``
+            is left cut and unchecked. Masks that remove blocks or hidden
+            channels (which make a new model) are refused before anything
+            is changed. A :class:`~funcprune.Structure` of ``module`` is
+            not taken back afterwards (its shapes changed). On the 1.1B
+            Llama of ``benchmarks/llama.py``, ``inplace=True`` takes about
+            half the time of the copy (``docs/benchmarks.md``).
 
     Returns:
-        A new module, of the class of ``module``, in its training mode.
+        A new module, of the class of ``module``, in its training mode;
+        with ``inplace``, ``module`` itself.
 
     Raises:
         TypeError: as :func:`propagate` raises it.
         UnknownNameError: if a mask names no parameter of ``module``.
-        ValueError: as :func:`propagate` raises it.
+        ValueError: as :func:`propagate` raises it; with ``inplace``, if
+            the masks remove blocks or hidden channels, or the check fails.
 
     Warns:
         KeptChannelsWarning: if output channels that the masks prune
@@ -275,9 +275,11 @@ def shrink(
       (2): Linear(in_features=4, out_features=2, bias=True)
     )
     """
-    if not isinstance(check, bool):
-        raise TypeError(f"shrink: check must be a bool, got {check!r}")
-    return _shrunk("shrink", module, masks, example_inputs, structure=structure, check=check).model  # type: ignore[return-value]
+    for name, value in (("check", check), ("inplace", inplace)):
+        if not isinstance(value, bool):
+            raise TypeError(f"shrink: {name} must be a bool, got {value!r}")
+    return _shrunk("shrink", module, masks, example_inputs, structure=structure, check=check,  # type: ignore[return-value]
+                   inplace=inplace).model  # fmt: skip
 
 
 @final
@@ -291,21 +293,22 @@ class _Shrunk:
 
 
 def _shrunk(fn: str, module: object, masks: object, example_inputs: object, *, describe: bool = True,
-            structure: object = None, check: bool = True, closing: bool = False) -> _Shrunk:  # fmt: skip
+            structure: object = None, check: bool = True, closing: bool = False, inplace: bool = False) -> _Shrunk:  # fmt: skip
     """:func:`_shrinking` with the collector paused (the analysis and the removal's sets are many small objects)."""
     with paused():
         return _shrinking(fn, module, masks, example_inputs, describe=describe, structure=structure, check=check,
-                          closing=closing)  # fmt: skip
+                          closing=closing, inplace=inplace)  # fmt: skip
 
 
 def _shrinking(fn: str, module: object, masks: object, example_inputs: object, *, describe: bool,
-               structure: object, check: bool, closing: bool) -> _Shrunk:  # fmt: skip
+               structure: object, check: bool, closing: bool, inplace: bool) -> _Shrunk:  # fmt: skip
     """Check everything, analyze, remove, build and check the smaller model; warn about what stays.
 
     With ``describe``, a transformers model's config is made to describe the smaller one. ``structure``: a
     :class:`~funcprune.Structure` whose analysis is taken back where still valid (:func:`~funcprune._graph.remembered`).
     Without ``check``, the smaller model is not checked against the masked one (:func:`shrink` says what that
-    leaves out). With ``closing``, the closure of the masks is made too (:func:`propagate`'s result).
+    leaves out). With ``closing``, the closure of the masks is made too (:func:`propagate`'s result). With
+    ``inplace``, the module itself is cut (:func:`shrink` says what that changes).
     """
     if structure is not None and not isinstance(structure, Structure):
         raise TypeError(f"{fn}: structure must be the fp.structure of the module (a funcprune Structure) or None, "
@@ -319,14 +322,18 @@ def _shrinking(fn: str, module: object, masks: object, example_inputs: object, *
     checked = one_mask_per_parameter(fn, names, check_masks(fn, params, check_mask_dtypes(fn, masks)))
     inputs = as_inputs(fn, module, example_inputs)
     given, depth = checked, depthless(fn, module, checked, inputs)
+    if inplace and depth.removed:
+        _refuse_new_model(fn, "blocks " + ", ".join(f"{path}.{i}" for path, idx in depth.removed.items() for i in idx))
     module, checked = depth.model, depth.masks
     analysis = remembered(fn, module, inputs, structure._analyzed if structure is not None else None)
     narrow = narrowed(fn, module, checked, analysis)
     if narrow.removed:  # the hidden channels went: the smaller model analyzed again
+        if inplace:
+            _refuse_new_model(fn, f"{len(narrow.removed)} hidden channels")
         module, checked = narrow.model, narrow.masks
         analysis = analyze(fn, module, inputs)
     warn_unreached(fn, analysis, stacklevel=3)
-    sizes = tensor_shapes(module)
+    sizes, original = tensor_shapes(module), shapes_of(module)
     vetoed: dict[int, str] = {}
 
     def describing(copy: nn.Module, gone: list[int]) -> bool:  # whether the smaller model's config is to describe it
@@ -339,13 +346,16 @@ def _shrinking(fn: str, module: object, masks: object, example_inputs: object, *
         # the copy cut first, the masks' zeros that stay written after (no tensor of the model's size made); checked,
         # against the masked model made block by block (no closure made: the indices that go zeroed on the masks)
         keep = kept_indices(analysis, removed, sizes)
-        small, attributes = built(module, analysis, keep, checked, removed)
+        if inplace:  # (the masked model is the module itself, its zeros written: run, then cut)
+            reference: Any = masked_in_place(analysis, checked, keep) if check else None
+            small, attributes = module, cut_in_place(module, analysis, keep, checked, removed, zeroed_already=check)
+        else:  # (the masked model run first: the copy made in the memory its tensors freed)
+            reference = masked_outputs(analysis, *checking(analysis, checked, keep)) if check else None
+            small, attributes = built(module, analysis, keep, checked, removed)
         if not check:
-            reference: Any = None  # (unread: see below)
             break
-        reference = masked_outputs(analysis, *checking(analysis, checked, keep))
         if describing(small, removed):  # its config made to describe it first: one run checks both (else put back)
-            described = _describe_checked(small, shapes_of(module), attributes, analysis.inputs, reference, first=True)
+            described = _describe_checked(small, original, attributes, analysis.inputs, reference, first=True)
             if described:
                 break
         failed = mismatch(small, analysis.inputs, reference)
@@ -354,10 +364,15 @@ def _shrinking(fn: str, module: object, masks: object, example_inputs: object, *
         if not removed:  # the masked model itself: a model that runs otherwise each time
             raise ValueError(f"{fn}: the model computes something else on each run ({failed.why}); cannot check what "
                              "shrink removes")  # fmt: skip
+        if inplace:
+            raise ValueError(f"{fn}: the smaller model differs from the masked model on the example inputs "
+                             f"({failed.why}); with inplace=True the module was cut already, so what breaks "
+                             "cannot be searched for and kept: the module is left cut and unchecked. Call shrink "
+                             "without inplace=True (on the model loaded again) to have it found and kept")  # fmt: skip
         bad = breaking(module, analysis, checked, removed, sizes, failed) or removed
-        vetoed.update(dict.fromkeys(bad, _CHANGES_OUTPUTS))
-    _warn_kept(fn, removal.kept)
-    _warn_blocks_kept(fn, depth.kept)
+        vetoed.update(dict.fromkeys(bad, CHANGES_OUTPUTS))
+    warn_kept(fn, removal.kept)
+    warn_blocks_kept(fn, depth.kept)
     if narrow.why is not None:
         warnings.warn(
             f"{fn}: the hidden channels that the masks prune entirely stay, weights zero but compute paid: {narrow.why}",
@@ -374,7 +389,7 @@ def _shrinking(fn: str, module: object, masks: object, example_inputs: object, *
                 stacklevel=3,
             )
         if not described:
-            _describe_checked(small, shapes_of(module), attributes, analysis.inputs, reference, checked=check)
+            _describe_checked(small, original, attributes, analysis.inputs, reference, checked=check)
     if not closing:  # shrink returns the model alone
         return _Shrunk(None, small)
     closed = closure(checked, keep, dict(analysis.model.named_parameters()))
@@ -387,16 +402,9 @@ def _shrinking(fn: str, module: object, masks: object, example_inputs: object, *
     return _Shrunk(closed, small)
 
 
-def _warn_blocks_kept(fn: str, kept: Mapping[str, str]) -> None:
-    """A :class:`KeptChannelsWarning` naming the blocks whose every parameter the masks prune, that stay."""
-    if kept:
-        blocks = ", ".join(repr(b) for b in list(kept)[:_LAYERS_SHOWN]) + (" ..." if len(kept) > _LAYERS_SHOWN else "")
-        warnings.warn(
-            f"{fn}: {len(kept)} block{'s' if len(kept) > 1 else ''} whose every parameter the masks prune "
-            f"stay{'s' if len(kept) == 1 else ''}, weights zero but compute paid: {blocks}: {next(iter(kept.values()))}",
-            KeptChannelsWarning,
-            stacklevel=4,
-        )
+def _refuse_new_model(fn: str, what: str) -> None:
+    raise ValueError(f"{fn}: inplace=True cuts the module's own tensors, but the masks remove {what}, which makes a "
+                     "new model; call shrink without inplace=True (nothing was changed)")
 
 
 def _describe_checked(small: nn.Module, original: Mapping[str, tuple[int, ...]], attributes: Record, inputs: Inputs,
@@ -424,25 +432,3 @@ def _describe_checked(small: nn.Module, original: Mapping[str, tuple[int, ...]],
     if not first:
         record_(small, original, attributes)
     return False
-
-
-def _warn_kept(fn: str, kept: Mapping[str, Mapping[str, int]]) -> None:
-    """A :class:`KeptChannelsWarning` listing ``kept``, at most :data:`_LAYERS_SHOWN` layers."""
-    if not kept:
-        return
-    total = sum(n for reasons in kept.values() for n in reasons.values())
-    layers = [
-        f"{name!r} keeps " + ", ".join(f"{n} ({why})" for why, n in reasons.items())
-        for name, reasons in list(kept.items())[:_LAYERS_SHOWN]
-    ]
-    more = f"; and {len(kept) - _LAYERS_SHOWN} more layers" if len(kept) > _LAYERS_SHOWN else ""
-    warnings.warn(
-        f"{fn}: {total} output channel{'s' if total > 1 else ''} that the masks prune "
-        f"entirely stay, weights zero but compute paid: {'; '.join(layers)}{more}. To silence "
-        "this, leave such channels unpruned (an output layer: leave it out of the masks), or "
-        "change what keeps them",
-        KeptChannelsWarning,
-        stacklevel=4,
-    )
-
-

@@ -7,8 +7,9 @@ the masked model computes on the example inputs (pruned entries ``+0.0``,
 removed experts never routed to), its tensors made as each block of a stack
 runs (:func:`masked_run`); :func:`built` makes the copy, the tensors cut
 and the masks' zeros that stay written, and says which size attributes
-changed. A probe's copy (run once and thrown away) shares the model's
-tensors instead of copying them.
+changed (:func:`cut_in_place` makes the model itself so, for shrink's
+``inplace=True``). A probe's copy (run once and thrown away) shares the
+model's tensors instead of copying them.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from ._stacks import block_names, stacks_of
 from ._verify import evaluating
 
 __all__ = [
-    "Dropped", "built", "checking", "cut", "keeps_all", "masked_outputs", "masked_run", "masked_tensors", "probing", "tensor_shapes",
-    "zeroed", "zeroed_",
+    "Dropped", "built", "checking", "cut", "cut_in_place", "keeps_all", "masked_in_place", "masked_outputs", "masked_run",
+    "masked_tensors", "probing", "tensor_shapes", "zeroed", "zeroed_",
 ]  # fmt: skip
 
 
@@ -149,11 +150,11 @@ def _zeroes(mask: Tensor | None, dims: Mapping[int, Sequence[int]]) -> bool:
 
 
 def _masked_copy(tensor: Tensor, mask: Tensor | None, dims: Mapping[int, Sequence[int]], out: Tensor | None = None) -> Tensor:
-    """A copy of ``tensor`` (into ``out``, if given) with ``+0.0`` where ``mask`` prunes and at the indices ``dims``
-    gives along each dim: the bits of the mask that prunes them all."""
+    """A copy of ``tensor`` (into ``out``, if given: ``tensor`` itself too) with ``+0.0`` where ``mask`` prunes and at
+    the indices ``dims`` gives along each dim: the bits of the mask that prunes them all."""
     if mask is not None and not keeps_all(mask):
         out = zeroed(tensor, mask, out=out)
-    else:
+    elif out is None or out is not tensor:
         out = tensor.detach().clone() if out is None else out.copy_(tensor)
     for dim, indices in dims.items():
         if indices:
@@ -275,6 +276,40 @@ def built(
     return result, resize_modules(result, keep, analysis, set(removed), views=views)
 
 
+@torch.no_grad()
+def masked_in_place(analysis: Analysis, masks: Masks, keep: Mapping[str, Mapping[int, list[int]]]) -> Any:
+    """For shrink's ``inplace=True``: the zeros of the check's masked model (:func:`checking`'s) written into the
+    model's own tensors (those ``analysis.model`` holds), and what it computes then, as :func:`masked_outputs` would
+    (the same bits): no copy made. Where a mask prunes only indices that go, those indices are zeroed alone."""
+    closed, dropped = checking(analysis, masks, keep)
+    params = dict(analysis.model.named_parameters())
+    for name in dict.fromkeys([*closed, *dropped]):
+        mask, dims = closed.get(name), dropped.get(name, {})
+        if name in params and _zeroes(mask, dims):  # (a buffer: the masked model keeps it)
+            tensor = params[name].data
+            covered = mask is None or _keeps_what_stays(mask, keep.get(name, {}))  # its zeros: indices that go
+            _masked_copy(tensor, None if covered else mask, dims, out=tensor)
+    routers = [layer.router for layer in analysis.experts]
+    router_masks = {name: closed[name] for name in {r.weight for r in routers} if name in closed}
+    return masked_run(analysis.model, router_masks, analysis.inputs, routers)
+
+
+@torch.no_grad()
+def cut_in_place(module: nn.Module, analysis: Analysis, keep: Mapping[str, Mapping[int, list[int]]], masks: Masks,
+                 removed: Sequence[int], *, zeroed_already: bool) -> Record:  # fmt: skip
+    """``module`` itself made the smaller model :func:`built` copies: each tensor that loses indices cut into its
+    own object (``.data``, so that its old values are freed as it goes: the memory above the model is one tensor's),
+    and the zeros of ``masks`` that stay written into its tensors (unless ``zeroed_already``: by
+    :func:`masked_in_place`); the size attributes that changed."""
+    record = resize_modules(module, keep, analysis, set(removed), inplace=True)
+    params = dict(module.named_parameters(remove_duplicate=False))
+    for name, mask in {} if zeroed_already else masks.items():
+        dims = keep.get(name, {})
+        if not _keeps_what_stays(mask, dims) and not keeps_all(small := cut(mask, dims)):
+            zeroed(params[name].data, small, out=params[name].data)
+    return record
+
+
 def _keeps_what_stays(mask: Tensor, dims: Mapping[int, list[int]]) -> bool:
     """Whether ``mask`` keeps every entry that stays once the indices ``dims`` leaves out go, read without cutting
     it where it loses indices along one dim at most (a channel mask: its zeros are the rows that go): the least
@@ -337,8 +372,8 @@ def keeps_all(mask: Tensor) -> bool:
 
 
 def zeroed(tensor: Tensor, mask: Tensor, *, out: Tensor | None = None) -> Tensor:
-    """A new ``tensor`` (or ``out``, written) with ``+0.0`` where ``mask`` prunes (also where it holds ``nan``), as
-    ``torch.where(mask, tensor, 0.0)`` gives it, without the inverted mask of ``masked_fill``.
+    """A new ``tensor`` (or ``out``, written: ``tensor`` itself too) with ``+0.0`` where ``mask`` prunes (also where
+    it holds ``nan``), as ``torch.where(mask, tensor, 0.0)`` gives it, without the inverted mask of ``masked_fill``.
 
     A contiguous float tensor on the CPU takes the entries' bits ANDed with
     the mask's bytes made ``0`` or ``-1`` (all bits set), a chunk at a time
@@ -356,8 +391,10 @@ def zeroed(tensor: Tensor, mask: Tensor, *, out: Tensor | None = None) -> Tensor
         torch.split(mask.view(-1).view(torch.uint8), _CHUNK_ENTRIES),
         torch.split(tensor.detach().view(-1).view(bits), _CHUNK_ENTRIES),
     )
+    spread = torch.empty(min(tensor.numel(), _CHUNK_ENTRIES), dtype=bits)  # (in cache; out may be tensor itself)
     for o, m, t in pieces:
-        o.copy_(m).neg_().bitwise_and_(t)  # 1 -> all bits set (the entry's bits), 0 -> none (+0.0)
+        part = spread[: m.numel()].copy_(m).neg_()  # 1 -> all bits set (the entry's bits), 0 -> none (+0.0)
+        torch.bitwise_and(part, t, out=o)
     return out
 
 
