@@ -62,20 +62,25 @@ def plan_removal(
         ValueError: if an op the analysis cannot reason about reads a group that would go.
     """
     empty = _EmptyIndices(masks)
-    pruned = {s for slices in analysis.made.values() for s in slices if empty.has(s)}
-    candidates = {g for g, slices in analysis.made.items() if slices and all(s in pruned for s in slices)}
-    why: dict[int, str] = {}
+    touched: dict[int, list[bool]] = {}  # each group the masks prune a slice of: which of its slices (one pass)
+    candidates: set[int] = set()
     for group, slices in analysis.made.items():
-        if group in candidates or not any(s in pruned for s in slices):
-            continue
-        keeper = next(s for s in slices if s not in pruned)
-        why[group] = analysis.coupled.get(group) or f"coupled with channels that {_module(keeper.tensor)!r} keeps"
+        flags = [empty.has(s) for s in slices]
+        if any(flags):
+            touched[group] = flags
+            if all(flags):
+                candidates.add(group)
+    why: dict[int, str] = {}
+    for group, flags in touched.items():
+        if group not in candidates:
+            keeper = analysis.made[group][flags.index(False)]
+            why[group] = analysis.coupled.get(group) or f"coupled with channels that {_module(keeper.tensor)!r} keeps"
     removed = set(candidates) - set(analysis.blocked) - set(vetoed or {})
     why.update(analysis.blocked)
     why.update(vetoed or {})
     why.update(_keep_least(analysis, removed, sizes))
     _refuse_unknown(fn, analysis, removed)
-    kept = _kept(analysis, pruned, removed, why)
+    kept = _kept(analysis, touched, removed, why)
     for name, node in analysis.unseen.items():
         mask = masks.get(name)
         rows = 0 if mask is None or mask.dim() < 2 else int((~mask.flatten(1).any(1)).sum())
@@ -191,14 +196,16 @@ def _refuse_unknown(fn: str, analysis: Analysis, removed: set[int]) -> None:
     )
 
 
-def _kept(analysis: Analysis, pruned: set[Slice], removed: set[int], why: Mapping[int, str]) -> dict[str, dict[str, int]]:
-    """Per layer, the entirely pruned output channels that stay, counted by reason."""
+def _kept(analysis: Analysis, touched: Mapping[int, list[bool]], removed: set[int],
+          why: Mapping[int, str]) -> dict[str, dict[str, int]]:  # fmt: skip
+    """Per layer, the entirely pruned output channels that stay, counted by reason (``touched``: the groups the
+    masks prune a slice of, which of their slices, in the order of ``analysis.made``)."""
     kept: dict[str, dict[str, int]] = {}
-    for group, slices in analysis.made.items():
+    for group, flags in touched.items():
         if group in removed:
             continue
-        for s in slices:
-            if s in pruned:
+        for s, pruned in zip(analysis.made[group], flags, strict=True):
+            if pruned:
                 counts = kept.setdefault(_module(s.tensor), {})
                 reason = why.get(group, "kept")
                 counts[reason] = counts.get(reason, 0) + 1
