@@ -241,7 +241,8 @@ def shrink(
             the masked model's outputs taken before the first cut; but if
             it fails, the masked model is gone, and what breaks cannot be
             searched for and kept: a ``ValueError`` says so, and ``module``
-            is left cut and unchecked. Masks that remove blocks or hidden
+            is left cut and unchecked (a masked run that fails leaves it
+            masked, not cut). Masks that remove blocks or hidden
             channels (which make a new model) are refused before anything
             is changed. A :class:`~funcprune.Structure` of ``module`` is
             not taken back afterwards (its shapes changed). On the 1.1B
@@ -256,7 +257,8 @@ def shrink(
         TypeError: as :func:`propagate` raises it.
         UnknownNameError: if a mask names no parameter of ``module``.
         ValueError: as :func:`propagate` raises it; with ``inplace``, if
-            the masks remove blocks or hidden channels, or the check fails.
+            the masks remove blocks or hidden channels, or the masked run
+            or the check fails.
 
     Warns:
         KeptChannelsWarning: if output channels that the masks prune
@@ -347,7 +349,13 @@ def _shrinking(fn: str, module: object, masks: object, example_inputs: object, *
         # against the masked model made block by block (no closure made: the indices that go zeroed on the masks)
         keep = kept_indices(analysis, removed, sizes)
         if inplace:  # (the masked model is the module itself, its zeros written: run, then cut)
-            reference: Any = masked_in_place(analysis, checked, keep) if check else None
+            try:
+                reference: Any = masked_in_place(analysis, checked, keep) if check else None
+            except Exception as e:
+                raise ValueError(f"{fn}: the masked model failed on the example inputs ({type(e).__name__}: "
+                                 f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); with inplace=True, "
+                                 "the masks' zeros may be written into the module's tensors already (nothing was "
+                                 "cut)") from e  # fmt: skip
             small, attributes = module, cut_in_place(module, analysis, keep, checked, removed, zeroed_already=check)
         else:  # (the masked model run first: the copy made in the memory its tensors freed)
             reference = masked_outputs(analysis, *checking(analysis, checked, keep)) if check else None

@@ -164,6 +164,25 @@ def test_a_check_that_fails_in_place_is_an_error_that_says_the_model_is_cut() ->
     assert model.conv.out_channels == 4
 
 
+def test_a_masked_model_that_fails_in_place_is_an_error_that_says_what_was_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from funcprune._payoff import _smaller
+
+    def fails(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("out of memory\nmore")
+
+    model: Any = _mlp()
+    masks = fp.Plan({"0.weight": fp.LnStructured(0.5, n=2, dim=0)})(dict(model.named_parameters()))
+    monkeypatch.setattr(_smaller, "masked_run", fails)
+    with pytest.raises(ValueError, match=r"^shrink: the masked model failed on the example inputs \(RuntimeError: "
+                                         r"out of memory\); with inplace=True, the masks' zeros may be written into "
+                                         r"the module's tensors already \(nothing was cut\)$"):  # fmt: skip
+        fp.shrink(model, masks, torch.randn(2, 6), inplace=True)
+    assert model[0].weight.shape == (12, 6)
+    assert torch.equal(model[0].weight == 0, ~masks["0.weight"].expand(12, 6))  # the masked model: zeros, not cut
+
+
 def test_blocks_and_hidden_channels_are_refused_before_anything_changes() -> None:
     t = tiny("llama", layers=4)
     x = inputs(t)
