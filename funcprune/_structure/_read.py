@@ -62,10 +62,11 @@ def found_units(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]],
     shared = {g: a.kv_heads for a in analysis.attention for g in a.heads}
     keys: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = {}  # footprints' dims, in the model's order
     made_by = analysis.made
+    outputs = _made_in(analysis, excluded)
     for unit in sorted(made_by):
         if stacked and any(m.tensor in stacked for m in made_by[unit]):
             continue
-        why = _not_a_unit(analysis, unit, footprints.get(unit), shapes, excluded, kinds, shared)
+        why = _not_a_unit(analysis, unit, footprints.get(unit), shapes, outputs, kinds, shared)
         if why is not None:
             left_out[unit] = why
             continue
@@ -83,7 +84,8 @@ def found_units(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]],
                 left_out[unit] = "its parameter slices are not laid out evenly, unit after unit"
             continue
         first = members[0]
-        least = max((analysis.least.get((m.tensor, m.dim), 1) for u in units for m in analysis.made[u]), default=1)
+        least = max((analysis.least.get((m.tensor, m.dim), 1) for u in units for m in analysis.made[u]),
+                    default=1) if analysis.least else 1  # fmt: skip
         parts = next((e.router.groups for e in analysis.experts if set(e.groups) == set(units)), 1)
         if least >= len(units):  # a router that routes each token to all of its experts, or keeps them all
             why = f"each token goes to {least}" if parts == 1 else f"{parts} expert groups keep {least // parts} each"
@@ -99,17 +101,18 @@ def found_units(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]],
 
 def _not_a_unit(
     analysis: graph.Analysis, unit: int, feet: Mapping[tuple[str, int], list[int]] | None,
-    shapes: Mapping[str, tuple[int, ...]], excluded: Set[str], kinds: Mapping[int, Kind], shared: Mapping[int, int],
+    shapes: Mapping[str, tuple[int, ...]], outputs: Set[int], kinds: Mapping[int, Kind], shared: Mapping[int, int],
 ) -> str | None:  # fmt: skip
     """Why an analysis group made by layers' rows is no unit, or ``None`` if it is one.
 
-    ``shared``: for the heads of an attention, how many groups its heads form.
+    ``outputs``: the groups an output layer makes. ``shared``: for the heads of an attention, how many groups its
+    heads form.
     """
     if unit in analysis.blocked:
         return analysis.blocked[unit]
     if unit in analysis.refused:
         return f"{analysis.refused[unit]} reads them, and funcprune cannot tell how"
-    if excluded and any(m.tensor in excluded for m in analysis.made[unit]):
+    if unit in outputs:
         return "an output layer makes them (structure(..., outputs=True) lists them)"
     if not feet:
         return "no parameter index is theirs alone"
@@ -125,6 +128,13 @@ def _not_a_unit(
     if unit not in kinds:
         return "no layer reads them as channels, and they are no head, KV group or expert"
     return None
+
+
+def _made_in(analysis: graph.Analysis, tensors: Set[str]) -> set[int]:
+    """The groups a slice of ``tensors`` makes: those related to their indices (a group made by a slice is related
+    to its index), whose slices are then read; not every group's slices."""
+    near = {g for t in tensors for by in analysis.related.get(t, {}).values() for groups in by.values() for g in groups}
+    return {g for g in near if any(s.tensor in tensors for s in analysis.made.get(g, ()))}
 
 
 def _footprints(analysis: graph.Analysis, shapes: Mapping[str, tuple[int, ...]]) -> _Footprints:
