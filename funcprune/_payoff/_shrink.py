@@ -247,7 +247,7 @@ def shrink(
             is changed. A :class:`~funcprune.Structure` of ``module`` is
             not taken back afterwards (its shapes changed). On the 1.1B
             Llama of ``benchmarks/llama.py``, ``inplace=True`` takes about
-            half the time of the copy (``docs/benchmarks.md``).
+            a third of the copy's time (``docs/benchmarks.md``).
 
     Returns:
         A new module, of the class of ``module``, in its training mode;
