@@ -37,7 +37,6 @@ others sum as they always did.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import final
 

@@ -30,6 +30,7 @@ from ._config import Record
 from ._resize import resize_modules
 from ._stacks import block_names, stacks_of
 from ._verify import evaluating
+from ._written import aliases_written, written_for_the_run
 
 __all__ = [
     "Dropped", "built", "checking", "cut", "cut_in_place", "keeps_all", "masked_in_place", "masked_outputs", "masked_run",
@@ -89,7 +90,7 @@ def _closed_and_dropped(
 
 def masked_run(
     module: nn.Module, masks: Mapping[str, Tensor], inputs: Inputs, routers: Sequence[Router] = (),
-    *, dropped: Dropped | None = None,
+    *, dropped: Dropped | None = None, write: bool = True,
 ) -> Any:  # fmt: skip
     """What ``module`` masked by ``masks`` computes on ``inputs``, in eval mode (its modes restored after).
 
@@ -103,12 +104,30 @@ def masked_run(
     block of a stack are made as the block runs (:func:`_blockwise`), in
     memory the blocks before it held: the masked model of a 1B model holds
     one block's copies, not the whole model's; the others' (an embedding, a
-    head) are made up front.
+    head) are made up front. The indices ``dropped`` gives of a parameter
+    the masks prune nothing of are written into the parameter itself for
+    the run, where that costs less than a copy, and put back after, bit for
+    bit (:func:`~._written.written_for_the_run`: one hidden channel of a 1B
+    model's trial, not a copy of its embedding and head); ``write=False``
+    (or a model whose output is a view of one of them): never.
     """
-    streamed = _in_blocks(module, masks, dropped or {})
+    dropped = dropped or {}
+    writable = {n: d for n, d in dropped.items() if write and (masks.get(n) is None or keeps_all(masks[n]))}
+    with written_for_the_run(module, writable) as (left, written):
+        rest = {**{n: d for n, d in dropped.items() if n not in writable}, **left}
+        out = _masked_run(module, masks, inputs, routers, rest)
+        if not aliases_written(out, written):
+            return out
+    return masked_run(module, masks, inputs, routers, dropped=dropped, write=False)  # (put back: what it returned too)
+
+
+def _masked_run(module: nn.Module, masks: Mapping[str, Tensor], inputs: Inputs, routers: Sequence[Router],
+                dropped: Dropped) -> Any:  # fmt: skip
+    """:func:`masked_run` with ``dropped`` as given: every tensor zeroed is a copy."""
+    streamed = _in_blocks(module, masks, dropped)
     inside = {name for names in streamed.values() for name in names}
     baked = masked_tensors(module, {n: m for n, m in masks.items() if n not in inside},
-                           {n: d for n, d in (dropped or {}).items() if n not in inside})  # fmt: skip
+                           {n: d for n, d in dropped.items() if n not in inside})  # fmt: skip
     with evaluating(module), torch.no_grad(), never_routed(module, masks, list(routers)), _blockwise(module, streamed):
         return torch.func.functional_call(module, baked, tuple(inputs.args), dict(inputs.kwargs))
 

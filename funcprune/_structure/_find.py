@@ -10,7 +10,7 @@ hidden channel too, on the model or on a copy with fewer blocks
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import final
 

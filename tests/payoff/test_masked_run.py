@@ -44,6 +44,11 @@ def _state(model: nn.Module) -> list[tuple[str, int, int]]:
     return [(n, id(p), p._version) for n, p in model.named_parameters(remove_duplicate=False)]
 
 
+def _values(model: nn.Module) -> list[bytes]:
+    """Every parameter's bytes."""
+    return [p.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes() for p in model.parameters()]
+
+
 def _hooks(model: nn.Module) -> int:
     return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
 
@@ -78,10 +83,10 @@ def test_a_trial_s_masked_model_made_block_by_block_is_the_whole_copy_bit_for_bi
     def bound(layer: nn.Module, args: Any) -> None:
         seen.append({p.data_ptr() for p in layer.parameters()})
 
-    before, hooks = _state(model), _hooks(model)
+    before, hooks, values = _state(model), _hooks(model), _values(model)
     spies = [layer.register_forward_pre_hook(bound) for layer in model.model.layers]
     monkeypatch.setattr(_smaller, "masked_tensors", recorded)
-    mine = masked_run(model, masks, inputs, dropped=dropped).logits
+    mine = masked_run(model, masks, inputs, dropped=dropped, write=False).logits  # every zero in a copy
     for spy in spies:
         spy.remove()
     assert len(seen) == 3 and seen[0] == seen[1] == seen[2]  # each block's copies in the memory the first one's held
@@ -89,7 +94,13 @@ def test_a_trial_s_masked_model_made_block_by_block_is_the_whole_copy_bit_for_bi
     theirs = _whole_copy(model, masks, inputs, dropped).logits
     assert torch.equal(mine.view(torch.int32), theirs.view(torch.int32))
     assert up_front and not any(".layers." in n for n in up_front)  # the blocks': made as each ran (a mask's too)
-    assert _state(model) == before and _hooks(model) == hooks
+    assert _state(model) == before and _hooks(model) == hooks and _values(model) == values
+    up_front.clear()
+    monkeypatch.setattr(_smaller, "masked_tensors", recorded)
+    written = masked_run(model, masks, inputs, dropped=dropped).logits  # the zeros written into the model's tensors
+    assert torch.equal(written.view(torch.int32), theirs.view(torch.int32))
+    assert up_front == []  # nothing copied up front: the embedding, the head, the final norm written for the run
+    assert _state(model) == before and _values(model) == values  # put back bit for bit, no version moved
     dense = masked_run(model, {}, inputs).logits  # and the zeros were there: the masked model is another model
     assert not torch.equal(dense, mine)
 
@@ -99,8 +110,9 @@ class _Failing(RuntimeError):
 
 
 def test_a_block_that_fails_leaves_the_model_as_it_was() -> None:
-    """A block that raises while its copies are bound: the error reaches the caller, and every parameter of the
-    model is its own again, with no hook of the trial left."""
+    """A block that raises while its copies are bound (or the zeros are written into the model's tensors): the error
+    reaches the caller, and every parameter of the model is its own again, its values put back bit for bit, with no
+    hook of the trial left."""
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
                                       num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
@@ -112,10 +124,11 @@ def test_a_block_that_fails_leaves_the_model_as_it_was() -> None:
         raise _Failing("block 1")
 
     handle = model.model.layers[1].mlp.register_forward_pre_hook(fail)
-    before, hooks = _state(model), _hooks(model)
-    with pytest.raises(_Failing):
-        masked_run(model, {}, inputs, dropped=_hidden_dropped(model, [3]))
-    assert _state(model) == before and _hooks(model) == hooks
+    before, hooks, values = _state(model), _hooks(model), _values(model)
+    for write in (True, False):  # the zeros written into the model's tensors for the run, or copies
+        with pytest.raises(_Failing):
+            masked_run(model, {}, inputs, dropped=_hidden_dropped(model, [3]), write=write)
+        assert _state(model) == before and _hooks(model) == hooks and _values(model) == values
     handle.remove()
 
 
@@ -143,7 +156,8 @@ class _Stack(nn.Module):
 
 def test_a_copy_the_block_s_output_holds_is_not_written_again() -> None:
     """A block whose output is a view of its weight: the next block of that shape gets a new copy, not that one,
-    so the output read after the later blocks ran is the masked weight's."""
+    so the output read after the later blocks ran is the masked weight's; and zeros written into the weights for the
+    run are not what it returns (the values are put back: the run is made again with copies)."""
     torch.manual_seed(0)
     model = _Stack().eval()
     x = torch.randn(2, 4)
