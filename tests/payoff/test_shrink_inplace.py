@@ -20,9 +20,9 @@ from typing import Any
 import hypothesis.strategies as st
 import pytest
 import torch
-import torch.nn.functional as F
 from _hf import ARCHITECTURES, MATRIX, inputs, logits, masked_logits, tiny
 from hypothesis import given, settings
+from test_shrink import LeNetView
 from torch import nn
 
 import funcprune as fp
@@ -136,21 +136,9 @@ def test_unstructured_zeros_that_stay_are_written_into_the_model_s_tensors() -> 
     assert _same_state(model, _mlp())  # the given model was a copy each time: untouched
 
 
-class _SpelledOut(nn.Module):
-    """A forward that spells the flattened size out (``view(-1, 6 * 3 * 3)``): the check fails where channels go."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv, self.fc = nn.Conv2d(3, 6, 3), nn.Linear(6 * 3 * 3, 2)
-
-    def forward(self, x: Tensor) -> Tensor:
-        out: Tensor = self.fc(F.max_pool2d(self.conv(x), 2).view(-1, 6 * 3 * 3))
-        return out
-
-
 def test_a_check_that_fails_in_place_is_an_error_that_says_the_model_is_cut() -> None:
     torch.manual_seed(0)
-    model = _SpelledOut()
+    model = LeNetView()  # view(-1, 6 * 3 * 3): the check fails where channels go
     mask = torch.ones(6, 3, 3, 3, dtype=torch.bool)
     mask[:2] = False
     x = torch.randn(2, 3, 8, 8)
