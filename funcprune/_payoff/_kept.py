@@ -59,5 +59,3 @@ def warn_kept(fn: str, kept: Mapping[str, Mapping[str, int]]) -> None:
         KeptChannelsWarning,
         stacklevel=4,
     )
-
-

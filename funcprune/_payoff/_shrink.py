@@ -13,7 +13,7 @@ import contextlib
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, final
+from typing import Any, NoReturn, TypeVar, final
 
 from torch import nn
 
@@ -35,6 +35,8 @@ from ._smaller import built, checking, cut_in_place, masked_in_place, masked_out
 __all__ = ["KeptChannelsWarning", "propagate", "shrink"]
 
 _M = TypeVar("_M", bound=nn.Module)
+
+
 def propagate(module: nn.Module, masks: Mapping[str, Tensor], example_inputs: object) -> Masks:
     """The closure of ``masks``: what :func:`shrink` removes, as masks.
 
@@ -410,7 +412,7 @@ def _shrinking(fn: str, module: object, masks: object, example_inputs: object, *
     return _Shrunk(closed, small)
 
 
-def _refuse_new_model(fn: str, what: str) -> None:
+def _refuse_new_model(fn: str, what: str) -> NoReturn:
     raise ValueError(f"{fn}: inplace=True cuts the module's own tensors, but the masks remove {what}, which makes a "
                      "new model; call shrink without inplace=True (nothing was changed)")
 
