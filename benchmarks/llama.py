@@ -74,6 +74,14 @@ def logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def bit_for_bit(a: Any, b: Any) -> bool:
+    """Whether two models hold the same state dict, names and bits."""
+    mine, theirs = a.state_dict(), b.state_dict()
+    return mine.keys() == theirs.keys() and all(
+        torch.equal(x.view(torch.uint8), y.view(torch.uint8)) for x, y in zip(mine.values(), theirs.values(), strict=True)
+    )
+
+
 def forward_ratio(dense: Any, small: Any, ids: torch.Tensor, repeats: int) -> tuple[float, float, float, float]:
     """Median seconds per forward of each, and the median and min of the per-repetition ratios dense / shrunk."""
     runs = {"dense": Contender(lambda: logits(dense, ids)), "shrunk": Contender(lambda: logits(small, ids))}
@@ -116,10 +124,7 @@ def main() -> int:
     start = time.perf_counter()
     unchecked: Any = fp.shrink(model, masks, example, structure=structure, check=False)  # no masked model made or run
     t_unchecked = time.perf_counter() - start
-    same = small.state_dict().keys() == unchecked.state_dict().keys() and all(
-        torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-        for a, b in zip(small.state_dict().values(), unchecked.state_dict().values(), strict=True)
-    )
+    same = bit_for_bit(small, unchecked)
     del unchecked
     small_params = sum(p.numel() for p in small.parameters())
     kv = [layer.self_attn.k_proj.out_features // 64 for layer in small.model.layers]
@@ -164,10 +169,7 @@ def main() -> int:
     start = time.perf_counter()
     consumed: Any = fp.shrink(model, masks, example, structure=structure, inplace=True)  # the model itself, cut
     t_inplace = time.perf_counter() - start
-    same_inplace = consumed is model and small.state_dict().keys() == model.state_dict().keys() and all(
-        torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-        for a, b in zip(small.state_dict().values(), model.state_dict().values(), strict=True)
-    )
+    same_inplace = consumed is model and bit_for_bit(small, model)
     print(f"shrink(inplace=True) {t_inplace:.1f} s ({'the checked model, bit for bit' if same_inplace else 'ANOTHER MODEL'}); "
           f"structure + shrink(inplace=True) {t_structure + t_inplace:.1f} s")  # fmt: skip
     ok = diff < 1e-3 and reload_diff == 0.0 and same and same_inplace
