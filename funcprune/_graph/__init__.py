@@ -13,6 +13,7 @@ from ._atoms import Slice as Slice
 from ._export import Inputs as Inputs
 from ._export import as_inputs as as_inputs
 from ._export import copy_module as copy_module
+from ._export import first_line as first_line
 from ._export import run as run
 from ._memo import Analyzed as Analyzed
 from ._memo import analyzed as analyzed

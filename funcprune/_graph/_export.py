@@ -25,7 +25,7 @@ from .._families import takes_use_cache
 from .._torch_private import tree_leaves
 from .._types import Tensor
 
-__all__ = ["Exported", "Inputs", "as_inputs", "copy_module", "export_model", "run"]
+__all__ = ["Exported", "Inputs", "as_inputs", "copy_module", "export_model", "first_line", "run"]
 
 
 @final
@@ -122,7 +122,7 @@ def copy_module(fn: str, module: nn.Module, *, sharing: Iterable[Tensor] = ()) -
                 "torch.nn.utils.weight_norm, which torch cannot copy; use "
                 "torch.nn.utils.parametrizations.weight_norm instead (or torch.nn.utils.remove_weight_norm)"
             ) from None
-        raise ValueError(f"{fn}: cannot copy the model with copy.deepcopy ({type(e).__name__}: {_first_line(e)})") from e
+        raise ValueError(f"{fn}: cannot copy the model with copy.deepcopy ({type(e).__name__}: {first_line(e)})") from e
 
 
 def export_model(fn: str, module: nn.Module, inputs: Inputs) -> Exported:
@@ -141,7 +141,7 @@ def export_model(fn: str, module: nn.Module, inputs: Inputs) -> Exported:
     except Exception as e:
         _run_tracked(fn, model, inputs)
         raise ValueError(
-            f"{fn}: torch.export cannot trace {name} ({type(e).__name__}: {_first_line(e)}); the "
+            f"{fn}: torch.export cannot trace {name} ({type(e).__name__}: {first_line(e)}); the "
             "channel analysis reads the model's exported graph"
         ) from None
     return _exported(model, program, inputs)
@@ -156,7 +156,7 @@ def _run_tracked(fn: str, model: nn.Module, inputs: Inputs) -> None:
     except Exception as e:
         where = f" in module {running[-1]!r}" if running and running[-1] else ""
         raise ValueError(
-            f"{fn}: the model failed on example_inputs{where} ({type(e).__name__}: {_first_line(e)}); pass "
+            f"{fn}: the model failed on example_inputs{where} ({type(e).__name__}: {first_line(e)}); pass "
             "inputs its forward takes (a tensor, a tuple of positional arguments or a dict of keyword ones)"
         ) from e
 
@@ -203,7 +203,8 @@ def _module_path(node: fx.Node) -> str:
     return str(path).removeprefix("L['self'].").removeprefix("L__self__.")
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message, for an error that names it (its type's name where it has none)."""
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
 

@@ -18,7 +18,8 @@ from typing import Any, NoReturn, TypeVar, final
 from torch import nn
 
 from .._collector import paused
-from .._graph import Inputs, analyze, as_inputs, closure, kept_indices, plan_removal, remembered, warn_unreached
+from .._graph import Inputs, analyze, as_inputs, closure, first_line, kept_indices, plan_removal, remembered
+from .._graph import warn_unreached
 from .._names import check_masks, check_not_hooked
 from .._types import Masks, Tensor
 from .._units import Structure
@@ -355,9 +356,8 @@ def _shrinking(fn: str, module: object, masks: object, example_inputs: object, *
                 reference: Any = masked_in_place(analysis, checked, keep) if check else None
             except Exception as e:
                 raise ValueError(f"{fn}: the masked model failed on the example inputs ({type(e).__name__}: "
-                                 f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); with inplace=True, "
-                                 "the masks' zeros may be written into the module's tensors already (nothing was "
-                                 "cut)") from e  # fmt: skip
+                                 f"{first_line(e)}); with inplace=True, the masks' zeros may be written into the "
+                                 "module's tensors already (nothing was cut)") from e  # fmt: skip
             small, attributes = module, cut_in_place(module, analysis, keep, checked, removed, zeroed_already=check)
         else:  # (the masked model run first: the copy made in the memory its tensors freed)
             reference = masked_outputs(analysis, *checking(analysis, checked, keep)) if check else None
