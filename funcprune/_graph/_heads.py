@@ -112,7 +112,7 @@ def _attention(walk: Walk, node: fx.Node) -> Any:
     its heads; a computed one with values of its own per head (ALiBi) makes the heads all-or-nothing.
     """
     q, k, v = (walk.ids_or_none(a) for a in node.args[:3])
-    value = walk.values[node]
+    value = walk.peek(node)  # (its shape)
     heads = q.shape[-3] if q.dim() >= 3 else 1
     if k.dim() >= 3 and k.shape[-3] not in (heads, 1):  # enable_gqa: each KV head serves heads // kv_heads query heads
         k = k.repeat_interleave(heads // k.shape[-3], dim=-3)

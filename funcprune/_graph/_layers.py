@@ -98,7 +98,7 @@ def _linear(walk: Walk, node: fx.Node) -> Any:
     x, w = node.args[0], node.args[1]
     bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
     origin = _weight(walk, node, w, "Linear")
-    shape = walk.values[node].shape
+    shape = walk.peek(node).shape
     if origin is None:
         return None
     _read_columns(walk, node, x, origin, 1, -1)
@@ -235,7 +235,7 @@ def _per_channel_op(walk: Walk, node: fx.Node) -> Any:
     ids = walk.ids_or_none(node.args[0])
     walk.atoms.couple_along(ids, range(2, ids.dim()), f"{describe(node)} mixes the entries of a channel")
     channels = _per_channel(ids)
-    value = walk.values[node]
+    value = walk.peek(node)
     out = value[0] if isinstance(value, (list, tuple)) else value
     ids_out = _broadcast_channels(channels, out.shape)
     return type(value)([ids_out, *(None for _ in value[1:])]) if isinstance(value, (list, tuple)) else ids_out
@@ -258,7 +258,7 @@ def _relate_channels(walk: Walk, args: Sequence[object], channels: Tensor) -> No
 
 def _first_output(walk: Walk, node: fx.Node, ids: Tensor) -> Any:
     """``ids`` for the node's value, or for its first output where it returns several (the statistics carry none)."""
-    value = walk.values[node]
+    value = walk.peek(node)
     if isinstance(value, (list, tuple)):
         return type(value)([ids, *(None for _ in value[1:])])
     return ids

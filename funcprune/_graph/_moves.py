@@ -166,12 +166,12 @@ def _runs(before: tuple[int, ...], after: tuple[int, ...]) -> list[tuple[list[in
 def _carry_splits(walk: Walk, node: fx.Node, source: fx.Node) -> None:
     """Where a transpose, a permute or a copy puts the dims a reshape split (for :func:`_reshaped`)."""
     splits = source.meta.get(_SPLIT_DIMS)
-    value = walk.values.get(source)
+    value = walk.peek(source)  # (its rank)
     if not splits or not isinstance(value, Tensor):
         return
     n = value.dim()
     packet = getattr(node.target, "overloadpacket", None)
-    args = walk.value(node.args)
+    args = (source, *walk.value(node.args[1:]))  # (the dims; the tensor's values are not read)
     order = list(range(n))
     if packet in (aten.transpose, aten.swapaxes) and len(args) == 3:
         a, b = args[1] % n, args[2] % n
@@ -213,7 +213,7 @@ def _conversion(walk: Walk, node: fx.Node) -> Any:
 
 def _copy(walk: Walk, node: fx.Node) -> Any:
     """``copy(dst, src)`` (and ``dst.copy_(src)``): ``dst`` takes ``src``'s entries, its own are gone."""
-    return walk.ids_or_none(node.args[1]).expand(walk.values[node].shape)
+    return walk.ids_or_none(node.args[1]).expand(walk.peek(node).shape)
 
 
 def _nothing(walk: Walk, node: fx.Node) -> Any:

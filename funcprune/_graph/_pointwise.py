@@ -56,7 +56,7 @@ def _elementwise(walk: Walk, node: fx.Node) -> Tensor:
     """Couple the atoms that meet at each position; relate parameter operands; refuse what zero breaks."""
     packet = _functional_packet(node.target)
     operands = _tensor_operands(node)
-    shape = tuple(walk.values[node].shape)
+    shape = tuple(walk.peek(node).shape)
     carried = [(a, walk.ids[a]) for a in operands if isinstance(walk.ids.get(a), Tensor)]
     if packet in _INFINITE_AT_ZERO or (packet is aten.pow and _negative_exponent(walk, node)):
         for arg, ids in carried[:1]:
@@ -163,9 +163,9 @@ def _relate_follower(walk: Walk, origin: Origin, out: Tensor, shape: tuple[int, 
 
 
 def _reduced_dims(walk: Walk, node: fx.Node, ndim: int, default_all: bool = True) -> list[int]:
-    args = walk.value(node.args)
+    after = walk.value(node.args[1:])  # (the reduced tensor's values are not read)
     kwargs = walk.value(node.kwargs)
-    dims: Any = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    dims: Any = kwargs.get("dim", after[0] if after else None)
     if isinstance(dims, int):
         return [dims % max(ndim, 1)]
     if dims is None or (isinstance(dims, (list, tuple)) and not dims):
@@ -198,7 +198,7 @@ def _along_last(walk: Walk, node: fx.Node) -> Any:
 
 def _shaped_like(walk: Walk, node: fx.Node, ids: Tensor, dims: Sequence[int]) -> Any:
     """Ids for the node's value (or each tensor of it): the input's, reduced over ``dims`` where the shape asks."""
-    value = walk.values[node]
+    value = walk.peek(node)
 
     def one(v: Any) -> Any:
         if not isinstance(v, Tensor):
@@ -217,10 +217,10 @@ def _shaped_like(walk: Walk, node: fx.Node, ids: Tensor, dims: Sequence[int]) ->
 
 
 def _shape(walk: Walk, node: fx.Node) -> tuple[int, ...]:
-    value = walk.values[node]
+    value = walk.peek(node)
     return tuple(value.shape) if isinstance(value, Tensor) else ()
 
 
 def _shape_of(walk: Walk, arg: object) -> tuple[int, ...] | None:
-    value = walk.values.get(arg) if isinstance(arg, fx.Node) else None
+    value = walk.peek(arg) if isinstance(arg, fx.Node) else None
     return tuple(value.shape) if isinstance(value, Tensor) else None

@@ -3,7 +3,8 @@
 :class:`Walk` runs the graph node by node on the example inputs (real
 values: index tensors, masks and shapes are what the model computes) and,
 beside each tensor, a tensor of atom ids of the same shape (``-1``: no
-atom; ``None``: no atom anywhere). A tensor taken from a parameter or a
+atom; ``None``: no atom anywhere); a value nothing reads is never
+computed (``_later.py``). A tensor taken from a parameter or a
 buffer without arithmetic (the tensor itself, a transpose, a slice...)
 also keeps where each of its entries comes from (:class:`Origin`), so that
 a layer knows which rows and columns of which parameter it uses. Each op's
@@ -25,6 +26,7 @@ from .._experts import Router
 from .._types import Tensor
 from ._atoms import Atoms
 from ._export import Exported
+from ._later import Values, Waiting, pure, stand_in
 
 __all__ = ["Handler", "NodeFailed", "Ops", "Origin", "Walk", "describe", "moved_args"]
 
@@ -177,7 +179,7 @@ class Walk:
         self.exported = exported
         self.ops = ops
         self.atoms = Atoms()
-        self.values: dict[fx.Node, Any] = {}
+        self.values: dict[fx.Node, Any] = Values()  # computed when read (:class:`~._later.Waiting`)
         self.ids: dict[fx.Node, Any] = {}
         self.origins: dict[fx.Node, Any] = {}
         self.read_directly: dict[str, str] = {}  # tensor name -> the op reading its values directly
@@ -200,6 +202,14 @@ class Walk:
         """``arg`` with every node replaced by its value."""
         return _map_nodes(arg, lambda n: self.values[n])
 
+    def peek(self, node: fx.Node) -> Any:
+        """The node's value, or, where it is not computed yet, export's stand-in for it (a fake tensor, or a list of
+        them): for its shape, dtype and structure only, which a handler may read without computing it."""
+        value = dict.get(self.values, node)
+        if isinstance(value, Waiting):
+            return value.value if value.done else value.stand_in
+        return value
+
     def atoms_of(self, arg: object) -> Any:
         """``arg`` with every node replaced by its atom ids (``None`` where it carries none)."""
         return _map_nodes(arg, lambda n: self.ids.get(n))
@@ -218,7 +228,7 @@ class Walk:
         ids = self.ids.get(arg) if isinstance(arg, fx.Node) else None
         if isinstance(ids, Tensor):
             return ids
-        value = self.values[arg] if isinstance(arg, fx.Node) else arg
+        value = self.peek(arg) if isinstance(arg, fx.Node) else arg
         shape = value.shape if isinstance(value, Tensor) else ()
         return torch.full(shape, -1, dtype=torch.long)
 
@@ -247,10 +257,19 @@ class Walk:
             self.values[node] = getattr(self.exported.graph.owning_module, str(node.target), None)
 
     def _call(self, node: fx.Node) -> None:
-        args, kwargs = self.value(node.args), self.value(node.kwargs)
         target: Any = node.target
         key, in_place = self.ops.stands_for(target)
-        self.values[node] = target(*args, **kwargs)
+        waits, standing = stand_in(node)
+        if waits:
+            held = _map_nodes((node.args, node.kwargs), lambda n: dict.__getitem__(self.values, n))
+            self.values[node] = Waiting(target, held[0], held[1], standing)
+        else:
+            if not pure(node):  # it may write a tensor, or draw random numbers: what reads before, runs before
+                for value in dict.values(self.values):
+                    if isinstance(value, Waiting):
+                        value.compute()
+            args, kwargs = self.value(node.args), self.value(node.kwargs)
+            self.values[node] = target(*args, **kwargs)
         handler = _lookup(key, self.ops.handlers)
         reads = any(True for _ in self.tensor_atoms(node))
         if handler is not None and (reads or _member(key, self.ops.producers)):
@@ -305,7 +324,7 @@ class Walk:
             return
         converted = node.args[0] if node.args else None
         if _member(key, self.ops.conversions) and isinstance(converted, fx.Node) and converted in self.origins:
-            value, origin = self.values.get(node), self.origins[converted]
+            value, origin = self.peek(node), self.origins[converted]  # (its shape)
             if isinstance(value, Tensor) and tuple(value.shape) == origin.size:
                 self.origins[node] = origin
                 return
@@ -334,7 +353,7 @@ class Walk:
     def _elementwise_origin(self, node: fx.Node, origin: Origin) -> Origin | None:
         """A parameter met elementwise by tensors of no channel (``table[index] + mask``): each entry of the result
         comes from one entry of the parameter (broadcast), which follows wherever the result meets channels."""
-        value = self.values.get(node)
+        value = self.peek(node)  # (its shape)
         if not isinstance(value, Tensor) or value.dim() < len(origin.size):
             return None
         try:
