@@ -9,6 +9,17 @@ modules and the exported graph included. On a 1.1B Llama that walking was
 for the call and back on after, as it was: nothing cyclic that the call
 drops is lost, only collected at the next collection after the call.
 Reference counting, which frees the tensors, runs as always.
+
+What the call keeps (a 1B Llama's ``structure`` keeps its analysis: about
+1.3 million tracked objects) would be walked by the first collection after
+it, and by the next, before it reached the oldest generation (0.25-0.27 s
+for the first, at the end of ``structure``). On leaving, the objects made
+inside go straight to the oldest generation (``gc.freeze`` then
+``gc.unfreeze``, which put every tracked object there without walking it),
+where they are walked at the next full collection, as everything long-lived
+is. That is skipped where the process has frozen objects of its own (a
+server about to fork): unfreezing would unfreeze theirs too. Nothing cyclic
+is lost either way; it is collected at a full collection.
 """
 
 from __future__ import annotations
@@ -29,5 +40,8 @@ def paused() -> Iterator[None]:
         yield
     finally:
         if was:
+            if not gc.get_freeze_count():  # (none of the process's own: freezing and unfreezing keeps them as they are)
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -62,6 +63,48 @@ def test_paused_restores_on_error() -> None:
     with pytest.raises(KeyError), paused():
         raise KeyError("x")
     assert gc.isenabled()
+
+
+class _Node:
+    """An object with a slot for a cycle."""
+
+    def __init__(self) -> None:
+        self.other: object = None
+
+
+def _in_generation(obj: object, generation: int) -> bool:
+    return any(o is obj for o in gc.get_objects(generation=generation))
+
+
+def test_what_a_paused_call_keeps_goes_to_the_oldest_generation_unwalked() -> None:
+    gc.collect()
+    with paused():
+        kept = [_Node() for _ in range(1000)]
+    assert _in_generation(kept, 2) and not _in_generation(kept, 0)
+    assert gc.get_count()[0] < 100  # (no collection walked it on the way)
+    with paused():
+        cycle = _Node()
+        cycle.other = cycle
+        gone = weakref.ref(cycle)
+        del cycle
+    assert gone() is not None  # cyclic garbage stays until a full collection, and then goes
+    gc.collect()
+    assert gone() is None
+
+
+def test_a_process_s_frozen_objects_stay_frozen_and_a_paused_call_s_stay_young() -> None:
+    gc.collect()
+    frozen = _Node()
+    gc.freeze()
+    try:
+        count = gc.get_freeze_count()
+        with paused():
+            kept = [_Node() for _ in range(10)]
+        assert gc.get_freeze_count() == count  # the process's own, still frozen
+        assert _in_generation(kept, 0) and not _in_generation(kept, 2)  # left where a collection finds them
+        assert not _in_generation(frozen, 2)
+    finally:
+        gc.unfreeze()
 
 
 def test_structure_and_shrink_run_without_collections() -> None:
