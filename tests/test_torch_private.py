@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 import torch.distributed as dist
 
 import funcprune
@@ -125,3 +126,14 @@ def test_functorch_wrapped_inside_a_transform_only() -> None:
 
     torch.func.vmap(record)(torch.ones(3, 2))
     assert seen == [True] and not private.is_functorch_wrapped(torch.ones(2))
+
+
+def test_graph_modules_made_inside_write_their_code_when_first_run_and_compute_the_same() -> None:
+    model = nn.Sequential(nn.Linear(3, 2), nn.ReLU()).eval()
+    x = torch.randn(4, 3)
+    with private.lazy_graph_modules():
+        lazy = torch.fx.symbolic_trace(model)
+    eager = torch.fx.symbolic_trace(model)
+    bases = {c.__name__ for c in type(lazy).__mro__}, {c.__name__ for c in type(eager).__mro__}
+    assert "_LazyGraphModule" in bases[0] and "_LazyGraphModule" not in bases[1]  # (outside: as before)
+    assert torch.equal(lazy(x), model(x)) and lazy.code == eager.code

@@ -22,7 +22,7 @@ import torch
 from torch import fx, nn
 
 from .._families import takes_use_cache
-from .._torch_private import tree_leaves
+from .._torch_private import lazy_graph_modules, tree_leaves
 from .._types import Tensor
 
 __all__ = ["Exported", "Inputs", "as_inputs", "copy_module", "export_model", "first_line", "run"]
@@ -136,7 +136,7 @@ def export_model(fn: str, module: nn.Module, inputs: Inputs) -> Exported:
     model = copy_module(fn, module, sharing=list(module.parameters())).eval()
     name = type(module).__name__
     try:  # the model is run eagerly only where export fails, to tell a failing model from a failing trace
-        with _quiet(), _no_stack_traces():
+        with _quiet(), _no_stack_traces(), lazy_graph_modules():
             program = torch.export.export(model, inputs.args, dict(inputs.kwargs), strict=False)
     except Exception as e:
         _run_tracked(fn, model, inputs)

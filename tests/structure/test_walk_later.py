@@ -10,6 +10,7 @@ so that a value read before a write is the value before the write.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from funcprune import _graph
 from funcprune._experts import routers
-from funcprune._graph import _later, _walk
+from funcprune._graph import _export, _later, _walk
 from funcprune._graph._export import export_model
 from funcprune._graph._ops import OPS
 
@@ -134,3 +135,13 @@ def test_a_pure_op_s_shape_read_by_a_handler_is_its_stand_in_s(monkeypatch: pyte
     assert seen[last.name][1] == tuple(out.shape)
     later, now = _both_ways(model, x, monkeypatch)
     assert later == now
+
+
+def test_export_s_graph_modules_written_when_run_change_no_analysis(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The export makes its graph modules lazily (``_torch_private.lazy_graph_modules``); the analysis is the one
+    made with them written as made."""
+    t = tiny("llama")
+    inputs_ = _graph.as_inputs("t", t.model, inputs(t))
+    lazy = _fields(_graph.analyze("t", t.model, inputs_))
+    monkeypatch.setattr(_export, "lazy_graph_modules", contextlib.nullcontext)
+    assert _fields(_graph.analyze("t", t.model, inputs_)) == lazy
