@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 import torch.distributed as dist
+from torch import nn
 
 import funcprune
 from funcprune import _torch_private as private
