@@ -17,15 +17,17 @@ walk, and nothing read them.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from torch import fx
 
 from .._types import Tensor
 
-__all__ = ["Values", "Waiting", "pure", "stand_in"]
+__all__ = ["Values", "Waiting", "mapped", "pure", "stand_in"]
+
+_T = TypeVar("_T")
 
 
 class Waiting:
@@ -115,23 +117,24 @@ def _fixed(t: Tensor) -> bool:
     return all(type(n) is int for n in t.shape)
 
 
-def _waiting(arg: object) -> Iterator[Waiting]:
-    if isinstance(arg, Waiting):
-        yield arg
-    elif isinstance(arg, (list, tuple)):
-        for a in arg:
-            yield from _waiting(a)
-    elif isinstance(arg, dict):
-        for a in arg.values():
-            yield from _waiting(a)
+def mapped(arg: object, kind: type[_T], fn: Callable[[_T], Any]) -> Any:
+    """``arg`` (nested tuples, lists, dicts) with every leaf of type ``kind`` replaced by ``fn(leaf)`` (the walk's
+    nodes by their values; here, a :class:`Waiting` by its value)."""
+    if isinstance(arg, kind):
+        return fn(arg)
+    if isinstance(arg, (list, tuple)):
+        return type(arg)(mapped(a, kind, fn) for a in arg)
+    if isinstance(arg, dict):
+        return {k: mapped(v, kind, fn) for k, v in arg.items()}
+    return arg
+
+
+def _waiting(arg: object) -> list[Waiting]:
+    found: list[Waiting] = []
+    mapped(arg, Waiting, found.append)
+    return found
 
 
 def _computed(arg: Any) -> Any:
-    """``arg`` (nested tuples, lists, dicts) with every :class:`Waiting` replaced by its value (computed already)."""
-    if isinstance(arg, Waiting):
-        return arg.value
-    if isinstance(arg, (list, tuple)):
-        return type(arg)(_computed(a) for a in arg)
-    if isinstance(arg, dict):
-        return {k: _computed(v) for k, v in arg.items()}
-    return arg
+    """``arg`` with every :class:`Waiting` replaced by its value (computed already)."""
+    return mapped(arg, Waiting, lambda w: w.value)

@@ -26,7 +26,7 @@ from .._experts import Router
 from .._types import Tensor
 from ._atoms import Atoms
 from ._export import Exported
-from ._later import Values, Waiting, pure, stand_in
+from ._later import Values, Waiting, mapped, pure, stand_in
 
 __all__ = ["Handler", "NodeFailed", "Ops", "Origin", "Walk", "describe", "moved_args"]
 
@@ -418,13 +418,7 @@ def _last_reads(nodes: list[fx.Node], is_alias: Callable[[Any], bool]) -> dict[i
 
 def _map_nodes(arg: object, fn: Callable[[fx.Node], Any]) -> Any:
     """``arg`` (nested tuples, lists, dicts) with every node replaced by ``fn(node)``."""
-    if isinstance(arg, fx.Node):
-        return fn(arg)
-    if isinstance(arg, (list, tuple)):
-        return type(arg)(_map_nodes(a, fn) for a in arg)
-    if isinstance(arg, dict):
-        return {k: _map_nodes(v, fn) for k, v in arg.items()}
-    return arg
+    return mapped(arg, fx.Node, fn)
 
 
 def _nodes(*args: object) -> Iterator[fx.Node]:
